@@ -1,0 +1,111 @@
+// The forward attention operator: O = softmax(scale * Q K^T + mask) V, computed
+// FlashAttention-2 style (tiles, online softmax, no N x N matrix in memory).
+//
+// Every variant -- layouts, strides, GQA/MQA, masks, variable-length batches,
+// KV caches -- is described by one flat struct of pointers and int64 strides,
+// ForwardArgs, in the manner of FlashAttention-2's Flash_fwd_params.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+
+#include "tileattn/types.hpp"
+
+namespace tileattn {
+
+// A strided 4-D tensor [batch, head, row, dim]; strides are in elements.
+// Layout BHSD contiguous: {H*N*D, N*D, D, 1}. Layout BSHD: {N*H*D, D, H*D, 1}.
+struct InputView {
+  const void* data = nullptr;
+  std::array<int64_t, 4> stride{0, 0, 0, 1};
+};
+struct OutputView {
+  void* data = nullptr;
+  std::array<int64_t, 4> stride{0, 0, 0, 1};
+};
+
+enum class Layout : int { bhsd = 0, bshd = 1 };
+const char* layout_name(Layout layout);
+Layout parse_layout(const std::string& name);  // "bhsd" | "bshd"; throws Error
+// Strides, in [batch, head, row, dim] order, of a contiguous tensor in `layout`.
+std::array<int64_t, 4> dense_strides(Layout layout, int64_t batch, int64_t heads, int64_t rows,
+                                     int64_t dim);
+
+struct AttentionShape {
+  int64_t batch = 0;     // sequences (for varlen: entries of cu_seqlens minus one)
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // key/value heads; divides `heads` (== heads: MHA, 1: MQA)
+  int64_t seqlen_q = 0;  // query rows per sequence (varlen: total packed query rows)
+  int64_t seqlen_k = 0;  // key rows per sequence (varlen: total packed key rows;
+                         // KV cache: capacity; paged: unused, pages bound it)
+  int64_t head_dim = 0;  // 1..256
+};
+
+// Which (query i, key j) pairs are visible. Pieces combine (logical AND).
+// Positions are aligned bottom-right as in FlashAttention-2: with
+// offset = seqlen_k - seqlen_q of the sequence, key j is inside the window of
+// query i when  i + offset - window_left <= j <= i + offset + window_right.
+struct MaskSpec {
+  enum class Kind : int { none = 0, boolean = 1, additive = 2 };
+  bool causal = false;        // same as window_right = 0
+  int64_t window_left = -1;   // inclusive; -1 = unbounded
+  int64_t window_right = -1;  // inclusive; -1 = unbounded
+  Kind kind = Kind::none;     // an explicit mask tensor, in addition to the above
+  const void* data = nullptr;  // boolean: uint8, nonzero = keep; additive: float32
+  // [batch, head, q, k] strides in elements; 0 broadcasts that dimension.
+  std::array<int64_t, 4> stride{0, 0, 0, 1};
+};
+
+// Inference: keys/values come from a cache (see kv_cache.hpp for the
+// higher-level API). With `seqlens`, sequence b uses its first seqlens[b] keys.
+// With `block_table`, K and V are pages [num_pages, kv_heads, page_size, dim]
+// (their stride[0] is the page stride) and key j of sequence b lives in page
+// block_table[b * block_table_stride + j / page_size], row j % page_size.
+struct KvSource {
+  const int32_t* seqlens = nullptr;      // [batch]
+  const int32_t* block_table = nullptr;  // [batch, block_table_stride]
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+};
+
+struct ForwardArgs {
+  AttentionShape shape;
+  DType dtype = DType::f32;  // storage type of q, k, v and o
+  InputView q;               // [batch, heads, seqlen_q, head_dim]
+  InputView k;               // [batch, kv_heads, seqlen_k, head_dim]
+  InputView v;               // [batch, kv_heads, seqlen_k, head_dim]
+  OutputView o;              // [batch, heads, seqlen_q, head_dim]
+  // Optional log-sum-exp (natural log) of the scaled, masked scores, fp32,
+  // [batch, heads, seqlen_q] with these element strides. -inf for rows that
+  // see no key.
+  float* lse = nullptr;
+  std::array<int64_t, 3> lse_stride{0, 0, 1};
+
+  // Packed variable-length batch: [batch + 1] prefix sums of rows. Row i of
+  // sequence b is packed row cu_seqlens[b] + i; the batch strides are unused.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+
+  MaskSpec mask;
+  KvSource kv;
+
+  float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1/sqrt(head_dim)
+  float dropout_p = 0.0f;  // in [0, 1); see training issue
+  uint64_t seed = 0;
+
+  int threads = 0;            // 0: every hardware thread
+  Isa isa = Isa::automatic;   // automatic: TILEATTN_ISA, else the best the CPU has
+  int block_q = 0;            // 0: chosen per machine (see tiles.hpp)
+  int block_kv = 0;
+};
+
+// Validates `args` (throws Error naming the argument) and computes O (and LSE).
+// Nothing is written when validation fails.
+void attention_forward(const ForwardArgs& args);
+
+// Only the validation step of attention_forward.
+void validate(const ForwardArgs& args);
+
+}  // namespace tileattn

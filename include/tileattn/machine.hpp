@@ -1,0 +1,63 @@
+// What tileattn knows about the machine: ISA features, caches, threads, and
+// the tile shapes it picks from them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tileattn/types.hpp"
+
+namespace tileattn {
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
+  bool avx512_vnni = false, avx512_bf16 = false, avx512_fp16 = false;
+  std::string vendor, brand;
+};
+
+struct CacheSizes {
+  int64_t l1d = 32 * 1024;   // per core, bytes
+  int64_t l2 = 512 * 1024;   // per core, bytes
+  int64_t l3 = 8 * 1024 * 1024;  // total, bytes
+  std::string source;        // where the numbers came from ("sysfs", "default")
+};
+
+const CpuFeatures& cpu_features();
+const CacheSizes& cache_sizes();
+int hardware_threads();
+
+// True when this build has the path and the CPU (with OS support) can run it.
+bool isa_available(Isa isa);
+// The best available path: avx512 > avx2 > generic.
+Isa best_isa();
+// What Isa::automatic resolves to: TILEATTN_ISA if set (throws Error when it
+// names an unavailable path), else best_isa().
+Isa resolve_isa(Isa requested);
+
+// Tile shape of the forward main loop.
+struct TileShape {
+  int block_q = 64;    // query rows per tile
+  int block_kv = 64;   // keys per tile
+  std::string reason;  // how it was chosen (env, tune file, cache model)
+};
+
+// The tile shape for head_dim/dtype/ISA: TILEATTN_TILES ("64x128") wins, then
+// the tune file (TILEATTN_TUNE_FILE or ~/.cache/tileattn/tune.conf), then a
+// cache model: the per-thread working set stays within L2, the K/V tiles
+// within half of it.
+TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype);
+// Path of the tune file read by choose_tiles (may not exist).
+std::string tune_file_path();
+// Entries of the tune file, for `tileattn info`.
+struct TuneEntry {
+  std::string isa;
+  int64_t head_dim = 0;
+  std::string dtype;
+  int block_q = 0, block_kv = 0;
+};
+std::vector<TuneEntry> read_tune_file(const std::string& path);
+void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entries);
+
+}  // namespace tileattn

@@ -1,0 +1,40 @@
+// Basic vocabulary shared by every public header: element types, ISA names, errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace tileattn {
+
+// Storage type of a tensor. Arithmetic is always fp32 (accumulators, softmax).
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+const char* dtype_name(DType dtype);
+std::size_t dtype_size(DType dtype);
+// Parses "fp32"/"f32"/"float32", "fp16"/..., "bf16"/...; throws Error otherwise.
+DType parse_dtype(const std::string& name);
+
+// Instruction-set path. `automatic` picks the best the CPU supports (or the
+// one TILEATTN_ISA names). `reference` runs the float64 reference: slow, for
+// checking a result on the user's own machine.
+enum class Isa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3, reference = 4 };
+
+const char* isa_name(Isa isa);
+// Parses "generic", "avx2", "avx512", "reference", "auto"; throws Error otherwise.
+Isa parse_isa(const std::string& name);
+
+// Invalid argument: the message names the argument and what was expected.
+class Error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A requested feature this build or CPU does not provide.
+class NotSupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace tileattn

@@ -1,0 +1,77 @@
+// Scalar fp16 / bf16 <-> fp32 conversions, portable C++. Round to nearest even,
+// NaN stays NaN, overflow goes to infinity. The ISA paths use hardware
+// conversions where present; these define the expected bits.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace tileattn::detail {
+
+inline float bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t float_to_bf16(float f) {
+  uint32_t bits = float_to_bits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+inline float f16_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN
+  if (exponent == 0) {
+    if (mantissa == 0) return bits_to_float(sign);
+    // Subnormal: value = mantissa * 2^-24.
+    float value = static_cast<float>(mantissa) * bits_to_float(0x33800000u);  // 2^-24
+    return sign ? -value : value;
+  }
+  return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+inline uint16_t float_to_f16(float f) {
+  uint32_t bits = float_to_bits(f);
+  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {
+    // Result is subnormal (or zero) in fp16: round abs / 2^-24 to an integer, ties to even.
+    float scaled = bits_to_float(abs) * 16777216.0f;  // exact: multiply by 2^24
+    uint32_t integer = static_cast<uint32_t>(scaled);
+    float fraction = scaled - static_cast<float>(integer);
+    if (fraction > 0.5f || (fraction == 0.5f && (integer & 1u))) ++integer;
+    return static_cast<uint16_t>(sign | integer);
+  }
+  // Normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even.
+  uint32_t rebased = abs - (112u << 23);
+  uint32_t rounding = 0xfffu + ((rebased >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rebased + rounding) >> 13));
+}
+
+}  // namespace tileattn::detail
+
+namespace tileattn::detail {
+
+// One element of a tensor of storage type `dtype` (0 = f32, 1 = f16, 2 = bf16),
+// `index` elements from `base`, as float.
+static inline float load_element(const void* base, int dtype, int64_t index) {
+  if (dtype == 0) return static_cast<const float*>(base)[index];
+  const uint16_t bits = static_cast<const uint16_t*>(base)[index];
+  return dtype == 1 ? f16_to_float(bits) : bf16_to_float(bits);
+}
+
+}  // namespace tileattn::detail

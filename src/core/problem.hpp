@@ -1,0 +1,114 @@
+// The normalized problem one forward call solves, as plain data shared by the
+// scheduler and every ISA's main loop. Helpers here are `static inline` so that
+// each ISA translation unit gets its own copy, compiled with its own flags,
+// and the linker never swaps an AVX-512 body into the portable path.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tileattn/attention.hpp"
+
+namespace tileattn::detail {
+
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * log2(e))
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2): converts log2 units back to natural log
+constexpr int64_t kUnbounded = int64_t{1} << 60;  // a window side of -1
+constexpr int kPanelWidth = 16;  // every packed row length is a multiple of this (floats)
+
+static inline int64_t round_up(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Visible keys of query i are  i + offset - left <= j <= i + offset + right.
+struct Band {
+  int64_t left = kUnbounded;
+  int64_t right = kUnbounded;
+};
+
+struct Problem {
+  ForwardArgs args;
+  int64_t group = 1;           // query heads per KV head
+  float score_scale = 0.0f;    // softmax scale * log2(e): scores live in log2 units
+  Band band;
+  int64_t head_dim_padded = 0;  // head_dim rounded up to kPanelWidth
+  int block_q = 0;              // query rows per tile
+  int block_kv = 0;             // keys per tile
+  int heads_per_item = 1;       // query heads of one KV group handled together
+};
+
+// One sequence's geometry.
+struct Sequence {
+  int64_t nq = 0, nk = 0;        // rows
+  int64_t q_row0 = 0, k_row0 = 0;  // first row in the (packed) row dimension
+  int64_t q_batch = 0, k_batch = 0;  // index multiplied by the batch stride
+  int64_t offset = 0;            // nk - nq: bottom-right alignment of the band
+};
+
+static inline Sequence sequence_of(const Problem& p, int64_t b) {
+  const ForwardArgs& a = p.args;
+  Sequence s;
+  if (a.cu_seqlens_q) {
+    s.q_row0 = a.cu_seqlens_q[b];
+    s.nq = a.cu_seqlens_q[b + 1] - s.q_row0;
+  } else {
+    s.q_batch = b;
+    s.nq = a.shape.seqlen_q;
+  }
+  if (a.cu_seqlens_k) {
+    s.k_row0 = a.cu_seqlens_k[b];
+    s.nk = a.cu_seqlens_k[b + 1] - s.k_row0;
+  } else {
+    s.k_batch = b;
+    s.nk = a.shape.seqlen_k;
+  }
+  if (a.kv.seqlens) s.nk = a.kv.seqlens[b];
+  s.offset = s.nk - s.nq;
+  return s;
+}
+
+// Keys [first, last) that any query row in [i_begin, i_end) may see.
+struct KeyRange {
+  int64_t first = 0, last = 0;
+};
+static inline KeyRange visible_keys(const Band& band, const Sequence& s, int64_t i_begin,
+                                    int64_t i_end) {
+  KeyRange r;
+  r.first = max64(0, i_begin + s.offset - band.left);
+  r.last = min64(s.nk, i_end - 1 + s.offset + band.right + 1);
+  if (r.last < r.first) r.last = r.first;
+  return r;
+}
+
+// Per-tile verdict (CUTLASS's masked / unmasked trip counts, per tile):
+// `full` tiles run without any mask work; `partial` ones apply the mask.
+// Tiles outside visible_keys() are skipped without being loaded.
+static inline bool tile_fully_visible(const Band& band, const Sequence& s, int64_t i_begin,
+                                      int64_t i_end, int64_t j_begin, int64_t j_end) {
+  return i_end - 1 + s.offset - band.left <= j_begin && j_end - 1 <= i_begin + s.offset + band.right;
+}
+
+struct WorkItem {
+  int64_t batch = 0;
+  int64_t kv_head = 0;
+  int64_t head_begin = 0;  // first query head (absolute index)
+  int64_t head_count = 0;  // consecutive query heads of this KV group
+  int64_t q_begin = 0, q_end = 0;
+  int64_t cost = 0;        // visible (query, key) pairs x heads, for ordering
+};
+
+// The band of a mask spec: causal clips the right side to 0.
+Band make_band(const MaskSpec& mask);
+// Problem with everything but the tile fields filled in (args must be valid).
+Problem describe(const ForwardArgs& args);
+
+// Work items in the order threads take them: most expensive first, so that
+// causal and windowed problems end balanced.
+std::vector<WorkItem> make_schedule(const Problem& p, int threads);
+
+// Floats of per-thread scratch the forward main loop needs (see mainloop.hpp).
+int64_t forward_scratch_floats(const Problem& p);
+
+}  // namespace tileattn::detail

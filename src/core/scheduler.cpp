@@ -1,0 +1,53 @@
+#include <algorithm>
+
+#include "core/problem.hpp"
+
+namespace tileattn::detail {
+
+std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
+  const ForwardArgs& a = p.args;
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < a.shape.batch; ++b) {
+    Sequence s = sequence_of(p, b);
+    for (int64_t q0 = 0; q0 < s.nq; q0 += p.block_q) {
+      int64_t q1 = min64(q0 + p.block_q, s.nq);
+      KeyRange keys = visible_keys(p.band, s, q0, q1);
+      int64_t pairs = (q1 - q0) * (keys.last - keys.first);
+      for (int64_t kvh = 0; kvh < a.shape.kv_heads; ++kvh) {
+        for (int64_t g0 = 0; g0 < p.group; g0 += p.heads_per_item) {
+          WorkItem w;
+          w.batch = b;
+          w.kv_head = kvh;
+          w.head_begin = kvh * p.group + g0;
+          w.head_count = min64(p.heads_per_item, p.group - g0);
+          w.q_begin = q0;
+          w.q_end = q1;
+          // Rows with no visible key still cost their epilogue.
+          w.cost = w.head_count * (pairs + (q1 - q0));
+          items.push_back(w);
+        }
+      }
+    }
+  }
+  if (threads > 1) {
+    std::stable_sort(items.begin(), items.end(),
+                     [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
+  }
+  return items;
+}
+
+int64_t forward_scratch_floats(const Problem& p) {
+  const int64_t bq = p.block_q, bkv = round_up(p.block_kv, kPanelWidth);
+  const int64_t dp = p.head_dim_padded, hc = p.heads_per_item;
+  auto aligned = [](int64_t floats) { return round_up(floats, 16); };  // 64-byte aligned pieces
+  return aligned(hc * bq * dp)          // q_tile   (heads, BLOCK_Q, D_pad), pre-scaled Q
+         + aligned(hc * bq * dp)        // acc      (heads, BLOCK_Q, D_pad), un-normalized O
+         + 2 * aligned(hc * bq)         // row_max, row_sum (heads, BLOCK_Q)
+         + aligned(dp * bkv)            // k_t      (D, BLOCK_KV_pad), K transposed
+         + aligned(bkv * dp)            // v_tile   (BLOCK_KV_pad, D_pad)
+         + aligned(bq * bkv)            // s_tile   (BLOCK_Q, BLOCK_KV_pad), scores then P
+         + aligned(bkv)                 // key-row pointer table (as 8-byte slots, 2 floats each)
+         + aligned(bkv);
+}
+
+}  // namespace tileattn::detail

@@ -1,0 +1,113 @@
+// Tile-shape choice: data, not code (STYLE.md). The register tile is fixed in
+// each ISA's kernels; the cache-level tile is picked here per machine.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/problem.hpp"
+#include "tileattn/machine.hpp"
+
+namespace tileattn {
+
+namespace {
+
+bool parse_tiles(const std::string& text, int& block_q, int& block_kv) {
+  int q = 0, kv = 0;
+  char x = 0, extra = 0;
+  if (std::sscanf(text.c_str(), "%d%c%d%c", &q, &x, &kv, &extra) != 3 || (x != 'x' && x != 'X'))
+    return false;
+  if (q < 1 || q > 1024 || kv < 1 || kv > 1024) return false;
+  block_q = q;
+  block_kv = kv;
+  return true;
+}
+
+// Bytes one thread touches per (q-tile, kv-tile) step for one head.
+int64_t working_set_bytes(int64_t block_q, int64_t block_kv, int64_t head_dim) {
+  int64_t dp = detail::round_up(head_dim, detail::kPanelWidth);
+  int64_t kvp = detail::round_up(block_kv, detail::kPanelWidth);
+  return 4 * (2 * block_q * dp + 2 * kvp * dp + block_q * kvp);
+}
+
+}  // namespace
+
+std::string tune_file_path() {
+  if (const char* env = std::getenv("TILEATTN_TUNE_FILE"); env && *env) return env;
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/tileattn/tune.conf";
+  return "tileattn-tune.conf";
+}
+
+std::vector<TuneEntry> read_tune_file(const std::string& path) {
+  std::vector<TuneEntry> entries;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    TuneEntry e;
+    std::string tiles;
+    if (!(fields >> e.isa >> e.head_dim >> e.dtype >> tiles)) continue;
+    if (!parse_tiles(tiles, e.block_q, e.block_kv)) continue;
+    entries.push_back(e);
+  }
+  return entries;
+}
+
+void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entries) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error("tune file: cannot write '" + tmp + "'");
+    out << "# tileattn tune file: isa head_dim dtype block_qxblock_kv (written by `tileattn tune`)\n";
+    for (const TuneEntry& e : entries)
+      out << e.isa << ' ' << e.head_dim << ' ' << e.dtype << ' ' << e.block_q << 'x' << e.block_kv
+          << '\n';
+    if (!out) throw Error("tune file: write to '" + tmp + "' failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error("tune file: cannot rename '" + tmp + "' to '" + path + "'");
+}
+
+TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype) {
+  TileShape t;
+  if (const char* env = std::getenv("TILEATTN_TILES"); env && *env) {
+    if (!parse_tiles(env, t.block_q, t.block_kv))
+      throw Error(std::string("TILEATTN_TILES: expected QxKV such as 64x128, got '") + env + "'");
+    t.reason = "TILEATTN_TILES";
+    return t;
+  }
+  static const std::vector<TuneEntry> tuned = read_tune_file(tune_file_path());
+  for (const TuneEntry& e : tuned) {
+    if (e.isa == isa_name(isa) && e.head_dim == head_dim && e.dtype == dtype_name(dtype)) {
+      t.block_q = e.block_q;
+      t.block_kv = e.block_kv;
+      t.reason = "tune file " + tune_file_path();
+      return t;
+    }
+  }
+  // Cache model: largest candidate whose working set fits half of L2 (the
+  // other half holds the next K/V tile streaming in and the output rows).
+  struct Candidate {
+    int block_q, block_kv;
+  };
+  static const Candidate candidates[] = {{128, 64}, {64, 64}, {64, 32}, {32, 32}, {16, 16}};
+  int64_t budget = cache_sizes().l2 / 2;
+  for (const Candidate& c : candidates) {
+    if (working_set_bytes(c.block_q, c.block_kv, head_dim) <= budget) {
+      t.block_q = c.block_q;
+      t.block_kv = c.block_kv;
+      t.reason = "cache model: working set " +
+                 std::to_string(working_set_bytes(c.block_q, c.block_kv, head_dim) / 1024) +
+                 " KiB <= L2/2 = " + std::to_string(budget / 1024) + " KiB";
+      return t;
+    }
+  }
+  t.block_q = 16;
+  t.block_kv = 16;
+  t.reason = "cache model: smallest candidate";
+  return t;
+}
+
+}  // namespace tileattn

@@ -1,0 +1,61 @@
+#include <cmath>
+
+#include "tileattn/attention.hpp"
+#include "tileattn/types.hpp"
+
+namespace tileattn {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+DType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "f32" || name == "float32") return DType::f32;
+  if (name == "fp16" || name == "f16" || name == "float16" || name == "half") return DType::f16;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  throw Error("dtype: expected fp32, fp16 or bf16, got '" + name + "'");
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::automatic: return "auto";
+    case Isa::generic: return "generic";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+    case Isa::reference: return "reference";
+  }
+  return "unknown";
+}
+
+Isa parse_isa(const std::string& name) {
+  if (name == "auto" || name.empty()) return Isa::automatic;
+  if (name == "generic" || name == "portable") return Isa::generic;
+  if (name == "avx2") return Isa::avx2;
+  if (name == "avx512") return Isa::avx512;
+  if (name == "reference") return Isa::reference;
+  throw Error("isa: expected auto, generic, avx2, avx512 or reference, got '" + name + "'");
+}
+
+const char* layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+
+Layout parse_layout(const std::string& name) {
+  if (name == "bhsd") return Layout::bhsd;
+  if (name == "bshd") return Layout::bshd;
+  throw Error("layout: expected bhsd or bshd, got '" + name + "'");
+}
+
+std::array<int64_t, 4> dense_strides(Layout layout, int64_t batch, int64_t heads, int64_t rows,
+                                     int64_t dim) {
+  (void)batch;
+  if (layout == Layout::bhsd) return {heads * rows * dim, rows * dim, dim, 1};
+  return {rows * heads * dim, dim, heads * dim, 1};
+}
+
+}  // namespace tileattn

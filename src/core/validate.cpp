@@ -1,0 +1,215 @@
+// One validation layer for the forward call: every pointer, size, stride and
+// option is checked before anything is allocated or written. Errors name the
+// argument and what was expected.
+#include <cmath>
+#include <string>
+
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+
+namespace tileattn::detail {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail(std::string(what) + ": size overflows int64");
+  return r;
+}
+int64_t checked_add(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail(std::string(what) + ": size overflows int64");
+  return r;
+}
+
+}  // namespace
+
+ByteRange view_range(const char* name, const void* data, int64_t element_size,
+                     const int64_t* sizes, const int64_t* strides, int rank) {
+  int64_t lo = 0, hi = 0;  // element offsets relative to data
+  for (int i = 0; i < rank; ++i) {
+    if (sizes[i] < 0) fail(std::string(name) + ": negative size");
+    if (sizes[i] == 0) return ByteRange{};  // empty view: nothing is touched
+  }
+  for (int i = 0; i < rank; ++i) {
+    const int64_t span = checked_mul(sizes[i] - 1, strides[i], name);
+    if (span < 0) lo = checked_add(lo, span, name);
+    else hi = checked_add(hi, span, name);
+  }
+  ByteRange r;
+  r.lo = checked_mul(lo, element_size, name);
+  r.hi = checked_add(checked_mul(hi, element_size, name), element_size, name);
+  const auto base = reinterpret_cast<uintptr_t>(data);
+  // Byte addresses must stay inside the address space.
+  if (r.lo < 0 && uintptr_t(-r.lo) > base) fail(std::string(name) + ": strides reach below address 0");
+  if (uintptr_t(r.hi) > UINTPTR_MAX - base) fail(std::string(name) + ": strides overflow the address space");
+  r.lo = int64_t(base) + r.lo;  // as addresses (fits: user-space addresses < 2^63)
+  r.hi = int64_t(base) + r.hi;
+  r.empty = false;
+  return r;
+}
+
+bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
+  return !a.empty && !b.empty && a.lo < b.hi && b.lo < a.hi;
+}
+
+void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank) {
+  // An output written through these strides must never hit one element twice:
+  // sorted by stride, each stride must step over everything the smaller ones span.
+  int order[4] = {0, 1, 2, 3};
+  for (int i = 0; i < rank; ++i)
+    for (int j = i + 1; j < rank; ++j)
+      if (strides[order[j]] < strides[order[i]]) std::swap(order[i], order[j]);
+  int64_t reach = 0;  // largest offset reachable with the dims seen so far
+  for (int i = 0; i < rank; ++i) {
+    const int d = order[i];
+    if (sizes[d] <= 1) continue;
+    if (strides[d] <= 0)
+      fail(std::string(name) + ": output strides must be positive (dimension " + str(d) +
+           " has stride " + str(strides[d]) + ")");
+    if (strides[d] <= reach)
+      fail(std::string(name) + ": output strides overlap (dimension " + str(d) + " stride " +
+           str(strides[d]) + " does not step over " + str(reach) + ")");
+    reach = checked_add(reach, checked_mul(sizes[d] - 1, strides[d], name), name);
+  }
+}
+
+void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t total_rows) {
+  if (cu[0] < 0) fail(std::string(name) + "[0] must be >= 0, got " + str(cu[0]));
+  for (int64_t b = 0; b < batch; ++b) {
+    if (cu[b + 1] < cu[b])
+      fail(std::string(name) + " must be non-decreasing: entry " + str(b + 1) + " (" +
+           str(cu[b + 1]) + ") < entry " + str(b) + " (" + str(cu[b]) + ")");
+  }
+  if (cu[batch] > total_rows)
+    fail(std::string(name) + "[" + str(batch) + "] = " + str(cu[batch]) +
+         " exceeds the packed rows of the tensor (" + str(total_rows) + ")");
+}
+
+void validate(const ForwardArgs& a) {
+  const AttentionShape& s = a.shape;
+  if (s.batch < 0) fail("batch must be >= 0, got " + str(s.batch));
+  if (s.heads < 1) fail("heads must be >= 1, got " + str(s.heads));
+  if (s.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(s.kv_heads));
+  if (s.heads % s.kv_heads != 0)
+    fail("kv_heads (" + str(s.kv_heads) + ") must divide heads (" + str(s.heads) + ")");
+  if (s.head_dim < 1 || s.head_dim > 256)
+    fail("head_dim must be in 1..256, got " + str(s.head_dim));
+  if (s.seqlen_q < 0) fail("seqlen_q must be >= 0, got " + str(s.seqlen_q));
+  if (s.seqlen_k < 0) fail("seqlen_k must be >= 0, got " + str(s.seqlen_k));
+  if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
+    fail("dtype: expected fp32, fp16 or bf16");
+  if (!std::isnan(a.scale) && !std::isfinite(a.scale))
+    fail("scale must be finite (or NaN for 1/sqrt(head_dim))");
+  if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f))
+    fail("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
+  if (a.threads < 0) fail("threads must be >= 0, got " + str(a.threads));
+  if (a.block_q < 0 || a.block_q > 1024) fail("block_q must be in 0..1024, got " + str(a.block_q));
+  if (a.block_kv < 0 || a.block_kv > 1024)
+    fail("block_kv must be in 0..1024, got " + str(a.block_kv));
+  if (a.mask.window_left < -1) fail("window_left must be >= -1, got " + str(a.mask.window_left));
+  if (a.mask.window_right < -1) fail("window_right must be >= -1, got " + str(a.mask.window_right));
+
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const bool varlen_q = a.cu_seqlens_q != nullptr, varlen_k = a.cu_seqlens_k != nullptr;
+  const bool paged = a.kv.block_table != nullptr;
+  if (paged && varlen_k) fail("block_table and cu_seqlens_k cannot be combined");
+  if (paged && !a.kv.seqlens) fail("block_table requires kv seqlens (cache_seqlens)");
+  if (varlen_k && a.kv.seqlens) fail("cu_seqlens_k and kv seqlens cannot be combined");
+
+  // Per-sequence lengths, and the largest, for the mask's extent.
+  if (varlen_q) validate_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, s.batch, s.seqlen_q);
+  if (varlen_k) validate_cu_seqlens("cu_seqlens_k", a.cu_seqlens_k, s.batch, s.seqlen_k);
+  int64_t max_nq = varlen_q ? 0 : s.seqlen_q, max_nk = varlen_k ? 0 : s.seqlen_k;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    if (varlen_q) max_nq = std::max<int64_t>(max_nq, a.cu_seqlens_q[b + 1] - a.cu_seqlens_q[b]);
+    if (varlen_k) max_nk = std::max<int64_t>(max_nk, a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b]);
+  }
+  if (a.kv.seqlens) {
+    max_nk = 0;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const int64_t n = a.kv.seqlens[b];
+      if (n < 0) fail("kv seqlens[" + str(b) + "] must be >= 0, got " + str(n));
+      if (!paged && n > s.seqlen_k)
+        fail("kv seqlens[" + str(b) + "] = " + str(n) + " exceeds the cache capacity (" +
+             str(s.seqlen_k) + ")");
+      max_nk = std::max(max_nk, n);
+    }
+  }
+  if (paged) {
+    if (a.kv.page_size < 1) fail("page_size must be >= 1, got " + str(a.kv.page_size));
+    if (a.kv.num_pages < 0) fail("num_pages must be >= 0, got " + str(a.kv.num_pages));
+    if (a.kv.block_table_stride < 0) fail("block_table stride must be >= 0");
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const int64_t blocks = (int64_t(a.kv.seqlens[b]) + a.kv.page_size - 1) / a.kv.page_size;
+      if (blocks > a.kv.block_table_stride)
+        fail("block_table: sequence " + str(b) + " needs " + str(blocks) +
+             " pages but the table has " + str(a.kv.block_table_stride) + " per sequence");
+      for (int64_t i = 0; i < blocks; ++i) {
+        const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + i];
+        if (page < 0 || page >= a.kv.num_pages)
+          fail("block_table[" + str(b) + ", " + str(i) + "] = " + str(page) +
+               " is out of range 0.." + str(a.kv.num_pages - 1));
+      }
+    }
+  }
+
+  const bool has_work = s.batch > 0 && max_nq > 0;
+  const int64_t q_batches = varlen_q ? 1 : s.batch, k_batches = varlen_k ? 1 : s.batch;
+  const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
+  int64_t k_sizes[4] = {k_batches, s.kv_heads, s.seqlen_k, s.head_dim};
+  if (paged) {
+    k_sizes[0] = a.kv.num_pages;
+    k_sizes[2] = a.kv.page_size;
+  }
+  // Total element counts must fit int64 even for views we will not touch.
+  checked_mul(checked_mul(checked_mul(q_sizes[0], q_sizes[1], "q"), q_sizes[2], "q"), q_sizes[3], "q");
+  checked_mul(checked_mul(checked_mul(k_sizes[0], k_sizes[1], "k"), k_sizes[2], "k"), k_sizes[3], "k");
+  if (!has_work) return;
+
+  if (!a.q.data) fail("q: data is null");
+  if (!a.o.data) fail("o: data is null");
+  const bool keys_needed = max_nk > 0;
+  if (keys_needed && !a.k.data) fail("k: data is null");
+  if (keys_needed && !a.v.data) fail("v: data is null");
+
+  ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
+  ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
+  check_injective("o", q_sizes, a.o.stride.data(), 4);
+  ByteRange k, v;
+  if (keys_needed) {
+    k = view_range("k", a.k.data, esize, k_sizes, a.k.stride.data(), 4);
+    v = view_range("v", a.v.data, esize, k_sizes, a.v.stride.data(), 4);
+  }
+  ByteRange mask;
+  if (a.mask.kind != MaskSpec::Kind::none) {
+    if (a.mask.kind != MaskSpec::Kind::boolean && a.mask.kind != MaskSpec::Kind::additive)
+      fail("mask: unknown kind");
+    if (!a.mask.data) fail("mask: data is null");
+    const int64_t m_sizes[4] = {s.batch, s.heads, max_nq, max_nk};
+    mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
+                      a.mask.stride.data(), 4);
+  }
+  if (ranges_overlap(o, q)) fail("o: output overlaps input q");
+  if (ranges_overlap(o, k)) fail("o: output overlaps input k");
+  if (ranges_overlap(o, v)) fail("o: output overlaps input v");
+  if (ranges_overlap(o, mask)) fail("o: output overlaps the mask");
+  if (a.lse) {
+    const int64_t l_sizes[3] = {q_batches, s.heads, s.seqlen_q};
+    ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
+    check_injective("lse", l_sizes, a.lse_stride.data(), 3);
+    if (ranges_overlap(lse, o)) fail("lse: overlaps output o");
+    if (ranges_overlap(lse, q) || ranges_overlap(lse, k) || ranges_overlap(lse, v))
+      fail("lse: overlaps an input");
+  }
+}
+
+}  // namespace tileattn::detail
+
+namespace tileattn {
+void validate(const ForwardArgs& args) { detail::validate(args); }
+}  // namespace tileattn

@@ -1,0 +1,26 @@
+// Shared validation helpers, used by every public entry (forward, backward,
+// KV cache) so that all of them check the same way.
+#pragma once
+
+#include <cstdint>
+
+#include "tileattn/attention.hpp"
+
+namespace tileattn::detail {
+
+// Bytes [lo, hi) a strided view may touch (addresses); empty for a view with
+// a zero-size dimension. Throws Error when the extent overflows.
+struct ByteRange {
+  int64_t lo = 0, hi = 0;
+  bool empty = true;
+};
+ByteRange view_range(const char* name, const void* data, int64_t element_size,
+                     const int64_t* sizes, const int64_t* strides, int rank);
+bool ranges_overlap(const ByteRange& a, const ByteRange& b);
+// Throws unless distinct indices map to distinct elements (outputs).
+void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank);
+void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t total_rows);
+
+void validate(const ForwardArgs& args);
+
+}  // namespace tileattn::detail

@@ -1,0 +1,221 @@
+// AVX-512 (F/BW/DQ/VL) kernels: 16 fp32 lanes, 32 zmm registers.
+// Included only by files of this directory, compiled with the AVX-512 flags.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/exp2_poly.hpp"
+#include "core/half.hpp"
+#include "tileattn/types.hpp"
+
+namespace tileattn::detail::avx512 {
+
+static inline __mmask16 tail_mask(int64_t n) {
+  return static_cast<__mmask16>((n >= 16) ? 0xffffu : ((1u << n) - 1u));
+}
+
+// 2^x for x <= 127; x < -126 gives 0; NaN stays NaN. vscalefps applies 2^n.
+static inline __m512 exp2_ps(__m512 x) {
+  using namespace exp2_poly;
+  const __m512 clamped = _mm512_min_ps(_mm512_set1_ps(kMaxInput),
+                                       _mm512_max_ps(_mm512_set1_ps(kMinInput - 1.0f), x));
+  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(clamped, n);
+  __m512 poly = _mm512_set1_ps(kC6);
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC5));
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC4));
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC3));
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC2));
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC1));
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
+  const __m512 result = _mm512_scalef_ps(poly, n);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kMinInput), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(result, tiny, _mm512_setzero_ps());
+}
+
+// Register tile: MR rows x (16 * NV) columns; at MR = 12, NV = 2 it holds 24
+// accumulators, two B vectors and the A broadcast in 32 registers.
+template <int MR, int NV>
+static inline void gemm_block(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                              float* c, int64_t ldc, bool accumulate) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? _mm512_load_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + p * ldb + 16 * v);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * lda + p]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(c + r * ldc + 16 * v, acc[r][v]);
+}
+
+template <int NV>
+static inline void gemm_panel(int64_t m, int64_t k, const float* a, int64_t lda, const float* b,
+                              int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  constexpr int kRows = 12;
+  int64_t i = 0;
+  for (; i + kRows <= m; i += kRows)
+    gemm_block<kRows, NV>(k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, accumulate);
+  const float* ai = a + i * lda;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 11: gemm_block<11, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 10: gemm_block<10, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 9: gemm_block<9, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 8: gemm_block<8, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 7: gemm_block<7, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 6: gemm_block<6, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 5: gemm_block<5, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 4: gemm_block<4, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 3: gemm_block<3, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 2: gemm_block<2, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 1: gemm_block<1, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    default: break;
+  }
+}
+
+struct Kernels {
+  // C(m, n) (+)= A(m, k) B(k, n); n, ldb, ldc multiples of 16; b, c 64-byte aligned.
+  static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) gemm_panel<2>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+    if (j < n) gemm_panel<1>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+  }
+
+  // Largest of x[0, n); NaN if any element is NaN (maxps alone would drop it).
+  static float row_max(const float* x, int64_t n) {
+    __m512 m = _mm512_set1_ps(-__builtin_inff());
+    __mmask16 nan = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()), tail_mask(n - j), x + j);
+      m = _mm512_max_ps(v, m);
+      nan = static_cast<__mmask16>(nan | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+    }
+    if (nan) return __builtin_nanf("");
+    return _mm512_reduce_max_ps(m);
+  }
+
+  static float exp2_sum(float* x, int64_t n, float sub) {
+    const __m512 s = _mm512_set1_ps(sub);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mask = tail_mask(n - j);
+      const __m512 e = _mm512_maskz_mov_ps(mask, exp2_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + j), s)));
+      _mm512_mask_storeu_ps(x + j, mask, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+  }
+
+  static void scale(float* x, int64_t n, float alpha) {
+    const __m512 a = _mm512_set1_ps(alpha);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mask = tail_mask(n - j);
+      _mm512_mask_storeu_ps(x + j, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + j), a));
+    }
+  }
+
+  // Up to 16 elements (mask) of `dtype` at src (contiguous) as fp32; others 0.
+  static inline __m512 load16(const void* src, DType dtype, __mmask16 mask) {
+    switch (dtype) {
+      case DType::f32: return _mm512_maskz_loadu_ps(mask, src);
+      case DType::f16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src));
+      case DType::bf16: {
+        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, src));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+      }
+    }
+    return _mm512_setzero_ps();
+  }
+
+  static void load_row(const void* src, DType dtype, int64_t n, int64_t stride, float scale,
+                       float* dst) {
+    const int64_t esize = int64_t(dtype_size(dtype));
+    const int64_t n_pad = (n + 15) / 16 * 16;
+    if (stride == 1) {
+      const __m512 s = _mm512_set1_ps(scale);
+      for (int64_t j = 0; j < n_pad; j += 16) {
+        const __m512 v = load16(static_cast<const char*>(src) + j * esize, dtype, tail_mask(n - j));
+        _mm512_storeu_ps(dst + j, _mm512_mul_ps(s, v));
+      }
+      return;
+    }
+    int64_t j = 0;
+    for (; j < n; ++j) dst[j] = scale * load_element(src, int(dtype), j * stride);
+    for (; j < n_pad; ++j) dst[j] = 0.0f;
+  }
+
+  static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
+                        int64_t stride) {
+    int64_t j = 0;
+    if (stride == 1 && dtype != DType::bf16) {
+      const __m512 s = _mm512_set1_ps(scale);
+      for (; j < n; j += 16) {
+        const __mmask16 mask = tail_mask(n - j);
+        const __m512 value = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + j), s);
+        if (dtype == DType::f32) {
+          _mm512_mask_storeu_ps(static_cast<float*>(dst) + j, mask, value);
+        } else {
+          const __m256i half = _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          _mm256_mask_storeu_epi16(static_cast<uint16_t*>(dst) + j, mask, half);
+        }
+      }
+      return;
+    }
+    for (; j < n; ++j) {
+      const float value = src[j] * scale;
+      switch (dtype) {
+        case DType::f32: static_cast<float*>(dst)[j * stride] = value; break;
+        case DType::f16: static_cast<uint16_t*>(dst)[j * stride] = float_to_f16(value); break;
+        case DType::bf16: static_cast<uint16_t*>(dst)[j * stride] = float_to_bf16(value); break;
+      }
+    }
+  }
+
+  // dst[c * ld + r] = rows[r][c * stride], columns n_rows..round_up(n_rows, 16) zeroed.
+  // 16x16 blocks: rows converted into an L1 block, columns gathered from it,
+  // so every store to dst is a full 64-byte line.
+  static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
+                              int64_t stride, float* dst, int64_t ld) {
+    const int64_t n_pad = (n_rows + 15) / 16 * 16;
+    const int64_t esize = int64_t(dtype_size(dtype));
+    alignas(64) float block[16 * 16];
+    if (stride == 1) {
+      for (int64_t r0 = 0; r0 < n_pad; r0 += 16) {
+        for (int64_t c0 = 0; c0 < d; c0 += 16) {
+          const __mmask16 cols = tail_mask(d - c0);
+          for (int64_t r = 0; r < 16; ++r) {
+            const __m512 v = r0 + r < n_rows
+                                 ? load16(static_cast<const char*>(rows[r0 + r]) + c0 * esize, dtype, cols)
+                                 : _mm512_setzero_ps();
+            _mm512_store_ps(block + r * 16, v);
+          }
+          const int64_t c_end = d - c0 < 16 ? d - c0 : 16;
+          for (int64_t c = 0; c < c_end; ++c) {
+            // Column c of the 16x16 block: a strided gather from L1.
+            const __m512i index = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
+                                                    176, 192, 208, 224, 240);
+            _mm512_storeu_ps(dst + (c0 + c) * ld + r0, _mm512_i32gather_ps(index, block + c, 4));
+          }
+        }
+      }
+      return;
+    }
+    for (int64_t c = 0; c < d; ++c) {
+      float* out = dst + c * ld;
+      for (int64_t r = 0; r < n_rows; ++r) out[r] = load_element(rows[r], int(dtype), c * stride);
+      for (int64_t r = n_rows; r < n_pad; ++r) out[r] = 0.0f;
+    }
+  }
+};
+
+}  // namespace tileattn::detail::avx512

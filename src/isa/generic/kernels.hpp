@@ -1,0 +1,113 @@
+// Portable kernels: plain C++ that the compiler may vectorize for the
+// baseline x86-64 (SSE2) or any other target. Same contract as the SIMD paths.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "core/exp2_poly.hpp"
+#include "core/half.hpp"
+#include "tileattn/types.hpp"
+
+namespace tileattn::detail::generic {
+
+struct Kernels {
+  static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    for (int64_t i = 0; i < m; ++i) {
+      float* ci = c + i * ldc;
+      if (!accumulate) std::memset(ci, 0, sizeof(float) * n);
+      for (int64_t p = 0; p < k; ++p) {
+        const float aip = a[i * lda + p];
+        const float* bp = b + p * ldb;
+        for (int64_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
+      }
+    }
+  }
+
+  // Largest of x[0, n); NaN if any element is NaN.
+  static float row_max(const float* x, int64_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    bool nan = false;
+    for (int64_t j = 0; j < n; ++j) {
+      m = x[j] > m ? x[j] : m;
+      nan |= x[j] != x[j];
+    }
+    return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+  }
+
+  static float exp2(float x) {
+    using namespace exp2_poly;
+    if (!(x >= kMinInput)) return x != x ? x : 0.0f;  // NaN stays NaN
+    if (x > kMaxInput) x = kMaxInput;
+    const float n = std::nearbyint(x);
+    const float f = x - n;
+    float poly = kC6;
+    poly = poly * f + kC5;
+    poly = poly * f + kC4;
+    poly = poly * f + kC3;
+    poly = poly * f + kC2;
+    poly = poly * f + kC1;
+    poly = poly * f + 1.0f;
+    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+    return poly * bits_to_float(bits);
+  }
+
+  static float exp2_sum(float* x, int64_t n, float sub) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      x[j] = exp2(x[j] - sub);
+      sum += x[j];
+    }
+    return sum;
+  }
+
+  static void scale(float* x, int64_t n, float alpha) {
+    for (int64_t j = 0; j < n; ++j) x[j] *= alpha;
+  }
+
+  static float load_one(const void* src, DType dtype, int64_t index) {
+    switch (dtype) {
+      case DType::f32: return static_cast<const float*>(src)[index];
+      case DType::f16: return f16_to_float(static_cast<const uint16_t*>(src)[index]);
+      case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(src)[index]);
+    }
+    return 0.0f;
+  }
+
+  // dst[0, n) = scale * src[0, n) (element stride `stride`); dst is zero-padded
+  // up to the next multiple of 16.
+  static void load_row(const void* src, DType dtype, int64_t n, int64_t stride, float scale,
+                       float* dst) {
+    for (int64_t j = 0; j < n; ++j) dst[j] = scale * load_one(src, dtype, j * stride);
+    for (int64_t j = n; j % 16 != 0; ++j) dst[j] = 0.0f;
+  }
+
+  static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
+                        int64_t stride) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float value = src[j] * scale;
+      switch (dtype) {
+        case DType::f32: static_cast<float*>(dst)[j * stride] = value; break;
+        case DType::f16: static_cast<uint16_t*>(dst)[j * stride] = float_to_f16(value); break;
+        case DType::bf16: static_cast<uint16_t*>(dst)[j * stride] = float_to_bf16(value); break;
+      }
+    }
+  }
+
+  // dst[c * ld + r] = rows[r][c * stride] for r < n_rows, c < d; columns
+  // n_rows .. round_up(n_rows, 16) are zeroed.
+  static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
+                              int64_t stride, float* dst, int64_t ld) {
+    const int64_t n_pad = (n_rows + 15) / 16 * 16;
+    for (int64_t c = 0; c < d; ++c) {
+      float* out = dst + c * ld;
+      for (int64_t r = 0; r < n_rows; ++r) out[r] = load_one(rows[r], dtype, c * stride);
+      for (int64_t r = n_rows; r < n_pad; ++r) out[r] = 0.0f;
+    }
+  }
+};
+
+}  // namespace tileattn::detail::generic

@@ -1,0 +1,123 @@
+#include "tileattn/reference.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "core/half.hpp"
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+
+namespace tileattn {
+
+namespace {
+
+using detail::load_element;
+
+// Shared walk over every (sequence, head, query row): computes the visible
+// scores with `Real` arithmetic and hands them to softmax + P V in `Real`.
+template <class Real>
+ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
+  detail::validate(a);
+  const detail::Problem p = detail::describe(a);
+  const AttentionShape& s = a.shape;
+  const int dt = static_cast<int>(a.dtype);
+  const int64_t q_batches = a.cu_seqlens_q ? 1 : s.batch;
+  const int64_t d = s.head_dim;
+  const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale);
+  ReferenceOutput out;
+  out.o.assign(size_t(q_batches * s.heads * s.seqlen_q * d), 0.0);
+  out.lse.assign(size_t(q_batches * s.heads * s.seqlen_q), -std::numeric_limits<double>::infinity());
+
+  std::vector<Real> scores, qrow, acc;
+  std::vector<char> visible;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const detail::Sequence seq = detail::sequence_of(p, b);
+    scores.resize(size_t(seq.nk));
+    visible.resize(size_t(seq.nk));
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t kvh = h / p.group;
+      for (int64_t i = 0; i < seq.nq; ++i) {
+        const int64_t q_off = seq.q_batch * a.q.stride[0] + h * a.q.stride[1] +
+                              (seq.q_row0 + i) * a.q.stride[2];
+        qrow.assign(size_t(d), Real(0));
+        for (int64_t c = 0; c < d; ++c) qrow[c] = Real(load_element(a.q.data, dt, q_off + c * a.q.stride[3]));
+        Real max_score = -std::numeric_limits<Real>::infinity();
+        bool any = false;
+        for (int64_t j = 0; j < seq.nk; ++j) {
+          bool keep = j >= i + seq.offset - p.band.left && j <= i + seq.offset + p.band.right;
+          double bias = 0.0;
+          if (keep && a.mask.kind != MaskSpec::Kind::none) {
+            const auto& ms = a.mask.stride;
+            const int64_t m_off = b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
+            if (a.mask.kind == MaskSpec::Kind::boolean)
+              keep = static_cast<const uint8_t*>(a.mask.data)[m_off] != 0;
+            else
+              bias = static_cast<const float*>(a.mask.data)[m_off];
+          }
+          visible[j] = keep;
+          if (!keep) continue;
+          int64_t k_off;
+          if (a.kv.block_table) {
+            const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + j / a.kv.page_size];
+            k_off = page * a.k.stride[0] + kvh * a.k.stride[1] + (j % a.kv.page_size) * a.k.stride[2];
+          } else {
+            k_off = seq.k_batch * a.k.stride[0] + kvh * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
+          }
+          Real dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += qrow[c] * Real(load_element(a.k.data, dt, k_off + c * a.k.stride[3]));
+          Real score = dot * Real(scale) + Real(bias);
+          if (score == -std::numeric_limits<Real>::infinity()) {
+            visible[j] = false;  // an additive -inf hides the key
+            continue;
+          }
+          scores[j] = score;
+          any = true;
+          if (!(score <= max_score)) max_score = score;  // NaN propagates into the max
+        }
+        const int64_t out_row = (seq.q_batch * s.heads + h) * s.seqlen_q + seq.q_row0 + i;
+        if (!any) continue;  // O = 0, LSE = -inf
+        Real sum = 0;
+        acc.assign(size_t(d), Real(0));
+        for (int64_t j = 0; j < seq.nk; ++j) {
+          if (!visible[j]) continue;
+          Real prob = std::exp(scores[j] - max_score);
+          scores[j] = prob;
+          sum += prob;
+        }
+        for (int64_t j = 0; j < seq.nk; ++j) {
+          if (!visible[j]) continue;
+          const Real prob = scores[j] / sum;
+          int64_t v_off;
+          if (a.kv.block_table) {
+            const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + j / a.kv.page_size];
+            v_off = page * a.v.stride[0] + kvh * a.v.stride[1] + (j % a.kv.page_size) * a.v.stride[2];
+          } else {
+            v_off = seq.k_batch * a.v.stride[0] + kvh * a.v.stride[1] + (seq.k_row0 + j) * a.v.stride[2];
+          }
+          for (int64_t c = 0; c < d; ++c)
+            acc[c] += prob * Real(load_element(a.v.data, dt, v_off + c * a.v.stride[3]));
+        }
+        for (int64_t c = 0; c < d; ++c) {
+          double value = double(acc[c]);
+          if (round_to_dtype) {
+            float f = float(value);
+            if (a.dtype == DType::f16) f = detail::f16_to_float(detail::float_to_f16(f));
+            if (a.dtype == DType::bf16) f = detail::bf16_to_float(detail::float_to_bf16(f));
+            value = f;
+          }
+          out.o[size_t(out_row * d + c)] = value;
+        }
+        out.lse[size_t(out_row)] = double(max_score) + std::log(double(sum));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ReferenceOutput reference_forward(const ForwardArgs& args) { return run_reference<double>(args, false); }
+ReferenceOutput naive_forward(const ForwardArgs& args) { return run_reference<float>(args, true); }
+
+}  // namespace tileattn

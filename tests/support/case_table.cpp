@@ -1,0 +1,121 @@
+#include "support/case_table.hpp"
+
+namespace tileattn::testing {
+
+std::vector<Case> correctness_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) { cases.push_back(c); };
+  // Head dims, including ones that leave partial SIMD vectors and panels.
+  for (int64_t d : {1, 8, 59, 64, 80, 96, 111, 128, 256}) {
+    for (MaskCase m : {MaskCase::none, MaskCase::causal}) {
+      Case c;
+      c.head_dim = d;
+      c.seqlen_q = c.seqlen_k = 97;
+      c.mask = m;
+      add(c);
+    }
+  }
+  // Sequence lengths, equal and unequal both ways.
+  for (int64_t nq : {1, 17, 64, 97, 1025})
+    for (int64_t nk : {1, 17, 64, 97, 1025}) {
+      if (nq == 1025 && nk == 1025) continue;  // covered below, once
+      Case c;
+      c.heads = c.kv_heads = 1;
+      c.seqlen_q = nq;
+      c.seqlen_k = nk;
+      c.head_dim = 32;
+      c.mask = (nq + nk) % 2 ? MaskCase::causal : MaskCase::none;
+      add(c);
+    }
+  {
+    Case c;
+    c.heads = c.kv_heads = 1;
+    c.seqlen_q = c.seqlen_k = 1025;
+    c.head_dim = 64;
+    c.mask = MaskCase::causal;
+    add(c);
+  }
+  // Every mask, with Nq < Nk, Nq > Nk and equal.
+  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::window, MaskCase::boolean,
+                     MaskCase::additive, MaskCase::causal_boolean})
+    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {17, 130}, {130, 17}}) {
+      Case c;
+      c.seqlen_q = nq;
+      c.seqlen_k = nk;
+      c.head_dim = 40;
+      c.mask = m;
+      add(c);
+    }
+  for (auto [left, right] : {std::pair<int64_t, int64_t>{5, 3}, {-1, 7}, {20, -1}, {0, 0}}) {
+    Case c;
+    c.seqlen_q = 97;
+    c.seqlen_k = 150;
+    c.mask = MaskCase::window;
+    c.window_left = left;
+    c.window_right = right;
+    add(c);
+  }
+  // GQA ratios 1, 4, 8 and MQA.
+  for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {4, 1}, {12, 3}}) {
+    Case c;
+    c.heads = h;
+    c.kv_heads = kvh;
+    c.seqlen_q = 33;
+    c.seqlen_k = 70;
+    c.mask = MaskCase::causal;
+    add(c);
+  }
+  // Layouts and a non-contiguous stride.
+  for (Layout layout : {Layout::bhsd, Layout::bshd})
+    for (bool strided : {false, true}) {
+      Case c;
+      c.batch = 2;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.seqlen_q = 50;
+      c.seqlen_k = 77;
+      c.layout = layout;
+      c.strided = strided;
+      c.mask = MaskCase::causal;
+      add(c);
+    }
+  // Variable-length batches with empty and length-1 sequences.
+  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::boolean}) {
+    Case c;
+    c.varlen = true;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
+    c.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
+    c.mask = m;
+    add(c);
+  }
+  // 16-bit inputs.
+  for (DType dt : {DType::f16, DType::bf16})
+    for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::additive}) {
+      Case c;
+      c.dtype = dt;
+      c.batch = 2;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.seqlen_q = 97;
+      c.seqlen_k = 130;
+      c.head_dim = 80;
+      c.mask = m;
+      add(c);
+    }
+  {
+    Case c;
+    c.dtype = DType::bf16;
+    c.layout = Layout::bshd;
+    c.strided = true;
+    c.head_dim = 111;
+    c.seqlen_q = 64;
+    c.seqlen_k = 1025;
+    add(c);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) cases[i].seed = 1000 + i;
+  return cases;
+}
+
+}  // namespace tileattn::testing

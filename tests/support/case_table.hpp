@@ -1,0 +1,13 @@
+// The table of cases shared by the correctness tests and the benchmarks.
+#pragma once
+
+#include <vector>
+
+#include "support/problem_case.hpp"
+
+namespace tileattn::testing {
+
+// Awkward sizes, every mask, GQA ratios, layouts, strides, varlen, dtypes.
+std::vector<Case> correctness_cases();
+
+}  // namespace tileattn::testing

@@ -1,0 +1,218 @@
+#include "support/problem_case.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "core/half.hpp"
+
+namespace tileattn::testing {
+
+namespace {
+
+constexpr int64_t kRowPadding = 5;  // extra elements per row in `strided` cases
+
+struct Tensor {
+  std::array<int64_t, 4> stride;
+  int64_t elements;
+};
+
+// [b, h, n, d] with the case's layout; `strided` pads each row.
+Tensor make_tensor(const Case& c, int64_t batches, int64_t heads, int64_t rows) {
+  const int64_t d_alloc = c.head_dim + (c.strided ? kRowPadding : 0);
+  Tensor t;
+  t.stride = c.varlen ? std::array<int64_t, 4>{0, d_alloc, heads * d_alloc, 1}
+                      : dense_strides(c.layout, batches, heads, rows, d_alloc);
+  t.elements = batches * heads * rows * d_alloc;
+  return t;
+}
+
+}  // namespace
+
+std::string Case::name() const {
+  static const char* masks[] = {"none", "causal", "window", "bool", "additive", "causal+bool"};
+  std::ostringstream s;
+  s << "b" << batch << "_h" << heads << "_kv" << kv_heads << "_q" << seqlen_q << "_k" << seqlen_k
+    << "_d" << head_dim << "_" << dtype_name(dtype) << "_" << layout_name(layout) << "_"
+    << masks[int(mask)];
+  if (mask == MaskCase::window) s << "(" << window_left << "," << window_right << ")";
+  if (strided) s << "_strided";
+  if (varlen) s << "_varlen";
+  return s.str();
+}
+
+CaseData::CaseData(const Case& cs) : c(cs) {
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> uniform(-c.input_scale, c.input_scale);
+  int64_t batches = c.batch, rows_q = c.seqlen_q, rows_k = c.seqlen_k;
+  int64_t max_nq = c.seqlen_q, max_nk = c.seqlen_k;
+  if (c.varlen) {
+    batches = 1;
+    cu_q.push_back(0);
+    cu_k.push_back(0);
+    max_nq = max_nk = 0;
+    for (size_t b = 0; b < c.varlen_q_lengths.size(); ++b) {
+      cu_q.push_back(cu_q.back() + c.varlen_q_lengths[b]);
+      cu_k.push_back(cu_k.back() + c.varlen_k_lengths[b]);
+      max_nq = std::max<int64_t>(max_nq, c.varlen_q_lengths[b]);
+      max_nk = std::max<int64_t>(max_nk, c.varlen_k_lengths[b]);
+    }
+    rows_q = cu_q.back();
+    rows_k = cu_k.back();
+  }
+  const Tensor tq = make_tensor(c, batches, c.heads, rows_q);
+  const Tensor tk = make_tensor(c, batches, c.kv_heads, rows_k);
+  auto fill = [&](std::vector<float>& f32, std::vector<uint16_t>& f16, int64_t n) {
+    if (c.dtype == DType::f32) {
+      f32.resize(size_t(n));
+      for (auto& x : f32) x = uniform(rng);
+    } else {
+      f16.resize(size_t(n));
+      for (auto& x : f16)
+        x = c.dtype == DType::f16 ? detail::float_to_f16(uniform(rng)) : detail::float_to_bf16(uniform(rng));
+    }
+  };
+  fill(q32, q16, tq.elements);
+  fill(k32, k16, tk.elements);
+  fill(v32, v16, tk.elements);
+  if (c.dtype == DType::f32) o32.assign(size_t(tq.elements), 0.0f);
+  else o16.assign(size_t(tq.elements), 0);
+
+  ForwardArgs& a = args;
+  a.shape = {c.varlen ? int64_t(c.varlen_q_lengths.size()) : c.batch, c.heads, c.kv_heads, rows_q, rows_k, c.head_dim};
+  a.dtype = c.dtype;
+  const bool f32 = c.dtype == DType::f32;
+  a.q = {f32 ? static_cast<const void*>(q32.data()) : q16.data(), tq.stride};
+  a.k = {f32 ? static_cast<const void*>(k32.data()) : k16.data(), tk.stride};
+  a.v = {f32 ? static_cast<const void*>(v32.data()) : v16.data(), tk.stride};
+  a.o = {f32 ? static_cast<void*>(o32.data()) : o16.data(), tq.stride};
+  if (c.with_lse) {
+    lse.assign(size_t(batches * c.heads * rows_q), 0.0f);
+    a.lse = lse.data();
+    a.lse_stride = {c.heads * rows_q, rows_q, 1};
+  }
+  if (c.varlen) {
+    a.cu_seqlens_q = cu_q.data();
+    a.cu_seqlens_k = cu_k.data();
+  }
+  a.scale = c.scale;
+  const int64_t mask_b = a.shape.batch;
+  const int64_t mask_elems = mask_b * c.heads * max_nq * max_nk;
+  const std::array<int64_t, 4> mask_stride{c.heads * max_nq * max_nk, max_nq * max_nk, max_nk, 1};
+  switch (c.mask) {
+    case MaskCase::none: break;
+    case MaskCase::causal: a.mask.causal = true; break;
+    case MaskCase::window:
+      a.mask.window_left = c.window_left;
+      a.mask.window_right = c.window_right;
+      break;
+    case MaskCase::causal_boolean:
+      a.mask.causal = true;
+      [[fallthrough]];
+    case MaskCase::boolean: {
+      bool_mask.resize(size_t(mask_elems));
+      std::bernoulli_distribution keep(0.7);
+      for (auto& m : bool_mask) m = keep(rng) ? 1 : 0;
+      a.mask.kind = MaskSpec::Kind::boolean;
+      a.mask.data = bool_mask.data();
+      a.mask.stride = mask_stride;
+      break;
+    }
+    case MaskCase::additive: {
+      add_mask.resize(size_t(mask_elems));
+      std::uniform_real_distribution<float> bias(-3.0f, 3.0f);
+      std::bernoulli_distribution hide(0.1);
+      for (auto& m : add_mask) m = hide(rng) ? -std::numeric_limits<float>::infinity() : bias(rng);
+      a.mask.kind = MaskSpec::Kind::additive;
+      a.mask.data = add_mask.data();
+      a.mask.stride = mask_stride;
+      break;
+    }
+  }
+}
+
+float CaseData::o_at(int64_t qb, int64_t h, int64_t row, int64_t d) const {
+  const auto& s = args.o.stride;
+  const int64_t off = qb * s[0] + h * s[1] + row * s[2] + d * s[3];
+  return detail::load_element(args.o.data, int(c.dtype), off);
+}
+
+float CaseData::lse_at(int64_t qb, int64_t h, int64_t row) const {
+  const auto& s = args.lse_stride;
+  return args.lse[qb * s[0] + h * s[1] + row * s[2]];
+}
+
+static void set_element(void* base, DType dtype, int64_t off, float value) {
+  if (dtype == DType::f32) static_cast<float*>(base)[off] = value;
+  else if (dtype == DType::f16) static_cast<uint16_t*>(base)[off] = detail::float_to_f16(value);
+  else static_cast<uint16_t*>(base)[off] = detail::float_to_bf16(value);
+}
+
+void CaseData::set_q(int64_t qb, int64_t h, int64_t row, int64_t d, float value) {
+  const auto& s = args.q.stride;
+  set_element(const_cast<void*>(args.q.data), c.dtype, qb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
+}
+
+void CaseData::set_k(int64_t kb, int64_t h, int64_t row, int64_t d, float value) {
+  const auto& s = args.k.stride;
+  set_element(const_cast<void*>(args.k.data), c.dtype, kb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
+}
+
+double tolerance_floor(DType dtype) {
+  // A quarter of the unit roundoff... see docs/accuracy.md for the rule.
+  switch (dtype) {
+    case DType::f32: return 0.25 * std::ldexp(1.0, -23);
+    case DType::f16: return 0.25 * std::ldexp(1.0, -10);
+    case DType::bf16: return 0.25 * std::ldexp(1.0, -7);
+  }
+  return 0;
+}
+
+std::string Comparison::describe() const {
+  std::ostringstream s;
+  s << "max_error " << max_error << " (tolerance " << tolerance << " = 2 x naive " << naive_error
+    << " + floor), lse_error " << lse_error << " (tolerance " << lse_tolerance << ")"
+    << (nan_mismatch ? ", NaN mismatch" : "");
+  return s.str();
+}
+
+Comparison compare_with_reference(const CaseData& data) {
+  const ReferenceOutput ref = reference_forward(data.args);
+  const ReferenceOutput naive = naive_forward(data.args);
+  const ForwardArgs& a = data.args;
+  const int64_t qb_count = a.cu_seqlens_q ? 1 : a.shape.batch;
+  const int64_t rows = a.shape.seqlen_q, d = a.shape.head_dim, heads = a.shape.heads;
+  Comparison cmp;
+  double naive_lse_error = 0;
+  for (int64_t qb = 0; qb < qb_count; ++qb)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const size_t row = size_t((qb * heads + h) * rows + r);
+        for (int64_t c = 0; c < d; ++c) {
+          const double expected = ref.o[row * size_t(d) + size_t(c)];
+          const double got = data.o_at(qb, h, r, c);
+          const double base = naive.o[row * size_t(d) + size_t(c)];
+          if (std::isnan(expected) != std::isnan(got)) cmp.nan_mismatch = true;
+          if (std::isnan(expected)) continue;
+          cmp.max_error = std::max(cmp.max_error, std::abs(got - expected));
+          if (!std::isnan(base)) cmp.naive_error = std::max(cmp.naive_error, std::abs(base - expected));
+        }
+        if (a.lse) {
+          const double expected = ref.lse[row];
+          const double got = data.lse_at(qb, h, r);
+          if (std::isnan(expected) != std::isnan(got)) cmp.nan_mismatch = true;
+          if (std::isnan(expected)) continue;
+          if (std::isinf(expected) || std::isinf(got)) {
+            if (expected != got) cmp.nan_mismatch = true;
+            continue;
+          }
+          cmp.lse_error = std::max(cmp.lse_error, std::abs(got - expected));
+          naive_lse_error = std::max(naive_lse_error, std::abs(naive.lse[row] - expected));
+        }
+      }
+  cmp.tolerance = 2 * cmp.naive_error + tolerance_floor(a.dtype);
+  cmp.lse_tolerance = 2 * naive_lse_error + 4 * std::ldexp(1.0, -23);
+  return cmp;
+}
+
+}  // namespace tileattn::testing

@@ -1,0 +1,72 @@
+// One attention case: shapes, mask, dtype, layout. The same table of cases
+// feeds the correctness tests and the benchmarks (as ggml's test-backend-ops).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tileattn/attention.hpp"
+#include "tileattn/reference.hpp"
+
+namespace tileattn::testing {
+
+enum class MaskCase { none, causal, window, boolean, additive, causal_boolean };
+
+struct Case {
+  int64_t batch = 1, heads = 2, kv_heads = 2, seqlen_q = 64, seqlen_k = 64, head_dim = 64;
+  DType dtype = DType::f32;
+  Layout layout = Layout::bhsd;
+  MaskCase mask = MaskCase::none;
+  int64_t window_left = 16, window_right = 0;
+  bool strided = false;      // inputs are views with padding between rows
+  bool varlen = false;       // packed sequences with lengths `varlen_lengths`
+  std::vector<int32_t> varlen_q_lengths, varlen_k_lengths;
+  bool with_lse = true;
+  float scale = std::numeric_limits<float>::quiet_NaN();
+  float input_scale = 1.0f;  // inputs are uniform in [-input_scale, input_scale]
+  uint64_t seed = 1;
+  std::string name() const;
+};
+
+// Owns the input/output buffers of one case and the ForwardArgs pointing into them.
+struct CaseData {
+  Case c;
+  std::vector<uint16_t> q16, k16, v16, o16;  // f16/bf16 storage
+  std::vector<float> q32, k32, v32, o32;     // f32 storage
+  std::vector<float> lse;
+  std::vector<uint8_t> bool_mask;
+  std::vector<float> add_mask;
+  std::vector<int32_t> cu_q, cu_k;
+  ForwardArgs args;
+
+  explicit CaseData(const Case& c);
+  // O element (q-batch, head, row, d) as float, from whichever storage.
+  float o_at(int64_t qb, int64_t h, int64_t row, int64_t d) const;
+  float lse_at(int64_t qb, int64_t h, int64_t row) const;
+  // Write value into q/k/v element (for NaN tests).
+  void set_q(int64_t qb, int64_t h, int64_t row, int64_t d, float value);
+  void set_k(int64_t kb, int64_t h, int64_t row, int64_t d, float value);
+};
+
+struct Comparison {
+  double max_error = 0;        // of the tested output against float64
+  double naive_error = 0;      // of the naive same-precision implementation
+  double tolerance = 0;        // 2 * naive_error + floor
+  double lse_error = 0;
+  double lse_tolerance = 0;
+  bool nan_mismatch = false;   // NaN where the reference has none, or the reverse
+  bool ok() const { return !nan_mismatch && max_error <= tolerance && lse_error <= lse_tolerance; }
+  std::string describe() const;
+};
+
+// Runs nothing: compares what is in data's outputs with the float64
+// reference, and the naive implementation's error, by DESIGN.md's rule.
+Comparison compare_with_reference(const CaseData& data);
+
+// Absolute error floor added to the tolerance: a few units in the last place
+// of the output type at the output's scale.
+double tolerance_floor(DType dtype);
+
+}  // namespace tileattn::testing
