@@ -6,8 +6,8 @@
 #include <cstring>
 #include <limits>
 
-#include "support/case_table.hpp"
-#include "support/problem_case.hpp"
+#include "testing/case_table.hpp"
+#include "testing/problem_case.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::testing {

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "support/problem_case.hpp"
+#include "testing/problem_case.hpp"
 
 namespace tileattn::testing {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "support/problem_case.hpp"
+#include "testing/problem_case.hpp"
 
 namespace tileattn::testing {
 

@@ -1,4 +1,4 @@
-#include "support/problem_case.hpp"
+#include "testing/problem_case.hpp"
 
 #include <cmath>
 #include <limits>

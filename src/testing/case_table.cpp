@@ -1,4 +1,4 @@
-#include "support/case_table.hpp"
+#include "testing/case_table.hpp"
 
 namespace tileattn::testing {
 
