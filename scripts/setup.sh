@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what tileattn needs on a fresh Debian 12 machine (idempotent; skips
+# what is already there). Python packages go into .venv at the repository root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: one list, each feature adds its own here.
+APT_PACKAGES=(
+  build-essential cmake pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
+  libopenblas-dev                              # the naive GEMM+softmax+GEMM baseline of `bench`
+  python3 python3-venv python3-dev              # the Python package and its tests
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python packages (PyPI), into .venv.
+PIP_PACKAGES=(numpy pytest nanobind scikit-build-core safetensors)
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q "${PIP_PACKAGES[@]}"
