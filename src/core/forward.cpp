@@ -1,6 +1,10 @@
 // Public entry of the forward operator: validate, pick the ISA path and the
 // tiles once, build the schedule, size scratch up front, run the work items.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <vector>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -45,17 +49,32 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
       max_nq = max64(max_nq, args.cu_seqlens_q[b + 1] - args.cu_seqlens_q[b]);
   }
   if (max_nq > 0 && max_nq < p.block_q) p.block_q = int(max_nq);
-  // Query heads of one KV group share each packed K/V tile. Cap the group's
-  // Q and accumulator tiles at half of L2, and keep at least two items per
-  // thread so that every thread has work.
+  // Query heads of one KV group share each packed K/V tile; cap the group's
+  // Q and accumulator tiles at half of L2.
   const int64_t per_head_bytes = 2 * int64_t(p.block_q) * p.head_dim_padded * 4;
-  int64_t heads = max64(1, cache_sizes().l2 / 2 / per_head_bytes);
-  heads = min64(heads, p.group);
+  p.heads_per_item = int(min64(p.group, max64(1, cache_sizes().l2 / 2 / per_head_bytes)));
+  // Split-KV when there are too few work items to keep threads busy (decode:
+  // few sequences and KV heads, one query tile). Decided from the shape alone
+  // so that the result does not depend on the thread count.
+  constexpr int64_t kMinItems = 8;         // items wanted without splitting keys
+  constexpr int64_t kMinSplitKeys = 512;   // keys per split, to amortize the merge
+  (void)threads;
+  int64_t max_nk = args.shape.seqlen_k;
+  if (args.cu_seqlens_k || args.kv.seqlens) {
+    max_nk = 0;
+    for (int64_t b = 0; b < args.shape.batch; ++b)
+      max_nk = max64(max_nk, args.kv.seqlens ? args.kv.seqlens[b]
+                                             : args.cu_seqlens_k[b + 1] - args.cu_seqlens_k[b]);
+  }
   const int64_t q_tiles = (max_nq + p.block_q - 1) / max64(1, p.block_q);
-  while (heads > 1 && args.shape.batch * args.shape.kv_heads * q_tiles *
-                              ((p.group + heads - 1) / heads) < 2 * int64_t(threads))
-    heads = (heads + 1) / 2;
-  p.heads_per_item = int(heads);
+  const int64_t base_items = args.shape.batch * args.shape.kv_heads * q_tiles *
+                             ((p.group + p.heads_per_item - 1) / p.heads_per_item);
+  p.max_rows_q = max_nq;
+  if (base_items > 0 && base_items < kMinItems && max_nk >= 2 * kMinSplitKeys) {
+    const int64_t splits = min64((kMinItems + base_items - 1) / base_items, max_nk / kMinSplitKeys);
+    p.split_keys = round_up((max_nk + splits - 1) / splits, p.block_kv);
+    p.kv_splits = (max_nk + p.split_keys - 1) / p.split_keys;
+  }
   return p;
 }
 
@@ -87,26 +106,85 @@ void write_reference(const ForwardArgs& a) {
   (void)q_batches;
 }
 
+// Merges the key splits of every query row, in split order (deterministic),
+// and writes O in the output dtype and the LSE.
+void merge_splits(const Problem& p) {
+  const ForwardArgs& a = p.args;
+  const int64_t d = a.shape.head_dim, dp = p.head_dim_padded;
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  std::vector<float> row(static_cast<size_t>(d));
+  for (int64_t b = 0; b < a.shape.batch; ++b) {
+    const Sequence seq = sequence_of(p, b);
+    for (int64_t h = 0; h < a.shape.heads; ++h)
+      for (int64_t i = 0; i < seq.nq; ++i) {
+        float max_lse = -std::numeric_limits<float>::infinity();
+        bool nan = false;
+        for (int64_t s = 0; s < p.kv_splits; ++s) {
+          const float l = p.partial_lse[partial_slot(p, s, b, h, i)];
+          nan |= l != l;
+          max_lse = l > max_lse ? l : max_lse;
+        }
+        std::fill(row.begin(), row.end(), nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+        float lse = nan ? std::numeric_limits<float>::quiet_NaN() : max_lse;
+        if (!nan && max_lse != -std::numeric_limits<float>::infinity()) {
+          float weight_sum = 0.0f;
+          for (int64_t s = 0; s < p.kv_splits; ++s) {
+            const int64_t slot = partial_slot(p, s, b, h, i);
+            const float l = p.partial_lse[slot];
+            if (l == -std::numeric_limits<float>::infinity()) continue;
+            const float weight = std::exp(l - max_lse);
+            weight_sum += weight;
+            const float* o = p.partial_o + slot * dp;
+            for (int64_t c = 0; c < d; ++c) row[size_t(c)] += weight * o[c];
+          }
+          for (float& x : row) x /= weight_sum;
+          lse = max_lse + std::log(weight_sum);
+        }
+        const int64_t out_row = seq.q_row0 + i;
+        char* o_row = static_cast<char*>(a.o.data) +
+                      (seq.q_batch * a.o.stride[0] + h * a.o.stride[1] + out_row * a.o.stride[2]) * esize;
+        for (int64_t c = 0; c < d; ++c) {
+          const int64_t off = c * a.o.stride[3];
+          if (a.dtype == DType::f32) reinterpret_cast<float*>(o_row)[off] = row[size_t(c)];
+          else if (a.dtype == DType::f16) reinterpret_cast<uint16_t*>(o_row)[off] = float_to_f16(row[size_t(c)]);
+          else reinterpret_cast<uint16_t*>(o_row)[off] = float_to_bf16(row[size_t(c)]);
+        }
+        if (a.lse)
+          a.lse[seq.q_batch * a.lse_stride[0] + h * a.lse_stride[1] + out_row * a.lse_stride[2]] = lse;
+      }
+  }
+}
+
 }  // namespace detail
 
 void attention_forward(const ForwardArgs& args) {
   detail::validate(args);
+  if (args.dropout_p > 0.0f) throw NotSupported("dropout is not supported yet");
   const Isa isa = resolve_isa(args.isa);
   if (isa == Isa::reference) {
     detail::write_reference(args);
     return;
   }
   const int threads = detail::effective_threads(args.threads);
-  const detail::Problem p = detail::plan_forward(args, isa, threads);
+  detail::Problem p = detail::plan_forward(args, isa, threads);
   const std::vector<detail::WorkItem> items = detail::make_schedule(p, threads);
   if (items.empty()) return;
   const int64_t per_thread = detail::forward_scratch_floats(p);
   const int workers = int(detail::min64(threads, int64_t(items.size())));
   detail::Workspace scratch(per_thread, workers);
   const detail::ForwardItemFn run_item = detail::forward_item_fn(isa);
+  std::vector<float> partial_o, partial_lse;
+  if (p.kv_splits > 1) {
+    const int64_t slots = p.kv_splits * args.shape.batch * args.shape.heads * p.max_rows_q;
+    partial_o.resize(size_t(slots * p.head_dim_padded));
+    partial_lse.resize(size_t(slots));
+    p.partial_o = partial_o.data();
+    p.partial_lse = partial_lse.data();
+  }
   detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     run_item(p, items[size_t(item)], scratch.for_worker(worker));
   });
+  if (p.kv_splits > 1) detail::merge_splits(p);
 }
 
 }  // namespace tileattn

@@ -4,17 +4,23 @@
 // tileattn::detail::<isa>, after that ISA's `Kernels` struct, which supplies:
 //   gemm(m, n, k, a, lda, b, ldb, c, ldc, accumulate)   C(m,n) (+)= A(m,k) B(k,n)
 //       n, ldb, ldc multiples of kPanelWidth; b and c 64-byte aligned
-//   row_max(x, n) -> max (NaN if any is NaN), exp2_sum(x, n, sub) -> sum (x := exp2(x - sub)),
-//   scale(x, n, alpha), load_row(src, dtype, n, stride, scale, dst),
-//   store_row(src, scale, n, dtype, dst, stride), pack_transposed(rows, n_rows,
-//   dtype, d, stride, dst, ld)
+//   row_max(x, n) -> max (NaN if any is NaN), exp2_sum(x, n, sub) -> sum
+//   (x := exp2(x - sub)), scale(x, n, alpha), load_row(src, dtype, n, stride,
+//   scale, dst), store_row(src, scale, n, dtype, dst, stride),
+//   pack_transposed(rows, n_rows, dtype, d, stride, dst, ld)
 //
-// Per work item (batch, KV head, group of query heads, query tile):
-//   load Q tiles -> for each visible KV tile: pack K^T and V once, then for
-//   each query head of the group: S = Q K^T -> mask (partial tiles only) ->
-//   online softmax -> acc += P V -> epilogue: O = acc / row_sum, LSE.
+// Per work item (batch, KV head, query heads of that group, query tile, key
+// split): load the Q tiles -> for each visible KV tile: pack K^T and V once,
+// then for the stacked query rows of the group: S = Q K^T -> mask (partial
+// tiles only) -> online softmax -> acc += P V -> epilogue: O = acc / row_sum
+// and LSE (or, for a key split, the partial pair merged afterwards).
 // Masks, dtypes, layouts and KV sources are policies of this one loop.
-
+//
+// Query rows of the item's heads are stacked: stacked row s is head
+// s / rows, query row q_begin + s % rows, so a decode step (rows = 1) runs the
+// whole GQA group as one (heads, D) x (D, keys) product and every K/V byte is
+// read once per group.
+//
 // This file has no includes of its own because it is included inside a
 // namespace: the including file first includes <cmath>, <cstring>, <limits>
 // and "core/problem.hpp".
@@ -31,59 +37,72 @@ class ForwardMainloop {
       cursor += round_up(floats, 16);
       return piece;
     };
-    q_tile_ = take(hc * bq * dp);    // (heads, BLOCK_Q, D_pad)
-    acc_ = take(hc * bq * dp);       // (heads, BLOCK_Q, D_pad)
-    row_max_ = take(hc * bq);        // (heads, BLOCK_Q), log2 units
-    row_sum_ = take(hc * bq);        // (heads, BLOCK_Q)
+    // Must match forward_scratch_floats() in scheduler.cpp.
+    q_tile_ = take(hc * bq * dp);    // (heads * rows, D_pad), pre-scaled Q
+    acc_ = take(hc * bq * dp);       // (heads * rows, D_pad), un-normalized O
+    row_max_ = take(hc * bq);        // (heads * rows), log2 units
+    row_sum_ = take(hc * bq);        // (heads * rows)
     k_t_ = take(dp * kv_pad_);       // (D, BLOCK_KV_pad)
     v_tile_ = take(kv_pad_ * dp);    // (BLOCK_KV_pad, D_pad)
-    s_tile_ = take(bq * kv_pad_);    // (BLOCK_Q, BLOCK_KV_pad)
+    s_tile_ = take(bq * kv_pad_);    // (BLOCK_Q, BLOCK_KV_pad): scores, then P
     key_rows_ = reinterpret_cast<const void**>(take(2 * kv_pad_));  // (BLOCK_KV,)
   }
 
   void run(const WorkItem& w) {
     const Sequence seq = sequence_of(p_, w.batch);
-    const int64_t rows = w.q_end - w.q_begin;
-    const int64_t dp = p_.head_dim_padded, bq = p_.block_q, d = a_.shape.head_dim;
-    const size_t esize = dtype_size(a_.dtype);
-
-    for (int64_t g = 0; g < w.head_count; ++g) {
-      const int64_t head = w.head_begin + g;
-      const char* q_base = static_cast<const char*>(a_.q.data) +
-                           (seq.q_batch * a_.q.stride[0] + head * a_.q.stride[1]) * int64_t(esize);
-      for (int64_t r = 0; r < rows; ++r) {
-        const char* src = q_base + (seq.q_row0 + w.q_begin + r) * a_.q.stride[2] * int64_t(esize);
-        K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.score_scale, q_tile_ + (g * bq + r) * dp);
-      }
-      std::memset(acc_ + g * bq * dp, 0, sizeof(float) * rows * dp);
-      for (int64_t r = 0; r < rows; ++r) {
-        row_max_[g * bq + r] = -std::numeric_limits<float>::infinity();
-        row_sum_[g * bq + r] = 0.0f;
-      }
+    rows_ = w.q_end - w.q_begin;
+    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t stacked = w.head_count * rows_;
+    load_q_tiles(seq, w);
+    std::memset(acc_, 0, sizeof(float) * stacked * dp);
+    for (int64_t s = 0; s < stacked; ++s) {
+      row_max_[s] = -std::numeric_limits<float>::infinity();
+      row_sum_[s] = 0.0f;
     }
+    // Heads per product: as many as fit the S tile (BLOCK_Q rows). Prefill
+    // tiles (rows = BLOCK_Q) go one head at a time; decode stacks the group.
+    const int64_t heads_per_gemm = max64(1, p_.block_q / rows_);
 
-    const KeyRange keys = visible_keys(p_.band, seq, w.q_begin, w.q_end);
+    KeyRange keys = visible_keys(p_.band, seq, w.q_begin, w.q_end);
+    keys.first = max64(keys.first, w.key_begin);
+    keys.last = min64(keys.last, w.key_end);
     const int64_t first_tile = keys.first / p_.block_kv * p_.block_kv;
     for (int64_t j0 = first_tile; j0 < keys.last; j0 += p_.block_kv) {
+      const int64_t j_begin = max64(j0, keys.first);
       const int64_t j1 = min64(j0 + p_.block_kv, keys.last);
-      const int64_t n = j1 - j0;
-      const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j0, j1);
-      load_kv_tile(seq, w, j0, n);
-      for (int64_t g = 0; g < w.head_count; ++g) {
-        float* q = q_tile_ + g * bq * dp;
-        float* acc = acc_ + g * bq * dp;
-        const int64_t n_pad = round_up(n, kPanelWidth);
-        K::gemm(rows, n_pad, d, q, dp, k_t_, kv_pad_, s_tile_, kv_pad_, false);
+      const int64_t n = j1 - j_begin;
+      const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
+      load_kv_tile(seq, w, j_begin, n);
+      const int64_t n_pad = round_up(n, kPanelWidth);
+      for (int64_t g0 = 0; g0 < w.head_count; g0 += heads_per_gemm) {
+        const int64_t s0 = g0 * rows_;
+        const int64_t m = min64(heads_per_gemm, w.head_count - g0) * rows_;
+        K::gemm(m, n_pad, d, q_tile_ + s0 * dp, dp, k_t_, kv_pad_, s_tile_, kv_pad_, false);
         if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
-          apply_mask(seq, w, w.head_begin + g, j0, n, band_partial);
-        online_softmax(rows, n, acc, row_max_ + g * bq, row_sum_ + g * bq);
-        K::gemm(rows, dp, n, s_tile_, kv_pad_, v_tile_, dp, acc, dp, true);
+          apply_mask(seq, w, s0, m, j_begin, n, band_partial);
+        online_softmax(s0, m, n);
+        K::gemm(m, dp, n, s_tile_, kv_pad_, v_tile_, dp, acc_ + s0 * dp, dp, true);
       }
     }
     epilogue(seq, w);
   }
 
  private:
+  int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
+  int64_t query_of(const WorkItem& w, int64_t s) const { return w.q_begin + s % rows_; }
+
+  void load_q_tiles(const Sequence& seq, const WorkItem& w) {
+    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t esize = int64_t(dtype_size(a_.dtype));
+    for (int64_t s = 0; s < w.head_count * rows_; ++s) {
+      const int64_t row = seq.q_row0 + query_of(w, s);
+      const char* src = static_cast<const char*>(a_.q.data) +
+                        (seq.q_batch * a_.q.stride[0] + head_of(w, s) * a_.q.stride[1] +
+                         row * a_.q.stride[2]) * esize;
+      K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.score_scale, q_tile_ + s * dp);
+    }
+  }
+
   const char* key_row(const char* base, const InputView& view, const Sequence& seq,
                       int64_t batch, int64_t kv_head, int64_t j) const {
     const int64_t esize = int64_t(dtype_size(a_.dtype));
@@ -97,7 +116,7 @@ class ForwardMainloop {
   }
 
   // K^T (D, BLOCK_KV_pad) and V (BLOCK_KV_pad, D_pad), converted to fp32 once
-  // and shared by every query head of the KV group.
+  // and shared by every query head of the KV group. Pages are gathered here.
   void load_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
     const int64_t d = a_.shape.head_dim, dp = p_.head_dim_padded;
     const char* k_base = static_cast<const char*>(a_.k.data);
@@ -110,13 +129,13 @@ class ForwardMainloop {
     }
   }
 
-  void apply_mask(const Sequence& seq, const WorkItem& w, int64_t head, int64_t j0, int64_t n,
-                  bool band_partial) {
+  // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
+  void apply_mask(const Sequence& seq, const WorkItem& w, int64_t s0, int64_t m, int64_t j0,
+                  int64_t n, bool band_partial) {
     constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-    const int64_t rows = w.q_end - w.q_begin;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = s_tile_ + r * kv_pad_;
-      const int64_t i = w.q_begin + r;
+    for (int64_t t = 0; t < m; ++t) {
+      float* s = s_tile_ + t * kv_pad_;
+      const int64_t i = query_of(w, s0 + t);
       if (band_partial) {
         // Visible columns of this row form one interval [lo, hi).
         const int64_t lo = min64(n, max64(0, i + seq.offset - p_.band.left - j0));
@@ -126,7 +145,7 @@ class ForwardMainloop {
       }
       if (a_.mask.kind == MaskSpec::Kind::none) continue;
       const auto& ms = a_.mask.stride;
-      const int64_t row_offset = w.batch * ms[0] + head * ms[1] + i * ms[2];
+      const int64_t row_offset = w.batch * ms[0] + head_of(w, s0 + t) * ms[1] + i * ms[2];
       if (a_.mask.kind == MaskSpec::Kind::boolean) {
         const uint8_t* keep = static_cast<const uint8_t*>(a_.mask.data) + row_offset;
         for (int64_t c = 0; c < n; ++c)
@@ -138,68 +157,72 @@ class ForwardMainloop {
     }
   }
 
-  // Online softmax over one score tile: S becomes P = exp2(S - row_max); the
-  // accumulator and the row sum are rescaled only when the row max grew.
-  void online_softmax(int64_t rows, int64_t n, float* acc, float* row_max, float* row_sum) {
+  // Online softmax over stacked rows [s0, s0 + m) of one score tile: S becomes
+  // P = exp2(S - row_max); the accumulator and the row sum are rescaled only
+  // when the row max grew.
+  void online_softmax(int64_t s0, int64_t m, int64_t n) {
     const int64_t dp = p_.head_dim_padded;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = s_tile_ + r * kv_pad_;
+    for (int64_t t = 0; t < m; ++t) {
+      float* s = s_tile_ + t * kv_pad_;
+      float& row_max = row_max_[s0 + t];
+      float& row_sum = row_sum_[s0 + t];
       const float tile_max = K::row_max(s, n);
       if (tile_max != tile_max) {
         // A NaN score (NaN in this query row or in a visible key): the row's
         // result is NaN, as in the reference; later tiles keep it so.
-        row_max[r] = row_sum[r] = std::numeric_limits<float>::quiet_NaN();
+        row_max = row_sum = std::numeric_limits<float>::quiet_NaN();
         std::memset(s, 0, sizeof(float) * n);
         continue;
       }
-      const float old_max = row_max[r];
-      const float new_max = tile_max > old_max ? tile_max : old_max;
+      const float new_max = tile_max > row_max ? tile_max : row_max;
       if (new_max == -std::numeric_limits<float>::infinity()) {
         std::memset(s, 0, sizeof(float) * n);  // nothing visible in this row yet
         continue;
       }
-      if (new_max > old_max) {
-        if (old_max != -std::numeric_limits<float>::infinity()) {
-          const float alpha = std::exp2(old_max - new_max);
-          K::scale(acc + r * dp, dp, alpha);
-          row_sum[r] *= alpha;
+      if (new_max > row_max) {
+        if (row_max != -std::numeric_limits<float>::infinity()) {
+          const float alpha = std::exp2(row_max - new_max);
+          K::scale(acc_ + (s0 + t) * dp, dp, alpha);
+          row_sum *= alpha;
         }
-        row_max[r] = new_max;
+        row_max = new_max;
       }
-      row_sum[r] += K::exp2_sum(s, n, row_max[r]);
+      row_sum += K::exp2_sum(s, n, row_max);
     }
   }
 
   void epilogue(const Sequence& seq, const WorkItem& w) {
-    const int64_t rows = w.q_end - w.q_begin;
-    const int64_t dp = p_.head_dim_padded, bq = p_.block_q, d = a_.shape.head_dim;
+    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     const int64_t esize = int64_t(dtype_size(a_.dtype));
-    for (int64_t g = 0; g < w.head_count; ++g) {
-      const int64_t head = w.head_begin + g;
-      char* o_base = static_cast<char*>(a_.o.data) +
-                     (seq.q_batch * a_.o.stride[0] + head * a_.o.stride[1]) * esize;
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = seq.q_row0 + w.q_begin + r;
-        const float sum = row_sum_[g * bq + r];
-        const float max = row_max_[g * bq + r];
-        // No visible key: O = 0 (acc is all zeros), LSE = -inf.
-        const bool empty = sum == 0.0f;
-        if (empty) std::memset(acc_ + (g * bq + r) * dp, 0, sizeof(float) * d);
-        K::store_row(acc_ + (g * bq + r) * dp, empty ? 0.0f : 1.0f / sum, d, a_.dtype,
-                     o_base + row * a_.o.stride[2] * esize, a_.o.stride[3]);
-        if (a_.lse) {
-          float lse = empty ? -std::numeric_limits<float>::infinity()
-                            : (max + std::log2(sum)) * kLn2;
-          a_.lse[seq.q_batch * a_.lse_stride[0] + head * a_.lse_stride[1] + row * a_.lse_stride[2]] =
-              lse;
-        }
+    for (int64_t s = 0; s < w.head_count * rows_; ++s) {
+      const int64_t head = head_of(w, s), i = query_of(w, s);
+      const float sum = row_sum_[s];
+      // No visible key: O = 0, LSE = -inf. (A NaN sum is not 0: NaN flows out.)
+      const bool empty = sum == 0.0f;
+      float* acc = acc_ + s * dp;
+      if (empty) std::memset(acc, 0, sizeof(float) * d);
+      const float lse = empty ? -std::numeric_limits<float>::infinity()
+                              : (row_max_[s] + std::log2(sum)) * kLn2;
+      if (p_.kv_splits > 1) {
+        // A key split: its normalized fp32 O and its LSE, merged after all items.
+        const int64_t slot = partial_slot(p_, w.split, w.batch, head, i);
+        K::store_row(acc, empty ? 0.0f : 1.0f / sum, d, DType::f32, p_.partial_o + slot * dp, 1);
+        p_.partial_lse[slot] = lse;
+        continue;
       }
+      const int64_t row = seq.q_row0 + i;
+      char* o_row = static_cast<char*>(a_.o.data) +
+                    (seq.q_batch * a_.o.stride[0] + head * a_.o.stride[1] + row * a_.o.stride[2]) * esize;
+      K::store_row(acc, empty ? 0.0f : 1.0f / sum, d, a_.dtype, o_row, a_.o.stride[3]);
+      if (a_.lse)
+        a_.lse[seq.q_batch * a_.lse_stride[0] + head * a_.lse_stride[1] + row * a_.lse_stride[2]] = lse;
     }
   }
 
   const Problem& p_;
   const ForwardArgs& a_;
   int64_t kv_pad_ = 0;
+  int64_t rows_ = 0;  // query rows of the current item
   float* q_tile_ = nullptr;
   float* acc_ = nullptr;
   float* row_max_ = nullptr;

@@ -37,7 +37,23 @@ struct Problem {
   int block_q = 0;              // query rows per tile
   int block_kv = 0;             // keys per tile
   int heads_per_item = 1;       // query heads of one KV group handled together
+  // Split-KV: each sequence's keys are cut into kv_splits ranges of
+  // split_keys keys (a multiple of block_kv); each range's normalized O and
+  // LSE go to the partial buffers, [split, batch, heads, max_rows_q, D_pad]
+  // and [split, batch, heads, max_rows_q], and are merged afterwards. The
+  // split depends on the shape only, never on the thread count, so results
+  // are the same for any number of threads.
+  int64_t kv_splits = 1;
+  int64_t split_keys = 0;
+  int64_t max_rows_q = 0;
+  float* partial_o = nullptr;
+  float* partial_lse = nullptr;
 };
+
+static inline int64_t partial_slot(const Problem& p, int64_t split, int64_t batch, int64_t head,
+                                   int64_t i) {
+  return ((split * p.args.shape.batch + batch) * p.args.shape.heads + head) * p.max_rows_q + i;
+}
 
 // One sequence's geometry.
 struct Sequence {
@@ -96,6 +112,8 @@ struct WorkItem {
   int64_t head_begin = 0;  // first query head (absolute index)
   int64_t head_count = 0;  // consecutive query heads of this KV group
   int64_t q_begin = 0, q_end = 0;
+  int64_t split = 0;                            // key split index (0 without split-KV)
+  int64_t key_begin = 0, key_end = kUnbounded;  // keys of this split
   int64_t cost = 0;        // visible (query, key) pairs x heads, for ordering
 };
 

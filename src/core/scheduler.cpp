@@ -15,16 +15,26 @@ std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
       int64_t pairs = (q1 - q0) * (keys.last - keys.first);
       for (int64_t kvh = 0; kvh < a.shape.kv_heads; ++kvh) {
         for (int64_t g0 = 0; g0 < p.group; g0 += p.heads_per_item) {
-          WorkItem w;
-          w.batch = b;
-          w.kv_head = kvh;
-          w.head_begin = kvh * p.group + g0;
-          w.head_count = min64(p.heads_per_item, p.group - g0);
-          w.q_begin = q0;
-          w.q_end = q1;
-          // Rows with no visible key still cost their epilogue.
-          w.cost = w.head_count * (pairs + (q1 - q0));
-          items.push_back(w);
+          for (int64_t split = 0; split < p.kv_splits; ++split) {
+            WorkItem w;
+            w.batch = b;
+            w.kv_head = kvh;
+            w.head_begin = kvh * p.group + g0;
+            w.head_count = min64(p.heads_per_item, p.group - g0);
+            w.q_begin = q0;
+            w.q_end = q1;
+            int64_t split_pairs = pairs;
+            if (p.kv_splits > 1) {
+              w.split = split;
+              w.key_begin = split * p.split_keys;
+              w.key_end = w.key_begin + p.split_keys;
+              const int64_t overlap = min64(keys.last, w.key_end) - max64(keys.first, w.key_begin);
+              split_pairs = (q1 - q0) * max64(0, overlap);
+            }
+            // Rows with no visible key still cost their epilogue.
+            w.cost = w.head_count * (split_pairs + (q1 - q0));
+            items.push_back(w);
+          }
         }
       }
     }

@@ -1,5 +1,7 @@
 #include "testing/case_table.hpp"
 
+#include <tuple>
+
 namespace tileattn::testing {
 
 std::vector<Case> correctness_cases() {
@@ -112,6 +114,33 @@ std::vector<Case> correctness_cases() {
     c.head_dim = 111;
     c.seqlen_q = 64;
     c.seqlen_k = 1025;
+    add(c);
+  }
+  // Decode shapes: few rows against long key sequences take the split-KV path
+  // (stacked GQA heads, partial results merged).
+  for (auto [h, kvh, nq, nk, m] : {std::tuple<int64_t, int64_t, int64_t, int64_t, MaskCase>{8, 1, 1, 3000, MaskCase::none},
+                                   {4, 2, 3, 2100, MaskCase::causal},
+                                   {8, 2, 1, 1500, MaskCase::window},
+                                   {2, 2, 5, 1100, MaskCase::boolean}}) {
+    Case c;
+    c.heads = h;
+    c.kv_heads = kvh;
+    c.seqlen_q = nq;
+    c.seqlen_k = nk;
+    c.head_dim = 64;
+    c.mask = m;
+    c.window_left = 700;
+    add(c);
+  }
+  {
+    Case c;
+    c.dtype = DType::bf16;
+    c.heads = 8;
+    c.kv_heads = 2;
+    c.seqlen_q = 1;
+    c.seqlen_k = 2048;
+    c.head_dim = 128;
+    c.mask = MaskCase::causal;
     add(c);
   }
   for (size_t i = 0; i < cases.size(); ++i) cases[i].seed = 1000 + i;
