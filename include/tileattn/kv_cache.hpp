@@ -1,0 +1,111 @@
+// KV cache for incremental decoding: append new keys/values in place and
+// attend new queries to everything cached, in the manner of
+// FlashAttention-2's flash_attn_with_kvcache.
+//
+// Two cache layouts, both in the query's dtype (fp32, fp16 or bf16):
+//  - contiguous: k_cache/v_cache [batch, kv_heads, capacity, head_dim];
+//  - paged (vLLM style, when block_table is set): pages
+//    [num_pages, kv_heads, page_size, head_dim]; key j of sequence b lives in
+//    page block_table[b * block_table_stride + j / page_size], row
+//    j % page_size. Any page_size >= 1; pages may be in any order. Attention
+//    gathers pages tile by tile in the forward's loader; the sequence is
+//    never copied out.
+// Strides are int64, in elements, in [outer, head, row, dim] order; a
+// page's stride is the cache's stride[0].
+//
+// cache_seqlens[b] is how many tokens sequence b holds. An append writes the
+// new rows at positions cache_seqlens[b] .. cache_seqlens[b] + count - 1 and,
+// when the whole call succeeds, advances cache_seqlens[b] by count.
+//
+// Every argument is validated before anything is written: on an Error
+// (naming the argument) the cache, cache_seqlens and the outputs are left
+// exactly as they were.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+
+#include "tileattn/attention.hpp"
+
+namespace tileattn {
+
+struct KvCacheArgs {
+  int64_t batch = 0;
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // divides heads (GQA / MQA)
+  int64_t head_dim = 0;  // 1..256
+  DType dtype = DType::f32;  // of q, o, k_new, v_new and the cache
+
+  // New queries: seqlen_q rows per sequence, [batch, heads, seqlen_q, head_dim].
+  // Query t of sequence b sits at position L_b - seqlen_q + t, where L_b is
+  // the sequence length after the append (bottom-right alignment, as
+  // FlashAttention-2). With seqlen_q equal to the appended count this is
+  // cache_seqlens[b] + t, the position of the token appended alongside it.
+  int64_t seqlen_q = 0;
+  InputView q;
+  OutputView o;  // [batch, heads, seqlen_q, head_dim]
+  float* lse = nullptr;  // optional, fp32 natural log, [batch, heads, seqlen_q]
+  std::array<int64_t, 3> lse_stride{0, 0, 1};
+
+  // The cache.
+  OutputView k_cache;  // contiguous [batch, kv_heads, capacity, head_dim] or
+  OutputView v_cache;  // paged [num_pages, kv_heads, page_size, head_dim]
+  int64_t capacity = 0;              // contiguous only: rows per sequence
+  int32_t* cache_seqlens = nullptr;  // [batch], read and (on success) advanced
+  const int32_t* block_table = nullptr;  // [batch, block_table_stride]; null: contiguous
+  int64_t block_table_stride = 0;        // entries per sequence (max pages per sequence)
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+
+  // New keys/values, [batch, kv_heads, seqlen_new, head_dim], any strides.
+  // seqlen_new = 0: nothing is appended (attend to the cache as it is).
+  int64_t seqlen_new = 0;
+  InputView k_new;
+  InputView v_new;
+  // Optional [batch]: sequence b appends only its first new_counts[b] rows
+  // (0 .. seqlen_new). Null: every sequence appends seqlen_new rows.
+  const int32_t* new_counts = nullptr;
+
+  // Optional rotary embedding (see rope.hpp), fp32 tables
+  // [rotary_positions, rotary_dim / 2], row = position. Applied to the new
+  // keys as they are appended (the cache stores rotated keys) and to the
+  // new queries; values are never rotated. Positions of new tokens are
+  // cache_seqlens[b] + t. The rotation is computed in float64 and rounded once
+  // to dtype. Queries are rotated into a per-call buffer of
+  // batch x heads x seqlen_q rows -- decode queries are a handful of rows.
+  const float* rotary_cos = nullptr;
+  const float* rotary_sin = nullptr;
+  int64_t rotary_dim = 0;        // even, 2..head_dim
+  int64_t rotary_positions = 0;  // rows of the tables; every position used must be below it
+  bool rotary_interleaved = false;  // false: NeoX half rotation; true: GPT-J pairs
+
+  float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1/sqrt(head_dim)
+  bool causal = true;         // bottom-right aligned with the updated cache length
+  int64_t window_left = -1;   // sliding window, inclusive; -1 = unbounded
+  int64_t window_right = -1;
+
+  int threads = 0;           // 0: every hardware thread
+  Isa isa = Isa::automatic;
+};
+
+// Appends k_new/v_new (rotating keys when rotary tables are given) into the
+// cache and advances cache_seqlens. Uses the cache, new-token and rotary
+// fields of `args`; q, o, lse and the mask fields are ignored. Throws Error
+// (nothing written) on bad input: overflow of capacity or of the pages the
+// block table gives, page indices out of range, a page written by one
+// sequence that another table entry also uses, rotary tables too short.
+void kv_cache_append(const KvCacheArgs& args);
+
+// Appends (when seqlen_new > 0), then computes O (and LSE) for the new
+// queries against the cached keys 0 .. L_b - 1 of each sequence, with the
+// causal mask and window aligned bottom-right. cache_seqlens is advanced only
+// after the attention has been computed.
+void attention_with_kvcache(const KvCacheArgs& args);
+
+// The forward-operator arguments that attend `args.q` to the cache, for
+// sequence lengths `seqlens` (e.g. after an append). Exposed so tests and
+// benchmarks can run the float64 reference on exactly what the cache holds.
+ForwardArgs kvcache_forward_args(const KvCacheArgs& args, const int32_t* seqlens);
+
+}  // namespace tileattn

@@ -1,0 +1,35 @@
+// Validation of KV-cache calls, separated from the writes so that a call
+// either passes every check and then writes, or throws and writes nothing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tileattn/kv_cache.hpp"
+
+namespace tileattn::detail {
+
+// What an append will do, computed by validate_append without writing.
+struct AppendPlan {
+  std::vector<int32_t> counts;       // [batch] rows appended per sequence
+  std::vector<int32_t> new_lengths;  // [batch] cache_seqlens after the append
+};
+
+// Checks the cache description: sizes, dtype, cache_seqlens, the cache
+// views, and (paged) that the table covers the current lengths.
+void validate_cache(const KvCacheArgs& a);
+
+// validate_cache plus the new rows: their views, capacity / page coverage for
+// the new lengths, page indices, write conflicts between table entries, and
+// rotary tables long enough for the new positions. With seqlen_new == 0 the
+// plan appends nothing.
+AppendPlan validate_append(const KvCacheArgs& a);
+
+// Writes the planned rows into the cache (rotating keys when rotary tables
+// are given). Does not touch cache_seqlens.
+void write_append(const KvCacheArgs& a, const AppendPlan& plan);
+
+// Checks rotary arguments for queries at positions L_b - seqlen_q .. L_b - 1.
+void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths);
+
+}  // namespace tileattn::detail

@@ -1,0 +1,212 @@
+// Every check a KV-cache call makes before it writes anything.
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "core/validate.hpp"
+#include "inference/kv_plan.hpp"
+
+namespace tileattn::detail {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+std::string str(int64_t v) { return std::to_string(v); }
+
+bool paged(const KvCacheArgs& a) { return a.block_table != nullptr; }
+
+int64_t pages_for(int64_t tokens, int64_t page_size) { return (tokens + page_size - 1) / page_size; }
+
+// Sizes of the cache views in [outer, head, row, dim] order.
+std::array<int64_t, 4> cache_sizes_of(const KvCacheArgs& a) {
+  if (paged(a)) return {a.num_pages, a.kv_heads, a.page_size, a.head_dim};
+  return {a.batch, a.kv_heads, a.capacity, a.head_dim};
+}
+
+// Paged: the table entries covering `lengths` exist and name real pages.
+void check_table_coverage(const KvCacheArgs& a, const std::vector<int32_t>& old_lengths,
+                          const std::vector<int32_t>& lengths) {
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t needed = pages_for(lengths[size_t(b)], a.page_size);
+    if (needed > a.block_table_stride) {
+      const int64_t appended = lengths[size_t(b)] - old_lengths[size_t(b)];
+      fail("block_table: sequence " + str(b) + " needs " + str(needed) + " pages of " +
+           str(a.page_size) + " tokens for " + str(lengths[size_t(b)]) + " tokens" +
+           (appended > 0 ? " (cache_seqlens[" + str(b) + "] = " + str(old_lengths[size_t(b)]) +
+                               " plus " + str(appended) + " appended)"
+                         : std::string()) +
+           " but the table has " + str(a.block_table_stride) + " entries per sequence");
+    }
+    for (int64_t i = 0; i < needed; ++i) {
+      const int64_t page = a.block_table[b * a.block_table_stride + i];
+      if (page < 0 || page >= a.num_pages)
+        fail("block_table[" + str(b) + ", " + str(i) + "] = " + str(page) +
+             " is out of range 0.." + str(a.num_pages - 1) + " (num_pages = " + str(a.num_pages) + ")");
+    }
+  }
+}
+
+// Paged: a page that receives new rows must belong to one table entry only;
+// otherwise the append would overwrite keys another sequence (or another
+// position of the same sequence) reads. Shared read-only prefix pages are fine.
+void check_write_conflicts(const KvCacheArgs& a, const AppendPlan& plan,
+                           const std::vector<int32_t>& old_lengths) {
+  struct Use {
+    int64_t page, sequence, entry;
+    bool written;
+  };
+  std::vector<Use> uses;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t used = pages_for(plan.new_lengths[size_t(b)], a.page_size);
+    const int64_t first_written = plan.counts[size_t(b)] > 0 ? old_lengths[size_t(b)] / a.page_size : used;
+    for (int64_t i = 0; i < used; ++i)
+      uses.push_back({a.block_table[b * a.block_table_stride + i], b, i, i >= first_written});
+  }
+  // Sorted by page, written uses first: a page used twice with any write
+  // shows a written use next to another use of the same page.
+  std::sort(uses.begin(), uses.end(), [](const Use& x, const Use& y) {
+    return x.page != y.page ? x.page < y.page : x.written > y.written;
+  });
+  for (size_t k = 1; k < uses.size(); ++k) {
+    const Use& w = uses[k - 1];
+    const Use& other = uses[k];
+    if (w.page == other.page && w.written)
+      fail("block_table: page " + str(w.page) + " receives new tokens of sequence " +
+           str(w.sequence) + " (entry " + str(w.entry) + ") but is also used by sequence " +
+           str(other.sequence) + " (entry " + str(other.entry) + ")");
+  }
+}
+
+void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const int64_t sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
+  if (!a.k_new.data) fail("k_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
+  if (!a.v_new.data) fail("v_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
+  const ByteRange k = view_range("k_new", a.k_new.data, esize, sizes, a.k_new.stride.data(), 4);
+  const ByteRange v = view_range("v_new", a.v_new.data, esize, sizes, a.v_new.stride.data(), 4);
+  if (ranges_overlap(k, k_cache) || ranges_overlap(k, v_cache)) fail("k_new: overlaps the cache");
+  if (ranges_overlap(v, k_cache) || ranges_overlap(v, v_cache)) fail("v_new: overlaps the cache");
+}
+
+void check_rotary_tables(const KvCacheArgs& a) {
+  if ((a.rotary_cos == nullptr) != (a.rotary_sin == nullptr))
+    fail("rotary_cos and rotary_sin must be given together");
+  if (a.rotary_dim < 2 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)
+    fail("rotary_dim must be even and in 2..head_dim (" + str(a.head_dim) + "), got " +
+         str(a.rotary_dim));
+  if (a.rotary_positions < 0) fail("rotary_positions must be >= 0, got " + str(a.rotary_positions));
+  const int64_t sizes[2] = {a.rotary_positions, a.rotary_dim / 2};
+  const int64_t strides[2] = {a.rotary_dim / 2, 1};
+  view_range("rotary_cos", a.rotary_cos, 4, sizes, strides, 2);
+  view_range("rotary_sin", a.rotary_sin, 4, sizes, strides, 2);
+}
+
+void check_rotary_position(const KvCacheArgs& a, const char* who, int64_t b, int64_t last) {
+  if (last >= a.rotary_positions)
+    fail(std::string("rotary_cos: ") + who + " of sequence " + str(b) + " reach position " +
+         str(last) + " but the tables have " + str(a.rotary_positions) + " rows");
+}
+
+}  // namespace
+
+void validate_cache(const KvCacheArgs& a) {
+  if (a.batch < 0) fail("batch must be >= 0, got " + str(a.batch));
+  if (a.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(a.kv_heads));
+  if (a.head_dim < 1 || a.head_dim > 256) fail("head_dim must be in 1..256, got " + str(a.head_dim));
+  if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
+    fail("dtype: expected fp32, fp16 or bf16");
+  if (a.batch == 0) return;
+  if (!a.cache_seqlens) fail("cache_seqlens: data is null");
+  if (paged(a)) {
+    if (a.page_size < 1) fail("page_size must be >= 1, got " + str(a.page_size));
+    if (a.num_pages < 0) fail("num_pages must be >= 0, got " + str(a.num_pages));
+    if (a.block_table_stride < 0) fail("block_table_stride must be >= 0, got " + str(a.block_table_stride));
+  } else if (a.capacity < 0) {
+    fail("capacity must be >= 0, got " + str(a.capacity));
+  }
+  std::vector<int32_t> lengths(size_t(a.batch));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t n = a.cache_seqlens[b];
+    if (n < 0) fail("cache_seqlens[" + str(b) + "] must be >= 0, got " + str(n));
+    if (!paged(a) && n > a.capacity)
+      fail("cache_seqlens[" + str(b) + "] = " + str(n) + " exceeds the cache capacity (" +
+           str(a.capacity) + ")");
+    lengths[size_t(b)] = int32_t(n);
+  }
+  if (paged(a)) check_table_coverage(a, lengths, lengths);
+
+  const std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const bool has_rows = sizes[0] > 0 && sizes[2] > 0;
+  if (has_rows && !a.k_cache.data) fail("k_cache: data is null");
+  if (has_rows && !a.v_cache.data) fail("v_cache: data is null");
+  const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
+  check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
+  check_injective("v_cache", sizes.data(), a.v_cache.stride.data(), 4);
+  if (ranges_overlap(k, v)) fail("v_cache: overlaps k_cache");
+}
+
+AppendPlan validate_append(const KvCacheArgs& a) {
+  validate_cache(a);
+  AppendPlan plan;
+  plan.counts.assign(size_t(a.batch), 0);
+  plan.new_lengths.assign(a.cache_seqlens, a.cache_seqlens + a.batch);
+  if (a.seqlen_new < 0) fail("seqlen_new must be >= 0, got " + str(a.seqlen_new));
+  if (a.batch == 0 || a.seqlen_new == 0) return plan;
+
+  const std::vector<int32_t> old_lengths = plan.new_lengths;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    int64_t count = a.seqlen_new;
+    if (a.new_counts) {
+      count = a.new_counts[b];
+      if (count < 0 || count > a.seqlen_new)
+        fail("new_counts[" + str(b) + "] must be in 0..seqlen_new (" + str(a.seqlen_new) +
+             "), got " + str(count));
+    }
+    const int64_t old_length = old_lengths[size_t(b)];
+    const int64_t new_length = old_length + count;
+    if (new_length > std::numeric_limits<int32_t>::max())
+      fail("cache_seqlens[" + str(b) + "]: appending " + str(count) + " tokens overflows int32");
+    if (!paged(a) && new_length > a.capacity)
+      fail("k_new: appending " + str(count) + " tokens to sequence " + str(b) + " (cache_seqlens[" +
+           str(b) + "] = " + str(old_length) + ") overflows the cache capacity (" +
+           str(a.capacity) + ")");
+    plan.counts[size_t(b)] = int32_t(count);
+    plan.new_lengths[size_t(b)] = int32_t(new_length);
+  }
+  if (paged(a)) {
+    check_table_coverage(a, old_lengths, plan.new_lengths);
+    check_write_conflicts(a, plan, old_lengths);
+  }
+
+  const std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
+  check_new_rows(a, k, v);
+
+  if (a.rotary_cos || a.rotary_sin) {
+    check_rotary_tables(a);
+    for (int64_t b = 0; b < a.batch; ++b)
+      if (plan.counts[size_t(b)] > 0)
+        check_rotary_position(a, "new keys", b, int64_t(plan.new_lengths[size_t(b)]) - 1);
+  }
+  return plan;
+}
+
+void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths) {
+  if (!a.rotary_cos && !a.rotary_sin) return;
+  check_rotary_tables(a);
+  if (a.seqlen_q == 0) return;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t first = int64_t(lengths[size_t(b)]) - a.seqlen_q;
+    if (first < 0)
+      fail("q: with rotary tables, the " + str(a.seqlen_q) + " queries of sequence " + str(b) +
+           " need positions " + str(first) + ".." + str(lengths[size_t(b)] - 1) +
+           "; a query position must be >= 0 (sequence length " + str(lengths[size_t(b)]) + ")");
+    check_rotary_position(a, "queries", b, int64_t(lengths[size_t(b)]) - 1);
+  }
+}
+
+}  // namespace tileattn::detail

@@ -1,0 +1,228 @@
+// One decode scenario: a batch of sequences with `cached` tokens already in
+// the cache (contiguous or paged) and `new_tokens` more arriving with their
+// queries. Holds the full token sequences so that the result can be checked
+// against the forward operator / float64 reference on the whole sequence.
+#pragma once
+
+#include <algorithm>
+#include <numeric>
+
+#include "kv_test_support.hpp"
+#include "tileattn/rope.hpp"
+
+namespace tileattn::kvtest {
+
+struct DecodeSpec {
+  int64_t heads = 4, kv_heads = 2, head_dim = 64;
+  DType dtype = DType::f32;
+  std::vector<int32_t> cached{15};  // per sequence, before this step
+  int64_t new_tokens = 1;
+  bool causal = true;
+  int64_t window_left = -1, window_right = -1;
+  int64_t page_size = 0;  // 0: contiguous cache
+  int64_t rotary_dim = 0;  // 0: no rotary embedding
+  bool rotary_interleaved = false;
+  int threads = 2;
+  uint64_t seed = 1;
+  std::string name() const {
+    std::ostringstream s;
+    s << dtype_name(dtype) << " h" << heads << "/" << kv_heads << " d" << head_dim << " cached";
+    for (int32_t c : cached) s << " " << c;
+    s << " new " << new_tokens << (causal ? " causal" : "") << " window " << window_left << ","
+      << window_right << " page " << page_size << " rotary " << rotary_dim
+      << (rotary_interleaved ? " gptj" : "") << " threads " << threads;
+    return s.str();
+  }
+};
+
+// float64 rotary embedding of one row, rounded once (via fp32) to dtype --
+// the "apply RoPE first" side of the fused-RoPE tests.
+inline void rotate_reference(const Buffer& src, int64_t src_off, Buffer& dst, int64_t dst_off,
+                             int64_t head_dim, const RopeTables& t, int64_t position, bool interleaved) {
+  for (int64_t c = 0; c < head_dim; ++c) dst.set(dst_off + c, src.get(src_off + c));
+  const int64_t half = t.rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    const double x0 = src.get(src_off + a), x1 = src.get(src_off + b);
+    const double cs = t.cos[size_t(position * half + i)], sn = t.sin[size_t(position * half + i)];
+    dst.set(dst_off + a, float(x0 * cs - x1 * sn));
+    dst.set(dst_off + b, float(x0 * sn + x1 * cs));
+  }
+}
+
+struct DecodeRun {
+  DecodeSpec spec;
+  int64_t batch = 0, max_len = 0, capacity = 0;
+  Buffer k_full, v_full;        // [batch, kv_heads, max_len, D] raw tokens
+  Buffer k_expected;            // k_full rotated to each row's position (or a copy)
+  Buffer q, q_expected;         // [batch, heads, new_tokens, D]
+  Buffer k_new, v_new;          // [batch, new_tokens, kv_heads, D] (bshd strides)
+  std::array<int64_t, 4> new_stride{};
+  Buffer k_cache, v_cache;
+  std::vector<int32_t> seqlens, block_table;
+  RopeTables rope;
+  Buffer o;
+  std::vector<float> lse;
+  KvCacheArgs args;
+
+  explicit DecodeRun(const DecodeSpec& s) : spec(s) {
+    std::mt19937_64 rng(s.seed);
+    const int64_t d = s.head_dim, n = s.new_tokens;
+    batch = int64_t(s.cached.size());
+    max_len = *std::max_element(s.cached.begin(), s.cached.end()) + n;
+    capacity = max_len + 3;
+    k_full = Buffer(s.dtype, batch * s.kv_heads * max_len * d);
+    v_full = Buffer(s.dtype, k_full.elements());
+    k_full.fill_uniform(rng);
+    v_full.fill_uniform(rng);
+    q = Buffer(s.dtype, batch * s.heads * n * d);
+    q.fill_uniform(rng);
+    k_expected = Buffer(s.dtype, k_full.elements());
+    q_expected = Buffer(s.dtype, q.elements());
+    if (s.rotary_dim > 0) rope = rope_tables(10000.0, capacity, s.rotary_dim);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < s.kv_heads; ++h)
+        for (int64_t j = 0; j < max_len; ++j) {
+          const int64_t off = ((b * s.kv_heads + h) * max_len + j) * d;
+          if (s.rotary_dim > 0) rotate_reference(k_full, off, k_expected, off, d, rope, j, s.rotary_interleaved);
+          else for (int64_t c = 0; c < d; ++c) k_expected.set(off + c, k_full.get(off + c));
+        }
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t off = ((b * s.heads + h) * n + t) * d;
+          if (s.rotary_dim > 0)
+            rotate_reference(q, off, q_expected, off, d, rope, s.cached[size_t(b)] + t, s.rotary_interleaved);
+          else for (int64_t c = 0; c < d; ++c) q_expected.set(off + c, q.get(off + c));
+        }
+    // New tokens in [batch, n, kv_heads, D] order: a layout other than the cache's.
+    k_new = Buffer(s.dtype, batch * n * s.kv_heads * d);
+    v_new = Buffer(s.dtype, k_new.elements());
+    new_stride = dense_strides(Layout::bshd, batch, s.kv_heads, n, d);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < s.kv_heads; ++h)
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t c = 0; c < d; ++c) {
+            const int64_t from = ((b * s.kv_heads + h) * max_len + s.cached[size_t(b)] + t) * d + c;
+            const int64_t to = b * new_stride[0] + h * new_stride[1] + t * new_stride[2] + c;
+            k_new.set(to, k_full.get(from));
+            v_new.set(to, v_full.get(from));
+          }
+    make_cache(rng);
+    o = Buffer(s.dtype, q.elements());
+    lse.assign(size_t(batch * s.heads * n), 0.0f);
+
+    KvCacheArgs& a = args;
+    a.batch = batch;
+    a.heads = s.heads;
+    a.kv_heads = s.kv_heads;
+    a.head_dim = d;
+    a.dtype = s.dtype;
+    a.seqlen_q = n;
+    a.q = {q.data(), bhsd(batch, s.heads, n, d)};
+    a.o = {o.data(), bhsd(batch, s.heads, n, d)};
+    a.lse = lse.data();
+    a.lse_stride = {s.heads * n, n, 1};
+    a.cache_seqlens = seqlens.data();
+    a.causal = s.causal;
+    a.window_left = s.window_left;
+    a.window_right = s.window_right;
+    a.threads = s.threads;
+    if (s.rotary_dim > 0) {
+      a.rotary_cos = rope.cos.data();
+      a.rotary_sin = rope.sin.data();
+      a.rotary_dim = s.rotary_dim;
+      a.rotary_positions = rope.positions;
+      a.rotary_interleaved = s.rotary_interleaved;
+    }
+  }
+
+  void make_cache(std::mt19937_64& rng) {
+    const DecodeSpec& s = spec;
+    seqlens.assign(size_t(batch), 0);
+    if (s.page_size == 0) {
+      k_cache = Buffer(s.dtype, batch * s.kv_heads * capacity * s.head_dim);
+      v_cache = Buffer(s.dtype, k_cache.elements());
+      args.k_cache = {k_cache.data(), bhsd(batch, s.kv_heads, capacity, s.head_dim)};
+      args.v_cache = {v_cache.data(), bhsd(batch, s.kv_heads, capacity, s.head_dim)};
+      args.capacity = capacity;
+      return;
+    }
+    // Pages in a random order, two spare pages nobody uses.
+    const int64_t per_sequence = (capacity + s.page_size - 1) / s.page_size;
+    const int64_t num_pages = batch * per_sequence + 2;
+    std::vector<int32_t> order(static_cast<size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    block_table.assign(order.begin(), order.begin() + batch * per_sequence);
+    k_cache = Buffer(s.dtype, num_pages * s.kv_heads * s.page_size * s.head_dim);
+    v_cache = Buffer(s.dtype, k_cache.elements());
+    const auto page_stride = bhsd(num_pages, s.kv_heads, s.page_size, s.head_dim);
+    args.k_cache = {k_cache.data(), page_stride};
+    args.v_cache = {v_cache.data(), page_stride};
+    args.block_table = block_table.data();
+    args.block_table_stride = per_sequence;
+    args.page_size = s.page_size;
+    args.num_pages = num_pages;
+  }
+
+  // Appends the cached tokens (rotated when rotary is on) with kv_cache_append.
+  void prefill() {
+    const DecodeSpec& s = spec;
+    KvCacheArgs a = args;
+    a.seqlen_new = *std::max_element(s.cached.begin(), s.cached.end());
+    a.k_new = {k_full.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
+    a.v_new = {v_full.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
+    a.new_counts = s.cached.data();
+    kv_cache_append(a);
+  }
+
+  // The step under test: append the new tokens and attend their queries.
+  void decode() {
+    KvCacheArgs a = args;
+    a.seqlen_new = spec.new_tokens;
+    a.k_new = {k_new.data(), new_stride};
+    a.v_new = {v_new.data(), new_stride};
+    attention_with_kvcache(a);
+  }
+
+  // The forward operator's arguments over the full sequences as given
+  // (pre-rotated when rotary is on): the check's ground truth.
+  ForwardArgs full_sequence_args(Buffer& out, std::vector<int32_t>& lengths) {
+    const DecodeSpec& s = spec;
+    lengths.resize(size_t(batch));
+    for (int64_t b = 0; b < batch; ++b) lengths[size_t(b)] = s.cached[size_t(b)] + int32_t(s.new_tokens);
+    ForwardArgs f;
+    f.shape = {batch, s.heads, s.kv_heads, s.new_tokens, max_len, s.head_dim};
+    f.dtype = s.dtype;
+    f.q = {q_expected.data(), bhsd(batch, s.heads, s.new_tokens, s.head_dim)};
+    f.k = {k_expected.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
+    f.v = {v_full.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
+    out = Buffer(s.dtype, q.elements());
+    f.o = {out.data(), bhsd(batch, s.heads, s.new_tokens, s.head_dim)};
+    f.mask.causal = s.causal;
+    f.mask.window_left = s.window_left;
+    f.mask.window_right = s.window_right;
+    // Equal lengths: a plain dense forward; otherwise per-sequence lengths.
+    if (std::any_of(lengths.begin(), lengths.end(), [&](int32_t l) { return l != max_len; }))
+      f.kv.seqlens = lengths.data();
+    f.threads = s.threads;
+    return f;
+  }
+
+  // Cached row j of sequence b, head h, element c (follows the block table).
+  float cache_k(int64_t b, int64_t h, int64_t j, int64_t c) const { return cache_at(k_cache, args.k_cache, b, h, j, c); }
+  float cache_v(int64_t b, int64_t h, int64_t j, int64_t c) const { return cache_at(v_cache, args.v_cache, b, h, j, c); }
+
+ private:
+  float cache_at(const Buffer& buf, const OutputView& view, int64_t b, int64_t h, int64_t j, int64_t c) const {
+    int64_t outer = b, row = j;
+    if (args.block_table) {
+      outer = args.block_table[b * args.block_table_stride + j / args.page_size];
+      row = j % args.page_size;
+    }
+    return buf.get(outer * view.stride[0] + h * view.stride[1] + row * view.stride[2] + c * view.stride[3]);
+  }
+};
+
+}  // namespace tileattn::kvtest

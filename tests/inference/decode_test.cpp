@@ -1,0 +1,189 @@
+// Decode with a contiguous KV cache equals the forward operator over the
+// whole sequence: both are checked against the float64 reference with the
+// bound set by the naive same-precision implementation.
+#include <gtest/gtest.h>
+
+#include "decode_fixture.hpp"
+
+namespace tileattn::kvtest {
+namespace {
+
+// Runs prefill + one decode step and checks everything observable.
+void expect_decode_matches_full_sequence(const DecodeSpec& spec) {
+  SCOPED_TRACE(spec.name());
+  DecodeRun run(spec);
+  run.prefill();
+  for (size_t b = 0; b < spec.cached.size(); ++b) ASSERT_EQ(run.seqlens[b], spec.cached[b]);
+  run.decode();
+
+  const int64_t d = spec.head_dim;
+  for (int64_t b = 0; b < run.batch; ++b) {
+    const int64_t length = spec.cached[size_t(b)] + spec.new_tokens;
+    ASSERT_EQ(run.seqlens[size_t(b)], length) << "cache_seqlens advanced by the new tokens";
+    for (int64_t h = 0; h < spec.kv_heads; ++h)
+      for (int64_t j = 0; j < length; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+          const int64_t full = ((b * spec.kv_heads + h) * run.max_len + j) * d + c;
+          ASSERT_EQ(run.cache_k(b, h, j, c), run.k_expected.get(full)) << "k b" << b << " h" << h << " j" << j;
+          ASSERT_EQ(run.cache_v(b, h, j, c), run.v_full.get(full)) << "v b" << b << " h" << h << " j" << j;
+        }
+  }
+
+  Buffer forward_out;
+  std::vector<int32_t> lengths;
+  ForwardArgs full = run.full_sequence_args(forward_out, lengths);
+  const auto o_stride = bhsd(run.batch, spec.heads, spec.new_tokens, d);
+  const Check decode = check_against_reference(full, run.o, o_stride, run.lse.data());
+  EXPECT_TRUE(decode.ok()) << "decode: " << decode.describe();
+
+  std::vector<float> forward_lse(run.lse.size());
+  full.lse = forward_lse.data();
+  full.lse_stride = run.args.lse_stride;
+  attention_forward(full);
+  const Check forward = check_against_reference(full, forward_out, o_stride, forward_lse.data());
+  EXPECT_TRUE(forward.ok()) << "forward on the full sequence: " << forward.describe();
+}
+
+struct CacheAndNew {
+  int32_t cached;
+  int64_t new_tokens;
+};
+
+class DecodeSizes : public ::testing::TestWithParam<CacheAndNew> {};
+
+TEST_P(DecodeSizes, EqualsForwardOnFullSequence) {
+  DecodeSpec spec;
+  spec.cached = {GetParam().cached};
+  spec.new_tokens = GetParam().new_tokens;
+  expect_decode_matches_full_sequence(spec);
+}
+
+std::vector<CacheAndNew> all_sizes() {
+  std::vector<CacheAndNew> sizes;
+  for (int32_t cached : {0, 1, 15, 16, 17, 1000})
+    for (int64_t n : {1, 3, 17}) sizes.push_back({cached, n});
+  return sizes;
+}
+
+INSTANTIATE_TEST_SUITE_P(CacheTimesNewTokens, DecodeSizes, ::testing::ValuesIn(all_sizes()),
+                         [](const ::testing::TestParamInfo<CacheAndNew>& info) {
+                           return "cached" + std::to_string(info.param.cached) + "_new" +
+                                  std::to_string(info.param.new_tokens);
+                         });
+
+TEST(Decode, HalfPrecisionCaches) {
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int32_t cached : {0, 17, 1000}) {
+      DecodeSpec spec;
+      spec.dtype = dtype;
+      spec.cached = {cached};
+      spec.new_tokens = 3;
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
+TEST(Decode, SlidingWindows) {
+  struct Window {
+    bool causal;
+    int64_t left, right;
+  };
+  for (Window w : {Window{true, 8, -1}, Window{true, 0, 0}, Window{false, 5, 3}, Window{false, 40, 0},
+                   Window{false, 2, 30}})
+    for (int32_t cached : {1, 16, 100}) {
+      DecodeSpec spec;
+      spec.causal = w.causal;
+      spec.window_left = w.left;
+      spec.window_right = w.right;
+      spec.cached = {cached};
+      spec.new_tokens = 17;
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
+TEST(Decode, NotCausal) {
+  DecodeSpec spec;
+  spec.causal = false;
+  spec.cached = {33};
+  spec.new_tokens = 3;
+  expect_decode_matches_full_sequence(spec);
+}
+
+TEST(Decode, GroupedAndMultiQueryHeads) {
+  struct Heads {
+    int64_t heads, kv_heads;
+  };
+  for (Heads hs : {Heads{8, 2}, Heads{6, 1}, Heads{3, 3}, Heads{32, 8}}) {
+    DecodeSpec spec;
+    spec.heads = hs.heads;
+    spec.kv_heads = hs.kv_heads;
+    spec.cached = {130};
+    spec.new_tokens = 1;
+    expect_decode_matches_full_sequence(spec);
+  }
+}
+
+TEST(Decode, BatchOfDifferentLengthsAndOddHeadDim) {
+  DecodeSpec spec;
+  spec.cached = {0, 1, 63, 200};
+  spec.head_dim = 59;
+  spec.new_tokens = 3;
+  expect_decode_matches_full_sequence(spec);
+  spec.dtype = DType::bf16;
+  spec.head_dim = 128;
+  spec.threads = 1;
+  expect_decode_matches_full_sequence(spec);
+}
+
+// Many steps of one token each, as a generation loop does: after every step
+// the output equals attention over the prefix so far.
+TEST(Decode, StepByStepLoop) {
+  DecodeSpec spec;
+  spec.cached = {20};
+  spec.new_tokens = 6;
+  DecodeRun run(spec);
+  run.prefill();
+  const int64_t d = spec.head_dim;
+  for (int64_t step = 0; step < spec.new_tokens; ++step) {
+    KvCacheArgs a = run.args;
+    a.seqlen_q = 1;
+    a.seqlen_new = 1;
+    a.k_new = {static_cast<char*>(run.k_new.data()) + step * run.new_stride[2] * 4, run.new_stride};
+    a.v_new = {static_cast<char*>(run.v_new.data()) + step * run.new_stride[2] * 4, run.new_stride};
+    a.q = {static_cast<char*>(run.q.data()) + step * d * 4, run.args.q.stride};
+    a.o = {static_cast<char*>(run.o.data()) + step * d * 4, run.args.o.stride};
+    a.lse = run.lse.data() + step;
+    attention_with_kvcache(a);
+    ASSERT_EQ(run.seqlens[0], 21 + step);
+  }
+  // Query t saw keys 0 .. 20 + t: exactly the causal forward with 6 queries.
+  Buffer unused;
+  std::vector<int32_t> lengths;
+  const ForwardArgs full = run.full_sequence_args(unused, lengths);
+  const Check c = check_against_reference(full, run.o, bhsd(1, spec.heads, spec.new_tokens, d), run.lse.data());
+  EXPECT_TRUE(c.ok()) << c.describe();
+}
+
+// Attending without appending reads the cache as it is.
+TEST(Decode, AttendWithoutAppend) {
+  DecodeSpec spec;
+  spec.cached = {40};
+  spec.new_tokens = 2;
+  DecodeRun run(spec);
+  run.prefill();
+  KvCacheArgs append = run.args;
+  append.seqlen_new = spec.new_tokens;
+  append.k_new = {run.k_new.data(), run.new_stride};
+  append.v_new = {run.v_new.data(), run.new_stride};
+  kv_cache_append(append);
+  ASSERT_EQ(run.seqlens[0], 42);
+  attention_with_kvcache(run.args);  // seqlen_new = 0
+  ASSERT_EQ(run.seqlens[0], 42);
+  Buffer unused;
+  std::vector<int32_t> lengths;
+  const ForwardArgs full = run.full_sequence_args(unused, lengths);
+  const Check c = check_against_reference(full, run.o, bhsd(1, spec.heads, 2, spec.head_dim), run.lse.data());
+  EXPECT_TRUE(c.ok()) << c.describe();
+}
+
+}  // namespace
+}  // namespace tileattn::kvtest

@@ -1,0 +1,144 @@
+// Bad input to the KV cache: a clear Error naming the argument, and the
+// cache, cache_seqlens and outputs exactly as they were.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "decode_fixture.hpp"
+
+namespace tileattn::kvtest {
+namespace {
+
+// Everything a failed call must leave alone.
+struct Snapshot {
+  std::vector<uint8_t> k, v, o;
+  std::vector<int32_t> seqlens;
+  std::vector<float> lse;
+  explicit Snapshot(const DecodeRun& r)
+      : k(r.k_cache.bytes()), v(r.v_cache.bytes()), o(r.o.bytes()), seqlens(r.seqlens), lse(r.lse) {}
+  bool operator==(const Snapshot&) const = default;
+};
+
+// A prefilled run whose decode step (through `call`, after `corrupt`
+// edits the arguments) must throw an Error whose message contains `needle`.
+void expect_rejected(DecodeSpec spec, const std::function<void(KvCacheArgs&, DecodeRun&)>& corrupt,
+                     const std::string& needle, bool append_only = false) {
+  DecodeRun run(spec);
+  run.prefill();
+  // Fill the outputs with a pattern so that a partial write would show.
+  for (int64_t i = 0; i < run.o.elements(); ++i) run.o.set(i, 42.0f);
+  KvCacheArgs a = run.args;
+  a.seqlen_new = spec.new_tokens;
+  a.k_new = {run.k_new.data(), run.new_stride};
+  a.v_new = {run.v_new.data(), run.new_stride};
+  corrupt(a, run);
+  const Snapshot before(run);  // after `corrupt`, which may edit cache_seqlens or the table
+  try {
+    if (append_only) kv_cache_append(a);
+    else attention_with_kvcache(a);
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message '" << e.what() << "' does not mention '" << needle << "'";
+  }
+  EXPECT_TRUE(Snapshot(run) == before) << "the cache, cache_seqlens or outputs changed (" << needle << ")";
+}
+
+DecodeSpec contiguous_spec() {
+  DecodeSpec s;
+  s.cached = {10, 20};
+  s.new_tokens = 3;
+  return s;
+}
+
+DecodeSpec paged_spec() {
+  DecodeSpec s = contiguous_spec();
+  s.page_size = 4;
+  return s;
+}
+
+TEST(KvCacheBadInput, AppendPastCapacity) {
+  for (bool append_only : {false, true}) {
+    expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.capacity = 22; },
+                    "overflows the cache capacity", append_only);
+  }
+  // cache_seqlens already past capacity.
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun& r) { r.seqlens[1] = int32_t(a.capacity) + 1; },
+                  "cache_seqlens[1]");
+}
+
+TEST(KvCacheBadInput, AppendPastThePagesOfTheBlockTable) {
+  for (bool append_only : {false, true})
+    expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun&) { a.block_table_stride = 5; },  // 20 tokens
+                    "block_table: sequence 1 needs 6 pages", append_only);
+}
+
+TEST(KvCacheBadInput, PageIndexOutOfRange) {
+  // Entry 5 of sequence 1 is the page the append writes into.
+  expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun& r) {
+    r.block_table[size_t(a.block_table_stride + 5)] = int32_t(a.num_pages);
+  }, "block_table[1, 5]");
+  expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun& r) {
+    r.block_table[size_t(a.block_table_stride + 0)] = -3;
+  }, "block_table[1, 0] = -3 is out of range");
+  expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun&) { a.num_pages = 3; }, "out of range");
+}
+
+TEST(KvCacheBadInput, AppendIntoAPageAnotherSequenceUses) {
+  // Sequence 0 (10 tokens) writes into its entry 2; make sequence 1 read it too.
+  expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun& r) {
+    r.block_table[size_t(a.block_table_stride + 1)] = r.block_table[2];
+  }, "receives new tokens of sequence 0");
+  // The same page twice in one sequence's table, once as a written entry.
+  expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun& r) {
+    r.block_table[size_t(a.block_table_stride + 5)] = r.block_table[size_t(a.block_table_stride + 0)];
+  }, "receives new tokens of sequence 1");
+}
+
+TEST(KvCacheBadInput, NewTokenArguments) {
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.k_new.data = nullptr; }, "k_new");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.v_new.data = nullptr; }, "v_new");
+  static const int32_t too_many[2] = {1, 4};
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.new_counts = too_many; }, "new_counts[1]");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.k_new = {a.k_cache.data, a.k_cache.stride}; },
+                  "k_new: overlaps the cache");
+}
+
+TEST(KvCacheBadInput, CacheDescription) {
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.cache_seqlens = nullptr; }, "cache_seqlens");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun& r) { r.seqlens[0] = -1; (void)a; },
+                  "cache_seqlens[0] must be >= 0");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.v_cache = a.k_cache; }, "v_cache: overlaps k_cache");
+  expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun&) { a.page_size = 0; }, "page_size");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.head_dim = 300; }, "head_dim");
+}
+
+TEST(KvCacheBadInput, RotaryTables) {
+  DecodeSpec spec = contiguous_spec();
+  spec.rotary_dim = 16;
+  expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_positions = 22; },
+                  "rotary_cos: new keys of sequence 1 reach position 22");
+  expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_dim = 15; }, "rotary_dim");
+  expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_dim = 66; }, "rotary_dim");
+  expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_sin = nullptr; }, "rotary_sin");
+  // More queries than tokens: the first query would sit before position 0.
+  expect_rejected(spec, [](KvCacheArgs& a, DecodeRun& r) {
+    a.seqlen_q = 2;
+    a.seqlen_new = 0;
+    r.seqlens[0] = 1;
+  }, "query position must be >= 0");
+}
+
+// Failures found only by the attention's own validation still happen before
+// the append writes anything.
+TEST(KvCacheBadInput, AttentionArgumentsCheckedBeforeTheAppend) {
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.q.data = nullptr; }, "q: data is null");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.heads = 3; }, "kv_heads (2) must divide heads (3)");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.o = {a.k_cache.data, a.o.stride}; },
+                  "o: output overlaps input k");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.window_left = -7; }, "window_left");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.scale = INFINITY; }, "scale");
+}
+
+}  // namespace
+}  // namespace tileattn::kvtest
