@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Quick start, command 2: builds and runs every test (C++ via CTest, Python via
+# pytest). Installs what is missing first, so it works on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+ctest --test-dir build --output-on-failure -j "$jobs"
+if [ -x scripts/test_python.sh ]; then
+  scripts/test_python.sh
+fi
