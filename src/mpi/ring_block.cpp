@@ -1,0 +1,170 @@
+#include "mpi/ring_block.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "core/half.hpp"
+#include "tileattn/merge.hpp"
+
+namespace tileattn::mpi::detail {
+
+namespace {
+
+template <typename T>
+T* advance(T* base, int64_t elements, int64_t element_size) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const unsigned char, unsigned char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + elements * element_size);
+}
+
+void store(void* base, DType dtype, int64_t index, float value) {
+  if (dtype == DType::f32) static_cast<float*>(base)[index] = value;
+  else if (dtype == DType::f16) static_cast<uint16_t*>(base)[index] = tileattn::detail::float_to_f16(value);
+  else static_cast<uint16_t*>(base)[index] = tileattn::detail::float_to_bf16(value);
+}
+
+}  // namespace
+
+Band make_band(bool causal, int64_t window_left, int64_t window_right) {
+  Band band;
+  band.left = window_left < 0 ? kUnboundedSide : window_left;
+  band.right = window_right < 0 ? kUnboundedSide : window_right;
+  if (causal) band.right = 0;  // causal AND a window: the narrower right side
+  return band;
+}
+
+std::optional<Block> plan_block(Segment q, Segment k, Band band) {
+  // Queries that see at least one key of k, and keys seen by at least one
+  // query of q. Every query kept sees only keys kept, so no kept row is empty.
+  const Segment tq{std::max(q.begin, k.begin - band.right), std::min(q.end, k.end + band.left)};
+  const Segment tk{std::max(k.begin, q.begin - band.left), std::min(k.end, q.end + band.right)};
+  if (tq.size() <= 0 || tk.size() <= 0) return std::nullopt;
+  const int64_t nq = tq.size(), nk = tk.size();
+  // Query row i sits at local key column i + shift; ForwardArgs puts it at
+  // i + offset. Its visible keys: i + shift - left <= j <= i + shift + right.
+  const int64_t shift = tq.begin - tk.begin, offset = nk - nq;
+  Block block{tq, tk, -1, -1};
+  if (shift + band.right < nk - 1) block.window_right = shift + band.right - offset;
+  if ((nq - 1) + shift - band.left > 0) block.window_left = offset - shift + band.left;
+  // Trimming guarantees both are >= 0 (the last row's band reaches the last
+  // key and starts at or before it); anything else is a bug here.
+  if (block.window_right < -1 || block.window_left < -1)
+    throw std::logic_error("ring attention: negative window after trimming");
+  return block;
+}
+
+int64_t visible_pairs(const Block& block) {
+  const int64_t nq = block.q.size(), nk = block.k.size(), offset = nk - nq;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t lo = block.window_left < 0 ? 0 : std::max<int64_t>(0, i + offset - block.window_left);
+    const int64_t hi = block.window_right < 0 ? nk - 1 : std::min(nk - 1, i + offset + block.window_right);
+    pairs += std::max<int64_t>(0, hi - lo + 1);
+  }
+  return pairs;
+}
+
+RingAccumulator::RingAccumulator(const Problem& problem, InputView q, std::vector<Segment> q_segments)
+    : problem_(problem), q_(q), q_segments_(std::move(q_segments)) {
+  for (const Segment& s : q_segments_) rows_ += s.size();
+  const int64_t group = problem_.heads / problem_.kv_heads;
+  const size_t rows_all = size_t(problem_.batch * problem_.heads * rows_);
+  o_.assign(rows_all * size_t(problem_.head_dim), 0.0f);
+  lse_.assign(rows_all, -std::numeric_limits<float>::infinity());
+  const size_t part = size_t(group * rows_ * problem_.head_dim);
+  part_storage_.resize(part * dtype_size(problem_.dtype));
+  if (problem_.dtype != DType::f32) part_o_.resize(part);
+  part_lse_.resize(size_t(group * rows_));
+}
+
+void RingAccumulator::absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments,
+                             const std::function<void()>& between) {
+  const Problem& p = problem_;
+  const int64_t group = p.heads / p.kv_heads, d = p.head_dim;
+  const int64_t esize = int64_t(dtype_size(p.dtype));
+  int64_t q_row0 = 0;
+  for (const Segment& qs : q_segments_) {
+    int64_t k_row0 = 0;
+    for (const Segment& ks : kv_segments) {
+      const std::optional<Block> block = plan_block(qs, ks, p.band);
+      if (!block) {
+        ++blocks_skipped_;
+        k_row0 += ks.size();
+        continue;
+      }
+      ++blocks_computed_;
+      visible_pairs_ += detail::visible_pairs(*block) * p.batch * p.heads;
+      const int64_t q_row = q_row0 + (block->q.begin - qs.begin), nq = block->q.size();
+      const int64_t k_row = k_row0 + (block->k.begin - ks.begin), nk = block->k.size();
+      // One call per (batch, kv head): the heads sharing a K/V head go
+      // together, and `between` runs often enough to keep transfers moving.
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t g = 0; g < p.kv_heads; ++g) {
+          ForwardArgs f;
+          f.shape = {1, group, 1, nq, nk, d};
+          f.dtype = p.dtype;
+          f.scale = p.scale;
+          f.threads = p.threads;
+          f.isa = p.isa;
+          f.q = {advance(q_.data, b * q_.stride[0] + g * group * q_.stride[1] + q_row * q_.stride[2], esize),
+                 q_.stride};
+          f.k = {advance(k.data, b * k.stride[0] + g * k.stride[1] + k_row * k.stride[2], esize), k.stride};
+          f.v = {advance(v.data, b * v.stride[0] + g * v.stride[1] + k_row * v.stride[2], esize), v.stride};
+          const std::array<int64_t, 4> part_stride{group * nq * d, nq * d, d, 1};
+          f.o = {part_storage_.data(), part_stride};
+          f.lse = part_lse_.data();
+          f.lse_stride = {group * nq, nq, 1};
+          f.mask.window_left = block->window_left;
+          f.mask.window_right = block->window_right;
+          attention_forward(f);
+
+          // Merge in fp32 whatever the storage type, so that only the final
+          // write rounds to fp16/bf16 (plus each piece's own rounding).
+          const float* part = reinterpret_cast<const float*>(part_storage_.data());
+          if (p.dtype != DType::f32) {
+            const int64_t n = group * nq * d;
+            for (int64_t i = 0; i < n; ++i)
+              part_o_[size_t(i)] = tileattn::detail::load_element(part_storage_.data(), int(p.dtype), i);
+            part = part_o_.data();
+          }
+          const int64_t acc_row = (b * p.heads + g * group) * rows_ + q_row;
+          MergeArgs m;
+          m.batch = 1;
+          m.heads = group;
+          m.rows = nq;
+          m.head_dim = d;
+          m.dtype = DType::f32;
+          m.o_a = {o_.data() + acc_row * d, {p.heads * rows_ * d, rows_ * d, d, 1}};
+          m.lse_a = lse_.data() + acc_row;
+          m.lse_a_stride = {p.heads * rows_, rows_, 1};
+          m.o_b = {part, part_stride};
+          m.lse_b = part_lse_.data();
+          m.lse_b_stride = {group * nq, nq, 1};
+          m.o_out = {o_.data() + acc_row * d, m.o_a.stride};
+          m.lse_out = lse_.data() + acc_row;
+          m.lse_out_stride = m.lse_a_stride;
+          merge_states(m);
+          if (between) between();
+        }
+      k_row0 += ks.size();
+    }
+    q_row0 += qs.size();
+  }
+}
+
+void RingAccumulator::write(OutputView o, float* lse, std::array<int64_t, 3> lse_stride) const {
+  const Problem& p = problem_;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t r = 0; r < rows_; ++r) {
+        const int64_t row = (b * p.heads + h) * rows_ + r;
+        const int64_t out = b * o.stride[0] + h * o.stride[1] + r * o.stride[2];
+        for (int64_t c = 0; c < p.head_dim; ++c)
+          store(o.data, p.dtype, out + c * o.stride[3], o_[size_t(row * p.head_dim + c)]);
+        if (lse) lse[b * lse_stride[0] + h * lse_stride[1] + r * lse_stride[2]] = lse_[size_t(row)];
+      }
+}
+
+}  // namespace tileattn::mpi::detail

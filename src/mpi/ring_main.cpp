@@ -1,0 +1,242 @@
+// tileattn-ring: runs ring attention under mpirun on random inputs and, with
+// --check, compares the gathered result with the float64 reference by the
+// project's tolerance rule (2 x the naive same-precision error + floor).
+//
+//   mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D
+//       [--batch B] [--causal] [--window L,R] [--layout zigzag|contiguous]
+//       [--dtype fp32|fp16|bf16] [--threads T] [--seed S] [--check]
+//
+// Every rank generates the full tensors from the seed and keeps its own rows:
+// simple, and fine for a test tool (a real job loads only its own slice).
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "testing/problem_case.hpp"
+#include "tileattn/mpi.hpp"
+
+namespace {
+
+using tileattn::Error;
+using tileattn::mpi::ShardPlan;
+
+struct Options {
+  tileattn::testing::Case c;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  tileattn::mpi::ShardLayout layout = tileattn::mpi::ShardLayout::zigzag;
+  int threads = 0;
+  bool check = false;
+};
+
+const char* kUsage =
+    "usage: mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D [--batch B] [--causal]\n"
+    "       [--window L,R] [--layout zigzag|contiguous] [--dtype fp32|fp16|bf16] [--threads T]\n"
+    "       [--seed S] [--check]\n";
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw Error(flag + ": expected an integer, got '" + text + "'");
+  if (value < min) throw Error(flag + " must be >= " + std::to_string(min) + ", got " + text);
+  return value;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.c.mask = tileattn::testing::MaskCase::none;  // the mask is set on the arguments below
+  o.c.with_lse = true;
+  bool seen_seq = false, seen_heads = false, seen_dim = false, seen_kv = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error(flag + ": missing value");
+      return argv[++i];
+    };
+    if (flag == "--seq") o.c.seqlen_q = o.c.seqlen_k = parse_int(flag, value(), 1), seen_seq = true;
+    else if (flag == "--heads") o.c.heads = parse_int(flag, value(), 1), seen_heads = true;
+    else if (flag == "--kv-heads") o.c.kv_heads = parse_int(flag, value(), 1), seen_kv = true;
+    else if (flag == "--dim") o.c.head_dim = parse_int(flag, value(), 1), seen_dim = true;
+    else if (flag == "--batch") o.c.batch = parse_int(flag, value(), 1);
+    else if (flag == "--seed") o.c.seed = uint64_t(parse_int(flag, value(), 0));
+    else if (flag == "--threads") o.threads = int(parse_int(flag, value(), 0));
+    else if (flag == "--causal") o.causal = true;
+    else if (flag == "--check") o.check = true;
+    else if (flag == "--dtype") o.c.dtype = tileattn::parse_dtype(value());
+    else if (flag == "--layout") o.layout = tileattn::mpi::parse_shard_layout(value());
+    else if (flag == "--window") {
+      const std::string w = value();
+      const size_t comma = w.find(',');
+      if (comma == std::string::npos) throw Error("--window: expected L,R, got '" + w + "'");
+      o.window_left = parse_int("--window", w.substr(0, comma), -1);
+      o.window_right = parse_int("--window", w.substr(comma + 1), -1);
+    } else {
+      throw Error("unknown argument '" + flag + "'");
+    }
+  }
+  if (!seen_seq) throw Error("--seq is required");
+  if (!seen_heads) throw Error("--heads is required");
+  if (!seen_dim) throw Error("--dim is required");
+  if (!seen_kv) o.c.kv_heads = o.c.heads;
+  if (o.c.heads % o.c.kv_heads != 0) throw Error("--kv-heads must divide --heads");
+  if (o.c.head_dim > 256) throw Error("--dim must be in 1..256, got " + std::to_string(o.c.head_dim));
+  return o;
+}
+
+// Copies rows of a [batch, heads, rows, dim] tensor between a full view and a
+// rank's slice (dense bhsd both), in either direction.
+void copy_rows(const ShardPlan& plan, int rank, int64_t batch, int64_t heads, int64_t dim, size_t esize,
+               const unsigned char* from, unsigned char* to, bool full_to_local) {
+  const int64_t n = plan.seqlen(), rows = plan.rows(rank);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t global = ((b * heads + h) * n + plan.global_row(rank, r)) * dim;
+        const int64_t local = ((b * heads + h) * rows + r) * dim;
+        const int64_t src = full_to_local ? global : local, dst = full_to_local ? local : global;
+        std::memcpy(to + dst * int64_t(esize), from + src * int64_t(esize), size_t(dim) * esize);
+      }
+}
+
+int run(const Options& opt, int rank, int ranks) {
+  using namespace tileattn;
+  testing::CaseData full(opt.c);
+  full.args.mask.causal = opt.causal;
+  full.args.mask.window_left = opt.window_left;
+  full.args.mask.window_right = opt.window_right;
+  full.args.threads = opt.threads;
+  const AttentionShape& s = full.args.shape;
+  const size_t esize = dtype_size(opt.c.dtype);
+  const ShardPlan plan(s.seqlen_q, ranks, opt.layout);
+  const int64_t rows = plan.rows(rank);
+
+  auto bytes_of = [](const void* p) { return static_cast<const unsigned char*>(p); };
+  std::vector<unsigned char> q(size_t(s.batch * s.heads * rows * s.head_dim) * esize);
+  std::vector<unsigned char> k(size_t(s.batch * s.kv_heads * rows * s.head_dim) * esize), v(k.size());
+  std::vector<unsigned char> o(q.size());
+  std::vector<float> lse(size_t(s.batch * s.heads * rows));
+  copy_rows(plan, rank, s.batch, s.heads, s.head_dim, esize, bytes_of(full.args.q.data), q.data(), true);
+  copy_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, bytes_of(full.args.k.data), k.data(), true);
+  copy_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, bytes_of(full.args.v.data), v.data(), true);
+
+  mpi::RingArgs a;
+  a.layout = opt.layout;
+  a.shape = s;
+  a.dtype = opt.c.dtype;
+  a.q = {q.data(), dense_strides(Layout::bhsd, s.batch, s.heads, rows, s.head_dim)};
+  a.k = {k.data(), dense_strides(Layout::bhsd, s.batch, s.kv_heads, rows, s.head_dim)};
+  a.v = {v.data(), a.k.stride};
+  a.o = {o.data(), a.q.stride};
+  a.lse = lse.data();
+  a.lse_stride = {s.heads * rows, rows, 1};
+  a.causal = opt.causal;
+  a.window_left = opt.window_left;
+  a.window_right = opt.window_right;
+  a.threads = opt.threads;
+
+  MPI_Barrier(MPI_COMM_WORLD);
+  const mpi::RingStats st = mpi::ring_attention_forward(a);
+
+  // Per-rank report, gathered so that rank 0 prints it in order.
+  const double mine[9] = {double(rows), double(st.blocks_computed), double(st.blocks_skipped),
+                          st.compute_s, st.wait_s, st.total_s, double(st.bytes_sent),
+                          double(st.bytes_received), double(st.visible_pairs)};
+  std::vector<double> all(size_t(9 * ranks));
+  MPI_Gather(mine, 9, MPI_DOUBLE, all.data(), 9, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  double slowest = 0, pairs = 0;
+  if (rank == 0) {
+    std::printf("ring: ranks %d layout %s seq %lld heads %lld kv_heads %lld dim %lld dtype %s mask %s\n", ranks,
+                mpi::shard_layout_name(opt.layout), (long long)s.seqlen_q, (long long)s.heads,
+                (long long)s.kv_heads, (long long)s.head_dim, dtype_name(opt.c.dtype),
+                opt.causal ? "causal" : (opt.window_left >= 0 || opt.window_right >= 0 ? "window" : "none"));
+    for (int r = 0; r < ranks; ++r) {
+      const double* x = &all[size_t(9 * r)];
+      std::printf("rank %d rows %.0f blocks %.0f skipped %.0f compute_ms %.2f wait_ms %.2f total_ms %.2f "
+                  "bytes_sent %.0f bytes_received %.0f\n",
+                  r, x[0], x[1], x[2], 1e3 * x[3], 1e3 * x[4], 1e3 * x[5], x[6], x[7]);
+      slowest = std::max(slowest, x[5]);
+      pairs += x[8];
+    }
+    std::printf("ms %.2f gflops %.2f\n", 1e3 * slowest, pairs * 4.0 * double(s.head_dim) / slowest * 1e-9);
+  }
+  if (!opt.check) return 0;
+
+  // Gather O and LSE slices on rank 0.
+  int ok = 1;
+  if (rank == 0) {
+    // The single-process operator first: it writes into full's output buffers.
+    attention_forward(full.args);
+    const testing::Comparison single = testing::compare_with_reference(full);
+    std::vector<float> single_o(size_t(s.batch * s.heads * s.seqlen_q * s.head_dim));
+    for (int64_t b = 0, i = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t r = 0; r < s.seqlen_q; ++r)
+          for (int64_t c = 0; c < s.head_dim; ++c) single_o[size_t(i++)] = full.o_at(b, h, r, c);
+
+    unsigned char* full_o = static_cast<unsigned char*>(full.args.o.data);
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t n = plan.rows(r);
+      std::vector<unsigned char> o_r(size_t(s.batch * s.heads * n * s.head_dim) * esize);
+      std::vector<float> lse_r(size_t(s.batch * s.heads * n));
+      if (r == 0) {
+        o_r = o;
+        lse_r = lse;
+      } else {
+        MPI_Recv(o_r.data(), int(o_r.size()), MPI_BYTE, r, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(lse_r.data(), int(lse_r.size()), MPI_FLOAT, r, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      }
+      copy_rows(plan, r, s.batch, s.heads, s.head_dim, esize, o_r.data(), full_o, false);
+      copy_rows(plan, r, s.batch, s.heads, 1, sizeof(float), reinterpret_cast<unsigned char*>(lse_r.data()),
+                reinterpret_cast<unsigned char*>(full.lse.data()), false);
+    }
+    const testing::Comparison ring = testing::compare_with_reference(full);
+    double diff = 0;
+    for (int64_t b = 0, i = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t r = 0; r < s.seqlen_q; ++r)
+          for (int64_t c = 0; c < s.head_dim; ++c)
+            diff = std::max(diff, double(std::abs(full.o_at(b, h, r, c) - single_o[size_t(i++)])));
+    std::printf("max_error %.3e\ntolerance %.3e\nnaive_error %.3e\nlse_error %.3e\nlse_tolerance %.3e\n",
+                ring.max_error, ring.tolerance, ring.naive_error, ring.lse_error, ring.lse_tolerance);
+    std::printf("single_process_max_error %.3e\nmax_diff_vs_single_process %.3e\n", single.max_error, diff);
+    ok = ring.ok() ? 1 : 0;
+    std::printf("%s%s\n", ok ? "PASS" : "FAIL", ring.nan_mismatch ? " (NaN or -inf mismatch)" : "");
+  } else {
+    MPI_Send(o.data(), int(o.size()), MPI_BYTE, 0, 1, MPI_COMM_WORLD);
+    MPI_Send(lse.data(), int(lse.size()), MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int status = 0;
+  try {
+    // Every rank parses the same command line, so all fail (or not) alike.
+    status = run(parse(argc, argv), rank, ranks);
+  } catch (const tileattn::Error& e) {
+    if (rank == 0) std::fprintf(stderr, "tileattn-ring: error: %s\n%s", e.what(), kUsage);
+    status = 2;
+  } catch (const tileattn::NotSupported& e) {
+    if (rank == 0) std::fprintf(stderr, "tileattn-ring: not supported: %s\n", e.what());
+    status = 2;
+  }
+  std::fflush(stdout);
+  MPI_Finalize();
+  return status;
+}

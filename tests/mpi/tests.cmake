@@ -1,0 +1,43 @@
+# Ring attention tests: the MPI-free replay (GoogleTest, one process) and
+# tileattn-ring under mpirun with 2 and 3 ranks on one machine. Only when
+# src/mpi was built (MPI found and TILEATTN_BUILD_MPI on).
+if(NOT TARGET tileattn_mpi)
+  return()
+endif()
+
+add_executable(mpi_ring_block_tests ${CMAKE_CURRENT_LIST_DIR}/ring_block_tests.cpp)
+target_include_directories(mpi_ring_block_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(mpi_ring_block_tests PRIVATE tileattn_mpi tileattn_test_support GTest::gtest GTest::gtest_main)
+gtest_discover_tests(mpi_ring_block_tests DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
+
+# Open MPI settings for a single machine, as environment so that another MPI
+# ignores them: allow root (containers), more ranks than cores, no core
+# binding, loopback TCP only.
+set(TILEATTN_MPIRUN_ENV
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
+  OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo)
+
+function(tileattn_ring_test name ranks)
+  add_test(NAME mpi_ring_${name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} $<TARGET_FILE:tileattn_ring>
+            --threads 1 --check ${ARGN})
+  set_tests_properties(mpi_ring_${name} PROPERTIES
+    ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60 PROCESSORS ${ranks}
+    FAIL_REGULAR_EXPRESSION "FAIL")
+endfunction()
+
+tileattn_ring_test(np2_full 2 --seq 500 --heads 4 --kv-heads 4 --dim 64)
+tileattn_ring_test(np2_causal_gqa 2 --seq 777 --heads 4 --kv-heads 2 --dim 64 --causal)
+tileattn_ring_test(np3_causal_gqa 3 --seq 1000 --heads 8 --kv-heads 2 --dim 64 --causal)
+tileattn_ring_test(np3_full_mqa 3 --seq 600 --heads 4 --kv-heads 1 --dim 80 --batch 2)
+tileattn_ring_test(np3_window_contiguous 3 --seq 500 --heads 2 --dim 96 --window 64,0 --layout contiguous)
+tileattn_ring_test(np3_fewer_rows_than_chunks 3 --seq 4 --heads 2 --dim 32 --causal)
+tileattn_ring_test(np2_causal_fp16 2 --seq 300 --heads 2 --kv-heads 1 --dim 128 --causal --dtype fp16)
+
+# Bad input: one line on stderr naming the argument, exit status 2 from every rank.
+add_test(NAME mpi_ring_bad_argument
+  COMMAND sh -c "\"$0\" -n 2 \"$1\" --seq 0 --heads 2 --dim 64 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_bad_argument PROPERTIES
+  ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60 PASS_REGULAR_EXPRESSION "error: --seq must be >= 1[^\n]*\n(.|\n)*exit status 2")
