@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
   libopenblas-dev                              # the naive GEMM+softmax+GEMM baseline of `bench`
   python3 python3-venv python3-dev              # the Python package and its tests
+  libopenmpi-dev openmpi-bin                    # ring attention across processes (tileattn-ring)
 )
 
 missing=()
