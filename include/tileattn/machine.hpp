@@ -60,4 +60,11 @@ struct TuneEntry {
 std::vector<TuneEntry> read_tune_file(const std::string& path);
 void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entries);
 
+// Measured FP32 multiply-add throughput in GFLOP/s (2 flops per lane per FMA)
+// of `threads` threads (0: every hardware thread) running a register-only FMA
+// loop of `isa` (automatic: the best available) for about `seconds` each; the
+// best of `reps` runs. The yardstick for `fraction_of_peak`.
+double measure_fma_peak_gflops(int threads = 0, Isa isa = Isa::automatic, double seconds = 0.2,
+                               int reps = 3);
+
 }  // namespace tileattn

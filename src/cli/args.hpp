@@ -1,0 +1,53 @@
+// The small argument parser every subcommand shares: `--flag value`,
+// `--flag=value` and bare switches. Unknown flags, missing values and
+// malformed numbers are UsageErrors whose one-line message names the flag.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tileattn/types.hpp"
+
+namespace tileattn::cli {
+
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct Flag {
+  const char* name;  // with the leading "--"
+  bool takes_value;
+};
+
+class Args {
+ public:
+  // argv[0] is the subcommand's name; --help is always accepted.
+  Args(int argc, char** argv, std::initializer_list<Flag> flags);
+
+  bool has(const std::string& flag) const;
+  std::string text(const std::string& flag, const std::string& fallback = "") const;
+  // Whole number in [min, max].
+  int64_t integer(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const;
+  // Finite number in [min, max].
+  double number(const std::string& flag, double fallback, double min, double max) const;
+  // "L,R" with each side >= -1 (-1: unbounded). Absent: {-1, -1}.
+  std::pair<int64_t, int64_t> window(const std::string& flag) const;
+  // Comma-separated whole numbers, each in [min, max].
+  std::vector<int64_t> integer_list(const std::string& flag, const std::vector<int64_t>& fallback,
+                                    int64_t min, int64_t max) const;
+  std::vector<std::string> text_list(const std::string& flag,
+                                     const std::vector<std::string>& fallback) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Parses a whole number; throws UsageError naming `what` otherwise.
+int64_t parse_integer(const std::string& what, const std::string& text, int64_t min, int64_t max);
+
+}  // namespace tileattn::cli

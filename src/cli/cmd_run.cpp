@@ -1,0 +1,140 @@
+// `tileattn run`: attention on .npy files. Every input is read and checked,
+// the computation runs, and only then are the outputs written (each to a
+// temporary name first, then renamed), so a failure never leaves a file.
+#include <cstdio>
+#include <string>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "cli/tensor_files.hpp"
+#include "io/npy.hpp"
+#include "tileattn/attention.hpp"
+
+namespace tileattn::cli {
+
+namespace {
+
+const char* const kHelp =
+    "usage: tileattn run --q Q.npy --k K.npy --v V.npy --out O.npy [--lse LSE.npy]\n"
+    "                    [--layout bhsd|bshd] [--causal] [--window L,R] [--mask M.npy]\n"
+    "                    [--scale S] [--dtype fp32|fp16|bf16] [--dropout P --seed N]\n"
+    "                    [--threads T] [--dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy]\n"
+    "\n"
+    "Computes O = softmax(scale * Q K^T + mask) V.\n"
+    "  Q: [B, Hq, Nq, D] (bhsd, default) or [B, Nq, Hq, D] (bshd); K and V: [B, Hkv, Nk, D]\n"
+    "     or [B, Nk, Hkv, D]; Hkv divides Hq (GQA/MQA). Q, K and V are all float32 or all\n"
+    "     float16.\n"
+    "  --dtype: the precision computed in (default: that of the inputs). Inputs are\n"
+    "     converted to it, rounding to nearest even. .npy has no bfloat16, so O is written\n"
+    "     as float16 for --dtype fp16 and as float32 otherwise (bf16 results widened exactly).\n"
+    "  --causal: bottom-right aligned when Nq != Nk (as FlashAttention-2).\n"
+    "  --window L,R: key j is visible to query i when i+Nk-Nq-L <= j <= i+Nk-Nq+R; -1 = unbounded.\n"
+    "  --mask: [Nq, Nk] (broadcast) or [B, Hq, Nq, Nk]; bool (True = keep) or float32/float16\n"
+    "     added to the scores.\n"
+    "  --scale: default 1/sqrt(D).  --lse: float32 [B, Hq, Nq] log-sum-exp (natural log).\n"
+    "  --threads: default every hardware thread.\n"
+    "  --dropout / --dout --dq --dk --dv: training (dropout, backward); this build answers\n"
+    "     \"not supported\" with exit status 2.\n"
+    "Outputs are written only when everything succeeded; errors exit with status 2.\n";
+
+struct Operands {
+  int64_t batch, heads, rows, dim;
+};
+
+// [B, H, N, D] of a file in `layout`.
+Operands operands_of(const io::NpyArray& a, Layout layout, const std::string& name) {
+  if (a.shape.size() != 4)
+    throw Error(name + ": expected 4 dimensions " +
+                (layout == Layout::bhsd ? "[B, H, N, D]" : "[B, N, H, D]") + ", got shape " +
+                shape_text(a.shape));
+  const auto& s = a.shape;
+  return layout == Layout::bhsd ? Operands{s[0], s[1], s[2], s[3]} : Operands{s[0], s[2], s[1], s[3]};
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  Args args(argc, argv,
+            {{"--q", true}, {"--k", true}, {"--v", true}, {"--out", true}, {"--lse", true},
+             {"--layout", true}, {"--causal", false}, {"--window", true}, {"--mask", true},
+             {"--scale", true}, {"--dtype", true}, {"--dropout", true}, {"--seed", true},
+             {"--threads", true}, {"--dout", true}, {"--dq", true}, {"--dk", true}, {"--dv", true}});
+  if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
+  for (const char* required : {"--q", "--k", "--v", "--out"})
+    if (!args.has(required)) throw UsageError(std::string("run: ") + required + " is required");
+  const std::string q_path = args.text("--q"), k_path = args.text("--k"), v_path = args.text("--v");
+  const std::string out_path = args.text("--out"), lse_path = args.text("--lse");
+  const Layout layout = parse_layout(args.text("--layout", "bhsd"));
+  const auto [window_left, window_right] = args.window("--window");
+  const float scale = float(args.number("--scale", std::numeric_limits<double>::quiet_NaN(), -1e30, 1e30));
+  const double dropout = args.number("--dropout", 0.0, 0.0, 0.999999);
+  args.integer("--seed", 0, 0, INT64_MAX);  // checked now; used with dropout
+  const int threads = int(args.integer("--threads", 0, 1, 4096));
+  if (args.has("--dout") || args.has("--dq") || args.has("--dk") || args.has("--dv"))
+    throw NotSupported("backward is not supported yet");
+  if (dropout > 0) throw NotSupported("dropout is not supported yet");
+
+  const io::NpyArray q_file = io::read_npy(q_path);
+  const io::NpyArray k_file = io::read_npy(k_path);
+  const io::NpyArray v_file = io::read_npy(v_path);
+  for (const auto* f : {&q_file, &k_file, &v_file}) {
+    const std::string& name = f == &q_file ? q_path : f == &k_file ? k_path : v_path;
+    if (f->type == io::NpyType::boolean)
+      throw Error(name + ": dtype bool is not a valid attention input (expected float32 or float16)");
+    if (f->type != q_file.type)
+      throw Error(name + ": dtype " + npy_type_name(f->type) + " differs from " + q_path + " (" +
+                  npy_type_name(q_file.type) + "); Q, K and V must have the same dtype");
+  }
+  const Operands q = operands_of(q_file, layout, q_path);
+  const Operands k = operands_of(k_file, layout, k_path);
+  const Operands v = operands_of(v_file, layout, v_path);
+  if (v_file.shape != k_file.shape)
+    throw Error(v_path + ": shape " + shape_text(v_file.shape) + " differs from " + k_path + " " +
+                shape_text(k_file.shape));
+  if (k.batch != q.batch || k.dim != q.dim)
+    throw Error(k_path + ": shape " + shape_text(k_file.shape) + " does not fit " + q_path + " " +
+                shape_text(q_file.shape) + " (batch and head_dim must match)");
+  if (k.heads < 1 || q.heads % k.heads != 0)
+    throw Error(k_path + ": " + std::to_string(k.heads) + " kv heads must divide the " +
+                std::to_string(q.heads) + " query heads of " + q_path);
+
+  const DType input_dtype = q_file.type == io::NpyType::f16 ? DType::f16 : DType::f32;
+  const DType dtype = args.has("--dtype") ? parse_dtype(args.text("--dtype")) : input_dtype;
+  const TypedBuffer q_data = convert_to(q_file, dtype, q_path);
+  const TypedBuffer k_data = convert_to(k_file, dtype, k_path);
+  const TypedBuffer v_data = convert_to(v_file, dtype, v_path);
+  TypedBuffer o_data = zeros(dtype, q_file.elements());
+
+  ForwardArgs fa;
+  fa.shape = {q.batch, q.heads, k.heads, q.rows, k.rows, q.dim};
+  fa.dtype = dtype;
+  fa.q = {q_data.data(), dense_strides(layout, q.batch, q.heads, q.rows, q.dim)};
+  fa.k = {k_data.data(), dense_strides(layout, k.batch, k.heads, k.rows, k.dim)};
+  fa.v = {v_data.data(), fa.k.stride};
+  fa.o = {o_data.data(), fa.q.stride};
+  std::vector<float> lse;
+  if (!lse_path.empty()) {
+    lse.assign(size_t(q.batch * q.heads * q.rows), 0.0f);
+    fa.lse = lse.data();
+    fa.lse_stride = {q.heads * q.rows, q.rows, 1};
+  }
+  fa.mask.causal = args.has("--causal");
+  fa.mask.window_left = window_left;
+  fa.mask.window_right = window_right;
+  io::NpyArray mask_file;
+  std::vector<float> mask_storage;
+  if (args.has("--mask"))
+    load_mask(args.text("--mask"), q.batch, q.heads, q.rows, k.rows, mask_file, mask_storage, fa.mask);
+  fa.scale = scale;
+  fa.threads = threads;
+
+  attention_forward(fa);
+
+  io::StagedFiles outputs;
+  outputs.stage(out_path, encode_output(o_data, q_file.shape));
+  if (!lse_path.empty()) outputs.stage(lse_path, io::encode_npy(io::NpyType::f32, {q.batch, q.heads, q.rows}, lse.data()));
+  outputs.commit();
+  return 0;
+}
+
+}  // namespace tileattn::cli

@@ -1,0 +1,66 @@
+// Reading and writing NumPy .npy files (format versions 1.0, 2.0 and 3.0) for
+// the command-line tool and the tests. Only what attention needs: little-endian
+// float32 ('<f4'), float16 ('<f2') and booleans ('|b1', and '|u1' read as
+// booleans), C order. Every malformed file is an Error whose message names it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tileattn/types.hpp"
+
+namespace tileattn::io {
+
+enum class NpyType : int { f32 = 0, f16 = 1, boolean = 2 };
+
+const char* npy_type_name(NpyType type);  // "float32", "float16", "bool"
+std::size_t npy_type_size(NpyType type);
+
+struct NpyArray {
+  NpyType type = NpyType::f32;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> bytes;  // C-order elements, little-endian
+
+  int64_t elements() const;
+  int64_t dim(std::size_t i) const { return shape.at(i); }
+  // Views of the element storage (the type must match).
+  const float* f32() const { return reinterpret_cast<const float*>(bytes.data()); }
+  const uint16_t* f16() const { return reinterpret_cast<const uint16_t*>(bytes.data()); }
+  const uint8_t* u8() const { return bytes.data(); }
+};
+
+// Parses a whole .npy file held in memory; `name` (the file name) starts every
+// error message.
+NpyArray parse_npy(const unsigned char* data, std::size_t size, const std::string& name);
+NpyArray read_npy(const std::string& path);
+
+// The bytes of a .npy file (version 1.0, or 2.0 when the header needs it).
+// `data` holds product(shape) elements of `type`.
+std::vector<unsigned char> encode_npy(NpyType type, const std::vector<int64_t>& shape,
+                                      const void* data);
+
+// Writes `path` atomically: the file appears complete or not at all.
+void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape,
+               const void* data);
+
+// Two-phase writing for several outputs of one computation: stage() writes
+// each file under a temporary name, commit() renames them all into place.
+// Files staged but never committed are removed by the destructor.
+class StagedFiles {
+ public:
+  StagedFiles() = default;
+  StagedFiles(const StagedFiles&) = delete;
+  StagedFiles& operator=(const StagedFiles&) = delete;
+  ~StagedFiles();
+  void stage(const std::string& path, const std::vector<unsigned char>& bytes);
+  void commit();
+
+ private:
+  struct Entry {
+    std::string temp, path;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace tileattn::io
