@@ -73,6 +73,7 @@ class ForwardMainloop {
       const int64_t n = j1 - j_begin;
       const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
       load_kv_tile(seq, w, j_begin, n);
+      if (j1 < keys.last) prefetch_kv_tile(seq, w, j1, min64(j1 + p_.block_kv, keys.last) - j1);
       const int64_t n_pad = round_up(n, kPanelWidth);
       for (int64_t g0 = 0; g0 < w.head_count; g0 += heads_per_gemm) {
         const int64_t s0 = g0 * rows_;
@@ -126,6 +127,24 @@ class ForwardMainloop {
     for (int64_t c = 0; c < n; ++c) {
       const char* src = key_row(v_base, a_.v, seq, w.batch, w.kv_head, j0 + c);
       K::load_row(src, a_.dtype, d, a_.v.stride[3], 1.0f, v_tile_ + c * dp);
+    }
+  }
+
+  // Asks for the next K/V tile's rows (toward L2) while this tile computes:
+  // the software half of double buffering, which matters most for paged and
+  // strided sources that the hardware prefetcher cannot follow.
+  void prefetch_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) const {
+    const int64_t row_bytes = a_.shape.head_dim * int64_t(dtype_size(a_.dtype));
+    if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
+    const char* k_base = static_cast<const char*>(a_.k.data);
+    const char* v_base = static_cast<const char*>(a_.v.data);
+    for (int64_t c = 0; c < n; ++c) {
+      const char* k_row = key_row(k_base, a_.k, seq, w.batch, w.kv_head, j0 + c);
+      const char* v_row = key_row(v_base, a_.v, seq, w.batch, w.kv_head, j0 + c);
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        __builtin_prefetch(k_row + off, 0, 2);
+        __builtin_prefetch(v_row + off, 0, 2);
+      }
     }
   }
 

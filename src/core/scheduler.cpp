@@ -7,14 +7,16 @@ namespace tileattn::detail {
 std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
   const ForwardArgs& a = p.args;
   std::vector<WorkItem> items;
+  // Head-major order (all query tiles of one head group, then the next):
+  // consecutive items reuse the same K/V from L2/L3.
   for (int64_t b = 0; b < a.shape.batch; ++b) {
-    Sequence s = sequence_of(p, b);
-    for (int64_t q0 = 0; q0 < s.nq; q0 += p.block_q) {
-      int64_t q1 = min64(q0 + p.block_q, s.nq);
-      KeyRange keys = visible_keys(p.band, s, q0, q1);
-      int64_t pairs = (q1 - q0) * (keys.last - keys.first);
-      for (int64_t kvh = 0; kvh < a.shape.kv_heads; ++kvh) {
-        for (int64_t g0 = 0; g0 < p.group; g0 += p.heads_per_item) {
+    const Sequence s = sequence_of(p, b);
+    for (int64_t kvh = 0; kvh < a.shape.kv_heads; ++kvh) {
+      for (int64_t g0 = 0; g0 < p.group; g0 += p.heads_per_item) {
+        for (int64_t q0 = 0; q0 < s.nq; q0 += p.block_q) {
+          const int64_t q1 = min64(q0 + p.block_q, s.nq);
+          const KeyRange keys = visible_keys(p.band, s, q0, q1);
+          const int64_t pairs = (q1 - q0) * (keys.last - keys.first);
           for (int64_t split = 0; split < p.kv_splits; ++split) {
             WorkItem w;
             w.batch = b;
