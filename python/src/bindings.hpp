@@ -1,0 +1,31 @@
+// Pieces of the extension module tileattn._tileattn, one file per operator.
+//
+// The bindings take raw data addresses (Python ints) and element strides, not
+// array objects: the Python layer (python/tileattn/_arrays.py) reads them
+// from NumPy arrays and torch tensors without copying and keeps the objects
+// alive for the duration of the call. Every size, stride and overlap is then
+// validated by the C++ library before anything is read or written, so a bad
+// address/stride combination is an Error (ValueError), never a crash.
+#pragma once
+
+#include <cstdint>
+
+#include <nanobind/nanobind.h>
+
+namespace tileattn::python {
+
+namespace nb = nanobind;
+
+// Addresses cross as Python ints.
+using Address = std::uintptr_t;
+
+template <typename T>
+inline T* from_address(Address a) {
+  return reinterpret_cast<T*>(a);
+}
+
+void bind_forward(nb::module_& m);
+void bind_merge(nb::module_& m);
+void bind_machine(nb::module_& m);
+
+}  // namespace tileattn::python

@@ -1,0 +1,36 @@
+// What the library knows about the machine, for tileattn.info().
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+#include "tileattn/machine.hpp"
+
+namespace tileattn::python {
+
+namespace {
+
+nb::dict machine_info() {
+  nb::dict d;
+  const CpuFeatures& f = cpu_features();
+  d["isa"] = std::string(isa_name(resolve_isa(Isa::automatic)));
+  d["best_isa"] = std::string(isa_name(best_isa()));
+  d["cpu"] = f.brand;
+  d["avx2"] = f.avx2;
+  d["fma"] = f.fma;
+  d["f16c"] = f.f16c;
+  d["avx512f"] = f.avx512f;
+  d["avx512_bf16"] = f.avx512_bf16;
+  d["threads"] = hardware_threads();
+  const CacheSizes& c = cache_sizes();
+  d["l1d_bytes"] = c.l1d;
+  d["l2_bytes"] = c.l2;
+  d["l3_bytes"] = c.l3;
+  return d;
+}
+
+}  // namespace
+
+void bind_machine(nb::module_& m) {
+  m.def("machine_info", &machine_info, "ISA chosen, CPU features, cache sizes, hardware threads");
+}
+
+}  // namespace tileattn::python

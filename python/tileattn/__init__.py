@@ -1,0 +1,37 @@
+"""tileattn: exact FlashAttention-2 style attention on CPUs, for NumPy arrays and PyTorch tensors.
+
+    import tileattn
+    o = tileattn.flash_attention(q, k, v, is_causal=True)
+
+Functions: flash_attention, attention_with_kvcache, merge_states, info,
+set_num_threads / get_num_threads. With PyTorch installed also the
+FlashAttention module (a Llama-style attention layer), its configuration
+AttentionConfig, and load_huggingface_weights; they import torch on first use,
+so NumPy users never load it.
+"""
+from ._forward import flash_attention
+from ._kernel import get_num_threads, set_num_threads
+from ._kvcache import attention_with_kvcache
+from ._merge import merge_states
+from ._tileattn import machine_info as _machine_info
+
+__version__ = "0.1.0"
+
+_TORCH_NAMES = {"FlashAttention": "_module", "AttentionConfig": "_module",
+                "load_huggingface_weights": "_weights"}
+
+__all__ = ["flash_attention", "attention_with_kvcache", "merge_states", "info",
+           "set_num_threads", "get_num_threads", *_TORCH_NAMES]
+
+
+def info():
+    """ISA path chosen, CPU features, cache sizes and hardware threads, as a dict."""
+    return dict(_machine_info())
+
+
+def __getattr__(name):
+    module = _TORCH_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tileattn' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f".{module}", __name__), name)

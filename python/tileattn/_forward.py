@@ -1,0 +1,65 @@
+"""tileattn.flash_attention: the public forward entry point for NumPy and torch."""
+import numpy as np
+
+from . import _kernel
+from ._problem import Problem
+
+
+def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
+                    window=None, layout="bhsd", return_lse=False):
+    """Exact attention ``softmax(softmax_scale * q @ k^T + mask) @ v``, FlashAttention-2 style on the CPU.
+
+    Args:
+        q: queries, ``[B, H, Nq, D]`` (layout "bhsd") or ``[B, Nq, H, D]`` ("bshd").
+        k, v: keys and values, ``[B, Hkv, Nk, D]`` / ``[B, Nk, Hkv, D]``. ``Hkv`` must divide
+            ``H`` (GQA; ``Hkv == 1`` is MQA): query head ``h`` uses kv head ``h // (H // Hkv)``,
+            as ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` does.
+            q, k, v are all NumPy arrays (float32 or float16) or all torch CPU tensors
+            (float32, float16 or bfloat16), of one dtype, with any strides (negative and
+            zero NumPy strides included). They are read in place: never copied.
+        attn_mask: None; a boolean array (True = keep); an additive float array (added to the
+            scaled scores, -inf = drop); or a ``(left, right)`` tuple meaning a sliding window
+            (same as ``window``). Arrays broadcast to ``[B, H, Nq, Nk]`` (e.g. ``[Nq, Nk]`` or
+            ``[B, 1, Nq, Nk]``): size-1 dims are read with stride 0, never expanded. A bool or
+            float32 mask is read in place; an additive mask of another float dtype is
+            converted to float32 first (one copy of the mask, the only copy this function makes).
+        dropout_p: dropout probability on the attention weights, in [0, 1). Values > 0 raise
+            NotImplementedError until the kernel's dropout lands.
+        softmax_scale: multiplies ``q @ k^T``; None means ``1 / sqrt(D)``.
+        is_causal: key ``j`` is visible to query ``i`` iff ``j <= i + (Nk - Nq)``: the causal
+            mask is aligned to the BOTTOM-RIGHT of the score matrix, as in FlashAttention-2 and
+            ``torch.nn.attention.bias.causal_lower_right``. PyTorch's
+            ``scaled_dot_product_attention(is_causal=True)`` aligns it to the TOP-LEFT; the two
+            agree only when ``Nq == Nk``.
+        window: ``(left, right)`` sliding window, inclusive, bottom-right aligned like the
+            causal mask: query ``i`` sees keys ``i + off - left .. i + off + right`` with
+            ``off = Nk - Nq``; -1 (or None) is unbounded on that side. Combines with
+            ``is_causal`` and ``attn_mask`` (all must allow a key).
+        layout: "bhsd" or "bshd", for q, k, v and the output alike. attn_mask is always
+            ``[B, H, Nq, Nk]``.
+        return_lse: also return the log-sum-exp (natural log) of each row's scaled, masked
+            scores, float32 ``[B, H, Nq]``; -inf for a row that sees no key.
+
+    Returns:
+        ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array), or
+        ``(o, lse)`` with ``return_lse=True``. Rows that see no key are zeros.
+
+    With torch tensors the call goes through the custom op ``torch.ops.tileattn.flash_attention``
+    (visible to torch.compile and tracing) and supports autograd for q, k and v (the mask gets no
+    gradient). The backward currently is the INTERIM path: PyTorch math recomputing the
+    attention weights from the saved (q, k, v, o, lse) in float32, query block by query block
+    (see tileattn/_torch_backward.py), until the C++ backward kernel lands.
+
+    Errors: wrong shapes, dtypes, devices or layouts raise ValueError or TypeError naming the
+    argument; features not built raise NotImplementedError.
+    """
+    p = Problem(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
+    if p.framework == "torch":
+        from . import _torch_ops
+        return _torch_ops.flash_attention(p, q, k, v, return_lse)
+    seed = int(np.random.randint(0, 2**62)) if p.dropout_p > 0 else 0
+    o = np.empty(p.output_shape(), dtype=q.dtype)
+    lse = np.empty((p.batch, p.heads, p.seqlen_q), dtype=np.float32)
+    _kernel.forward_into(q, k, v, o, lse, p.mask, p.causal, p.window_left, p.window_right,
+                         p.scale, p.dropout_p, seed, p.layout)
+    return (o, lse) if return_lse else o

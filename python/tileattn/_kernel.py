@@ -1,0 +1,72 @@
+"""Calls into the C++ kernels (tileattn._tileattn) on arrays the caller owns.
+
+The arrays stay referenced by the caller's frame for the whole call (the
+binding releases the GIL while computing, so nothing else frees them).
+"""
+from . import _arrays
+from . import _tileattn as _C
+from ._problem import MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, heads_rows, to_kernel_order
+
+_settings = {"threads": 0}
+
+
+def set_num_threads(threads):
+    """Threads tileattn's kernels use; 0 (the default) means every hardware thread."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads: expected an int >= 0, got {threads!r}")
+    _settings["threads"] = threads
+
+
+def get_num_threads():
+    return _settings["threads"]
+
+
+def dtype_code(x):
+    if _arrays.is_torch(x):
+        return _arrays.torch_dtype_code("q", x)
+    return _arrays.numpy_dtype_code("q", x)
+
+
+def mask_kind(mask):
+    if mask is None:
+        return MASK_NONE
+    dt = str(mask.dtype)
+    return MASK_BOOLEAN if dt in ("bool", "torch.bool") else MASK_ADDITIVE
+
+
+def forward_into(q, k, v, o, lse, mask, causal, window_left, window_right, scale, dropout_p,
+                 seed, layout):
+    """Runs attention_forward writing o (layout like q) and lse ([B, H, Nq] fp32, or None).
+
+    The mask, if any, is bool (True = keep) or fp32 (added), broadcastable to
+    [B, H, Nq, Nk]. Sizes and strides are validated by the C++ side.
+    """
+    addr, es = _arrays.address, _arrays.element_strides
+    b, h, nq, d = heads_rows(tuple(q.shape), layout)
+    _, hk, nk, _ = heads_rows(tuple(k.shape), layout)
+    kind = mask_kind(mask)
+    if kind != MASK_NONE:
+        m_addr = addr(mask)
+        m_strides = _arrays.broadcast_strides("attn_mask", mask, (b, h, nq, nk), ("B", "H", "Nq", "Nk"))
+    else:
+        m_addr, m_strides = 0, (0, 0, 0, 1)
+    if lse is not None:
+        l_addr, l_strides = addr(lse), es("lse", lse)
+    else:
+        l_addr, l_strides = 0, (0, 0, 1)
+    _C.forward(dtype_code(q), (b, h, hk, nq, nk, d),
+               addr(q), to_kernel_order(es("q", q), layout),
+               addr(k), to_kernel_order(es("k", k), layout),
+               addr(v), to_kernel_order(es("v", v), layout),
+               addr(o), to_kernel_order(es("o", o), layout),
+               l_addr, l_strides, kind, m_addr, m_strides, bool(causal), int(window_left),
+               int(window_right), float(scale), float(dropout_p), int(seed), _settings["threads"])
+
+
+def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
+    """merge_states on [B, H, N, D] outputs and [B, H, N] fp32 log-sum-exps."""
+    addr, es = _arrays.address, _arrays.element_strides
+    _C.merge_states(dtype_code(o_a), tuple(o_a.shape),
+                    addr(o_a), es("o_a", o_a), addr(lse_a), es("lse_a", lse_a),
+                    addr(o_b), es("o_b", o_b), addr(lse_b), es("lse_b", lse_b),
+                    addr(o_out), es("o", o_out), addr(lse_out), es("lse", lse_out))

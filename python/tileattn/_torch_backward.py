@@ -1,0 +1,77 @@
+"""INTERIM backward of flash_attention in PyTorch math.
+
+This is the stand-in until the C++ backward kernel (include/tileattn/backward.hpp)
+is wired in. It follows FlashAttention-2's backward: the attention weights are
+recomputed from the saved log-sum-exp, P = exp(scale * Q K^T + mask - lse),
+never stored for the whole sequence -- one block of query rows at a time --
+and
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O) + dlse),
+    dQ = scale * dS K,   dK = scale * dS^T Q,
+summed over the query heads that share a kv head (GQA). Arithmetic is fp32
+(the kernel's accumulation precision); gradients come back in the inputs' dtypes.
+"""
+import torch
+
+# Query rows per block: bounds the temporary [B, H, rows, Nk] fp32 matrices.
+QUERY_BLOCK_ROWS = 256
+
+
+def visible_keys(nq, nk, causal, window_left, window_right, rows):
+    """Bool [len(rows), nk]: the causal/window part of the mask, aligned bottom-right."""
+    i = torch.arange(rows.start, rows.stop).unsqueeze(1) + (nk - nq)
+    j = torch.arange(nk).unsqueeze(0)
+    keep = torch.ones(len(rows), nk, dtype=torch.bool)
+    if causal:
+        keep &= j <= i
+    if window_left >= 0:
+        keep &= j >= i - window_left
+    if window_right >= 0:
+        keep &= j <= i + window_right
+    return keep
+
+
+def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal,
+                            window_left, window_right, layout):
+    """(dq, dk, dv) for the forward with these inputs; layout 0 bhsd, 1 bshd."""
+    if layout == 1:  # work in [B, H, N, D] views
+        q, k, v, o = (t.transpose(1, 2) for t in (q, k, v, o))
+        grad_o = grad_o.transpose(1, 2) if grad_o is not None else None
+    b, h, nq, d = q.shape
+    hk, nk = k.shape[1], k.shape[2]
+    group = h // hk
+    qf, of = q.float(), o.float()
+    kf = k.float().repeat_interleave(group, dim=1)  # [B, H, Nk, D]
+    vf = v.float().repeat_interleave(group, dim=1)
+    do = grad_o.float() if grad_o is not None else torch.zeros_like(of)
+    dlse = grad_lse.float() if grad_lse is not None else torch.zeros(b, h, nq)
+    delta = (do * of).sum(-1)  # [B, H, Nq]
+    mask = attn_mask.expand(b, h, nq, nk) if attn_mask is not None else None
+
+    dq = torch.empty_like(qf)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(vf)
+    for start in range(0, nq, QUERY_BLOCK_ROWS):
+        rows = range(start, min(start + QUERY_BLOCK_ROWS, nq))
+        r = slice(rows.start, rows.stop)
+        s = torch.matmul(qf[:, :, r], kf.transpose(-1, -2)) * scale  # (B, H, rows, Nk)
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                s = s.masked_fill(~mask[:, :, r], float("-inf"))
+            else:
+                s = s + mask[:, :, r].float()
+        s = s.masked_fill(~visible_keys(nq, nk, causal, window_left, window_right, rows), float("-inf"))
+        row_lse = lse[:, :, r].unsqueeze(-1)
+        # Rows that see no key have lse = -inf and no weights (the forward wrote zeros).
+        p = torch.where(torch.isfinite(row_lse), torch.exp(s - row_lse), torch.zeros((), dtype=s.dtype))
+        dv += torch.matmul(p.transpose(-1, -2), do[:, :, r])
+        dp = torch.matmul(do[:, :, r], vf.transpose(-1, -2))
+        ds = p * (dp - delta[:, :, r].unsqueeze(-1) + dlse[:, :, r].unsqueeze(-1))
+        dq[:, :, r] = torch.matmul(ds, kf) * scale
+        dk += torch.matmul(ds.transpose(-1, -2), qf[:, :, r]) * scale
+
+    dk = dk.view(b, hk, group, nk, d).sum(2)
+    dv = dv.view(b, hk, group, nk, d).sum(2)
+    dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    if layout == 1:
+        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+    return dq, dk, dv

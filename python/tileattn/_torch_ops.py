@@ -1,0 +1,78 @@
+"""The torch custom ops behind tileattn's functions, with fake (meta) kernels and autograd.
+
+``torch.ops.tileattn.flash_attention`` is a ``torch.library.custom_op``, so
+torch.compile, torch.export and make_fx see one opaque op with known output
+shapes instead of tracing into the C++ call.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _kernel, _torch_backward
+from ._problem import heads_rows
+
+
+def _output_shapes(q, layout):
+    b, h, nq, _ = heads_rows(tuple(q.shape), layout)
+    return (b, h, nq)
+
+
+@torch.library.custom_op("tileattn::flash_attention", mutates_args=(), device_types="cpu")
+def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       attn_mask: Optional[torch.Tensor], dropout_p: float, softmax_scale: float,
+                       is_causal: bool, window_left: int, window_right: int, layout: int,
+                       seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd."""
+    o = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(_output_shapes(q, layout), dtype=torch.float32)
+    _kernel.forward_into(q, k, v, o, lse, attn_mask, is_causal, window_left, window_right,
+                         softmax_scale, dropout_p, seed, layout)
+    return o, lse
+
+
+@flash_attention_op.register_fake
+def _(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed):
+    return q.new_empty(q.shape), q.new_empty(_output_shapes(q, layout), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, attn_mask)
+    ctx.options = (dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed)
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, attn_mask = ctx.saved_tensors
+    dropout_p, scale, causal, window_left, window_right, layout, seed = ctx.options
+    if dropout_p > 0:
+        raise NotImplementedError("flash_attention: the backward of dropout is not supported yet")
+    # INTERIM: PyTorch math until the C++ backward kernel (include/tileattn/backward.hpp) is wired in.
+    dq, dk, dv = _torch_backward.attention_backward_math(
+        q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal, window_left, window_right, layout)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention(p, q, k, v, return_lse):
+    """flash_attention for torch tensors, given the checked Problem `p`."""
+    seed = int(torch.randint(0, 2**62, ()).item()) if p.dropout_p > 0 else 0
+    o, lse = flash_attention_op(q, k, v, p.mask, p.dropout_p, p.scale, p.causal,
+                                p.window_left, p.window_right, p.layout, seed)
+    return (o, lse) if return_lse else o
+
+
+@torch.library.custom_op("tileattn::merge_states", mutates_args=(), device_types="cpu")
+def merge_states_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                    lse_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    o = torch.empty(o_a.shape, dtype=o_a.dtype)
+    lse = torch.empty(lse_a.shape, dtype=torch.float32)
+    _kernel.merge_into(o_a, lse_a, o_b, lse_b, o, lse)
+    return o, lse
+
+
+@merge_states_op.register_fake
+def _(o_a, lse_a, o_b, lse_b):
+    return o_a.new_empty(o_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
