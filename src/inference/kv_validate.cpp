@@ -49,31 +49,33 @@ void check_table_coverage(const KvCacheArgs& a, const std::vector<int32_t>& old_
 // Paged: a page that receives new rows must belong to one table entry only;
 // otherwise the append would overwrite keys another sequence (or another
 // position of the same sequence) reads. Shared read-only prefix pages are fine.
+// Decode writes one page per sequence, so the written pages are few: sort
+// them and look every used entry up, O(entries x log(written)).
 void check_write_conflicts(const KvCacheArgs& a, const AppendPlan& plan,
                            const std::vector<int32_t>& old_lengths) {
-  struct Use {
-    int64_t page, sequence, entry;
-    bool written;
+  struct Entry {
+    int64_t page, sequence, index;
   };
-  std::vector<Use> uses;
+  std::vector<Entry> written;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (plan.counts[size_t(b)] == 0) continue;
+    const int64_t used = pages_for(plan.new_lengths[size_t(b)], a.page_size);
+    for (int64_t i = old_lengths[size_t(b)] / a.page_size; i < used; ++i)
+      written.push_back({a.block_table[b * a.block_table_stride + i], b, i});
+  }
+  std::sort(written.begin(), written.end(), [](const Entry& x, const Entry& y) { return x.page < y.page; });
   for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t used = pages_for(plan.new_lengths[size_t(b)], a.page_size);
-    const int64_t first_written = plan.counts[size_t(b)] > 0 ? old_lengths[size_t(b)] / a.page_size : used;
-    for (int64_t i = 0; i < used; ++i)
-      uses.push_back({a.block_table[b * a.block_table_stride + i], b, i, i >= first_written});
-  }
-  // Sorted by page, written uses first: a page used twice with any write
-  // shows a written use next to another use of the same page.
-  std::sort(uses.begin(), uses.end(), [](const Use& x, const Use& y) {
-    return x.page != y.page ? x.page < y.page : x.written > y.written;
-  });
-  for (size_t k = 1; k < uses.size(); ++k) {
-    const Use& w = uses[k - 1];
-    const Use& other = uses[k];
-    if (w.page == other.page && w.written)
-      fail("block_table: page " + str(w.page) + " receives new tokens of sequence " +
-           str(w.sequence) + " (entry " + str(w.entry) + ") but is also used by sequence " +
-           str(other.sequence) + " (entry " + str(other.entry) + ")");
+    for (int64_t i = 0; i < used; ++i) {
+      const int64_t page = a.block_table[b * a.block_table_stride + i];
+      auto it = std::lower_bound(written.begin(), written.end(), page,
+                                 [](const Entry& e, int64_t p) { return e.page < p; });
+      for (; it != written.end() && it->page == page; ++it)
+        if (it->sequence != b || it->index != i)
+          fail("block_table: page " + str(page) + " receives new tokens of sequence " +
+               str(it->sequence) + " (entry " + str(it->index) + ") but is also used by sequence " +
+               str(b) + " (entry " + str(i) + ")");
+    }
   }
 }
 
