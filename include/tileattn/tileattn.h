@@ -1,0 +1,290 @@
+/**
+ * @file tileattn.h
+ * @brief The tileattn C API: exact FlashAttention-2 style attention on CPUs,
+ * callable from C99 and from any language with a C foreign-function interface.
+ *
+ * The C API wraps the C++ API (tileattn/attention.hpp, merge.hpp, machine.hpp)
+ * and adds nothing to the numerics: a call through C computes bit for bit what
+ * the same call through C++ computes.
+ *
+ * @par Errors
+ * Every operation returns a ::tileattn_status. #TILEATTN_OK means success;
+ * anything else means nothing was written to any output, and
+ * tileattn_last_error() returns a one-line message that names the argument at
+ * fault. The message is kept per thread: an error on one thread never shows up
+ * on another. Each tileattn call that returns a status first clears the
+ * calling thread's message. No C++ exception ever leaves a tileattn_ function
+ * (out of memory is reported as #TILEATTN_OUT_OF_MEMORY).
+ * The only functions that do not return a status are those that cannot fail:
+ * tileattn_last_error(), tileattn_status_string(), tileattn_version_string().
+ *
+ * @par ABI stability rules
+ * The shared library's SONAME changes (libtileattn.so.N, N = TILEATTN_ABI_VERSION)
+ * only when one of these rules is broken, which we do not do within a major
+ * version:
+ *  - Functions are only added, never removed or changed in signature.
+ *  - Enumerations have explicit, fixed values; new values are only appended.
+ *    Fields holding an enumeration value are int32_t, so their size is fixed.
+ *  - Argument structs begin with `size_t struct_size`, which the caller sets to
+ *    sizeof(the struct it was compiled with) -- the *_init() functions do this
+ *    and fill in every default. New fields are only appended. A library that
+ *    receives a shorter (older) struct uses defaults for the fields the caller
+ *    does not know; a library that receives a longer (newer) struct accepts it
+ *    when every byte it does not know is zero, and otherwise fails with
+ *    #TILEATTN_NOT_SUPPORTED (the scheme Linux uses for openat2 and clone3).
+ *  - State lives behind opaque handles (::tileattn_tune_config), created and
+ *    destroyed by the library, so its layout is free to change.
+ *  - Tensors are described by a data pointer plus int64 element strides; no C++
+ *    type appears in this header.
+ *
+ * @par Conventions
+ * See docs/conventions.md: layouts and strides (in elements, not bytes), mask
+ * conventions (true = keep; causal aligned bottom-right; windows inclusive,
+ * -1 unbounded) and the accuracy policy.
+ */
+#ifndef TILEATTN_TILEATTN_H
+#define TILEATTN_TILEATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of the headers; tileattn_get_version() says which library is loaded. */
+#define TILEATTN_VERSION_MAJOR 0
+#define TILEATTN_VERSION_MINOR 1
+#define TILEATTN_VERSION_PATCH 0
+/** The shared library's SONAME number: libtileattn.so.TILEATTN_ABI_VERSION. */
+#define TILEATTN_ABI_VERSION TILEATTN_VERSION_MAJOR
+
+/** Result of every tileattn operation. Values are fixed; new ones are appended. */
+typedef enum tileattn_status {
+  TILEATTN_OK = 0,                /**< success */
+  TILEATTN_INVALID_ARGUMENT = 1,  /**< a bad argument; the message names it; nothing written */
+  TILEATTN_NOT_SUPPORTED = 2,     /**< a feature this build or CPU does not provide */
+  TILEATTN_OUT_OF_MEMORY = 3,     /**< an allocation failed; nothing written */
+  TILEATTN_INTERNAL_ERROR = 4     /**< a bug in tileattn; please report the message */
+} tileattn_status;
+
+/** Storage type of a tensor. Arithmetic is always fp32. */
+typedef enum tileattn_dtype {
+  TILEATTN_F32 = 0,
+  TILEATTN_F16 = 1,  /**< IEEE binary16, stored as uint16_t */
+  TILEATTN_BF16 = 2  /**< bfloat16, stored as uint16_t */
+} tileattn_dtype;
+
+/** Instruction-set path. */
+typedef enum tileattn_isa {
+  TILEATTN_ISA_AUTO = 0,     /**< TILEATTN_ISA from the environment, else the best the CPU has */
+  TILEATTN_ISA_GENERIC = 1,  /**< portable C++ */
+  TILEATTN_ISA_AVX2 = 2,     /**< AVX2 + FMA + F16C */
+  TILEATTN_ISA_AVX512 = 3,   /**< AVX-512 F/BW/DQ/VL */
+  TILEATTN_ISA_REFERENCE = 4 /**< the float64 reference: slow, for checking results */
+} tileattn_isa;
+
+/** Kind of an explicit mask tensor. */
+typedef enum tileattn_mask_kind {
+  TILEATTN_MASK_NONE = 0,
+  TILEATTN_MASK_BOOLEAN = 1,  /**< uint8_t, nonzero = keep */
+  TILEATTN_MASK_ADDITIVE = 2  /**< float, added to the scaled scores */
+} tileattn_mask_kind;
+
+/** Memory layout of a dense tensor, for tileattn_dense_strides(). */
+typedef enum tileattn_layout {
+  TILEATTN_LAYOUT_BHSD = 0, /**< [batch, heads, seq, dim] */
+  TILEATTN_LAYOUT_BSHD = 1  /**< [batch, seq, heads, dim] */
+} tileattn_layout;
+
+/**
+ * A read-only strided 4-D tensor. Strides are in elements and always in
+ * [batch, head, row, dim] order, whatever the memory layout.
+ */
+typedef struct tileattn_tensor {
+  const void* data;
+  int64_t stride[4];
+} tileattn_tensor;
+
+/** A writable strided 4-D tensor (see ::tileattn_tensor). */
+typedef struct tileattn_out_tensor {
+  void* data;
+  int64_t stride[4];
+} tileattn_out_tensor;
+
+/**
+ * Arguments of tileattn_forward(): O = softmax(scale * Q K^T + mask) V.
+ * Mirrors tileattn::ForwardArgs of the C++ API field for field.
+ * Initialize with tileattn_forward_args_init(), then set what you need.
+ */
+typedef struct tileattn_forward_args {
+  size_t struct_size;  /**< sizeof(tileattn_forward_args); set by the init function */
+
+  int64_t batch;     /**< sequences (packed variable-length: entries of cu_seqlens minus one) */
+  int64_t heads;     /**< query heads */
+  int64_t kv_heads;  /**< key/value heads; divides heads (== heads: MHA, 1: MQA) */
+  int64_t seqlen_q;  /**< query rows per sequence (packed: total rows) */
+  int64_t seqlen_k;  /**< key rows per sequence (packed: total rows; KV cache: capacity) */
+  int64_t head_dim;  /**< 1..256 */
+  int32_t dtype;     /**< ::tileattn_dtype of q, k, v and o */
+  int32_t reserved0; /**< must be 0 */
+
+  tileattn_tensor q;      /**< [batch, heads, seqlen_q, head_dim] */
+  tileattn_tensor k;      /**< [batch, kv_heads, seqlen_k, head_dim] */
+  tileattn_tensor v;      /**< [batch, kv_heads, seqlen_k, head_dim] */
+  tileattn_out_tensor o;  /**< [batch, heads, seqlen_q, head_dim] */
+  /** Optional log-sum-exp (natural log) of the scaled, masked scores, fp32,
+      [batch, heads, seqlen_q]; -inf for rows that see no key. NULL: not written. */
+  float* lse;
+  int64_t lse_stride[3];
+
+  /** Packed variable-length batch: [batch + 1] prefix sums of rows (or NULL). */
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+
+  /** Masks combine (logical AND). Nonzero: key j is visible to query i only
+      when j <= i + seqlen_k - seqlen_q (aligned bottom-right). */
+  int32_t causal;
+  int32_t mask_kind;       /**< ::tileattn_mask_kind of mask_data */
+  int64_t window_left;     /**< inclusive; -1 = unbounded */
+  int64_t window_right;    /**< inclusive; -1 = unbounded */
+  const void* mask_data;   /**< uint8_t (boolean) or float (additive) */
+  int64_t mask_stride[4];  /**< [batch, head, q, k] in elements; 0 broadcasts */
+
+  /** KV cache: sequence b uses its first kv_seqlens[b] keys (or NULL: all). */
+  const int32_t* kv_seqlens;
+  /** Paged KV cache: k/v are pages [num_pages, kv_heads, page_size, dim] and key j
+      of sequence b is row j % page_size of page block_table[b * block_table_stride
+      + j / page_size]. NULL: contiguous. */
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int64_t page_size;
+  int64_t num_pages;
+
+  float scale;      /**< NaN (the default): 1/sqrt(head_dim) */
+  float dropout_p;  /**< in [0, 1) */
+  uint64_t seed;    /**< dropout generator seed */
+
+  int32_t threads;   /**< 0: every hardware thread */
+  int32_t isa;       /**< ::tileattn_isa; default TILEATTN_ISA_AUTO */
+  int32_t block_q;   /**< 0: chosen per machine */
+  int32_t block_kv;  /**< 0: chosen per machine */
+} tileattn_forward_args;
+
+/** Arguments of tileattn_merge_states(); mirrors tileattn::MergeArgs. */
+typedef struct tileattn_merge_args {
+  size_t struct_size;  /**< sizeof(tileattn_merge_args); set by the init function */
+  int64_t batch, heads, rows, head_dim;
+  int32_t dtype;       /**< ::tileattn_dtype of o_a, o_b and o_out */
+  int32_t reserved0;   /**< must be 0 */
+  tileattn_tensor o_a; /**< [batch, heads, rows, head_dim], attention over keys A */
+  const float* lse_a;  /**< [batch, heads, rows], natural log, -inf = no key */
+  int64_t lse_a_stride[3];
+  tileattn_tensor o_b; /**< attention over keys B (disjoint from A) */
+  const float* lse_b;
+  int64_t lse_b_stride[3];
+  tileattn_out_tensor o_out; /**< may be the memory of o_a or o_b (in place) */
+  float* lse_out;            /**< optional; may be lse_a or lse_b */
+  int64_t lse_out_stride[3];
+} tileattn_merge_args;
+
+/** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */
+typedef struct tileattn_cpu_info {
+  size_t struct_size;  /**< sizeof(tileattn_cpu_info); set by the init function */
+  int32_t avx2, fma, f16c;                      /**< 1 when present */
+  int32_t avx512f, avx512bw, avx512dq, avx512vl;
+  int32_t avx512_vnni, avx512_bf16, avx512_fp16;
+  int32_t hardware_threads;
+  int32_t best_isa;  /**< ::tileattn_isa the automatic choice resolves to on this CPU */
+  int64_t l1d_bytes; /**< per core */
+  int64_t l2_bytes;  /**< per core */
+  int64_t l3_bytes;  /**< total */
+  char vendor[16];   /**< NUL-terminated, truncated if longer */
+  char brand[64];    /**< NUL-terminated, truncated if longer */
+} tileattn_cpu_info;
+
+/* ---- errors and version ------------------------------------------------ */
+
+/** The calling thread's message for the last failed call ("" after a success).
+    Valid until this thread's next tileattn call. Never NULL. */
+const char* tileattn_last_error(void);
+/** A static name for a status ("ok", "invalid argument", ...). Never NULL. */
+const char* tileattn_status_string(tileattn_status status);
+/** The loaded library's version: compare with TILEATTN_VERSION_* to detect a mismatch. */
+tileattn_status tileattn_get_version(int32_t* major, int32_t* minor, int32_t* patch);
+/** The loaded library's version as "MAJOR.MINOR.PATCH". Never NULL. */
+const char* tileattn_version_string(void);
+
+/* ---- the machine -------------------------------------------------------- */
+
+/** Sets struct_size and zeroes the rest. */
+tileattn_status tileattn_cpu_info_init(tileattn_cpu_info* info);
+/** Fills info (struct_size must be set). */
+tileattn_status tileattn_get_cpu_info(tileattn_cpu_info* info);
+/** *available = 1 when this build has the path and the CPU can run it. */
+tileattn_status tileattn_isa_available(int32_t isa, int32_t* available);
+/** What `requested` resolves to (TILEATTN_ISA_AUTO: environment, else the best);
+    fails when it names a path the CPU cannot run. */
+tileattn_status tileattn_resolve_isa(int32_t requested, int32_t* resolved);
+/** Static lowercase name of an ISA ("avx2") written to *name. */
+tileattn_status tileattn_isa_name(int32_t isa, const char** name);
+/** The tile shape the forward pass uses for this ISA, head_dim and dtype
+    (TILEATTN_TILES, then the tune file, then the cache model). */
+tileattn_status tileattn_choose_tiles(int32_t isa, int64_t head_dim, int32_t dtype,
+                                      int32_t* block_q, int32_t* block_kv);
+/** Element strides, in [batch, head, row, dim] order, of a dense tensor. */
+tileattn_status tileattn_dense_strides(int32_t layout, int64_t batch, int64_t heads,
+                                       int64_t rows, int64_t dim, int64_t stride[4]);
+
+/* ---- attention ---------------------------------------------------------- */
+
+/** Sets struct_size and every default: no mask, windows -1, scale NaN
+    (1/sqrt(head_dim)), dtype fp32, automatic ISA, tiles and threads. */
+tileattn_status tileattn_forward_args_init(tileattn_forward_args* args);
+/** Validates args (nothing is written when they are bad) and computes O (and LSE). */
+tileattn_status tileattn_forward(const tileattn_forward_args* args);
+/** Only the validation step of tileattn_forward(). */
+tileattn_status tileattn_forward_validate(const tileattn_forward_args* args);
+
+/** Sets struct_size and defaults (dtype fp32, lse strides {0, 0, 1}). */
+tileattn_status tileattn_merge_args_init(tileattn_merge_args* args);
+/** Combines two partial results over disjoint key sets:
+    lse = log(exp(lse_a) + exp(lse_b)), o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b. */
+tileattn_status tileattn_merge_states(const tileattn_merge_args* args);
+
+/* ---- tuning configuration ----------------------------------------------- */
+
+/** A set of tile-shape entries (isa, head_dim, dtype) -> (block_q, block_kv),
+    in the format of the tune file that tileattn_choose_tiles() reads. */
+typedef struct tileattn_tune_config tileattn_tune_config;
+
+/** Creates an empty configuration. */
+tileattn_status tileattn_tune_config_create(tileattn_tune_config** config);
+/** Reads a tune file (path NULL: the default, see tileattn_tune_file_path()).
+    A missing file gives an empty configuration. */
+tileattn_status tileattn_tune_config_load(const char* path, tileattn_tune_config** config);
+/** Destroys a configuration; NULL is accepted and ignored. */
+tileattn_status tileattn_tune_config_destroy(tileattn_tune_config* config);
+/** Adds an entry, or replaces the entry with the same (isa, head_dim, dtype). */
+tileattn_status tileattn_tune_config_set(tileattn_tune_config* config, int32_t isa,
+                                         int64_t head_dim, int32_t dtype, int32_t block_q,
+                                         int32_t block_kv);
+/** Number of entries. */
+tileattn_status tileattn_tune_config_count(const tileattn_tune_config* config, int64_t* count);
+/** Entry `index` (0 <= index < count). */
+tileattn_status tileattn_tune_config_get(const tileattn_tune_config* config, int64_t index,
+                                         int32_t* isa, int64_t* head_dim, int32_t* dtype,
+                                         int32_t* block_q, int32_t* block_kv);
+/** Writes the configuration as a tune file (path NULL: the default path). */
+tileattn_status tileattn_tune_config_save(const tileattn_tune_config* config, const char* path);
+/** Copies the default tune file path (NUL-terminated) into buffer of `capacity`
+    bytes. *length (optional) receives the path's length, also when the buffer is
+    too small (to size a buffer: pass NULL and 0); then the call fails and
+    nothing is written to buffer. */
+tileattn_status tileattn_tune_file_path(char* buffer, size_t capacity, size_t* length);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* TILEATTN_TILEATTN_H */

@@ -1,0 +1,78 @@
+// tileattn_forward and tileattn_merge_states: thin wrappers over the C++ API.
+#include <cmath>
+#include <limits>
+
+#include "capi/convert.hpp"
+#include "capi/guard.hpp"
+
+using namespace tileattn;
+
+extern "C" {
+
+tileattn_status tileattn_forward_args_init(tileattn_forward_args* args) {
+  return capi::guarded(__func__, [&] {
+    capi::require(args, "args");
+    // Defaults are those of tileattn::ForwardArgs, so that C and C++ callers
+    // who set the same fields get the same computation.
+    const ForwardArgs defaults;
+    std::memset(static_cast<void*>(args), 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->dtype = TILEATTN_F32;
+    for (int i = 0; i < 4; ++i) {
+      args->q.stride[i] = args->k.stride[i] = args->v.stride[i] = args->o.stride[i] =
+          defaults.q.stride[i];
+      args->mask_stride[i] = defaults.mask.stride[i];
+    }
+    for (int i = 0; i < 3; ++i) args->lse_stride[i] = defaults.lse_stride[i];
+    args->window_left = defaults.mask.window_left;
+    args->window_right = defaults.mask.window_right;
+    args->scale = defaults.scale;
+    args->isa = TILEATTN_ISA_AUTO;
+  });
+}
+
+tileattn_status tileattn_forward(const tileattn_forward_args* args) {
+  return capi::guarded(__func__, [&] { attention_forward(capi::to_forward_args(args)); });
+}
+
+tileattn_status tileattn_forward_validate(const tileattn_forward_args* args) {
+  return capi::guarded(__func__, [&] { validate(capi::to_forward_args(args)); });
+}
+
+tileattn_status tileattn_merge_args_init(tileattn_merge_args* args) {
+  return capi::guarded(__func__, [&] {
+    capi::require(args, "args");
+    std::memset(static_cast<void*>(args), 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->dtype = TILEATTN_F32;
+    args->o_a.stride[3] = args->o_b.stride[3] = args->o_out.stride[3] = 1;
+    args->lse_a_stride[2] = args->lse_b_stride[2] = args->lse_out_stride[2] = 1;
+  });
+}
+
+tileattn_status tileattn_merge_states(const tileattn_merge_args* user) {
+  return capi::guarded(__func__, [&] {
+    tileattn_merge_args c;
+    tileattn_merge_args_init(&c);
+    capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_merge_args, lse_out_stride), c);
+    if (c.reserved0 != 0) throw Error("args->reserved0 must be 0");
+    MergeArgs m;
+    m.batch = c.batch;
+    m.heads = c.heads;
+    m.rows = c.rows;
+    m.head_dim = c.head_dim;
+    m.dtype = capi::to_dtype(c.dtype, "dtype");
+    m.o_a = capi::to_view(c.o_a);
+    m.lse_a = c.lse_a;
+    m.lse_a_stride = capi::to_array(c.lse_a_stride);
+    m.o_b = capi::to_view(c.o_b);
+    m.lse_b = c.lse_b;
+    m.lse_b_stride = capi::to_array(c.lse_b_stride);
+    m.o_out = capi::to_view(c.o_out);
+    m.lse_out = c.lse_out;
+    m.lse_out_stride = capi::to_array(c.lse_out_stride);
+    merge_states(m);
+  });
+}
+
+}  // extern "C"

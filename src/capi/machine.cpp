@@ -1,0 +1,118 @@
+// Machine queries: CPU features, caches, ISA paths and tile shapes.
+#include <algorithm>
+#include <cstring>
+
+#include "capi/convert.hpp"
+#include "capi/guard.hpp"
+#include "tileattn/machine.hpp"
+
+using namespace tileattn;
+
+namespace {
+
+void copy_truncated(char* destination, std::size_t capacity, const std::string& source) {
+  const std::size_t n = std::min(capacity - 1, source.size());
+  std::memcpy(destination, source.data(), n);
+  destination[n] = '\0';
+}
+
+constexpr std::size_t kCpuInfoV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_cpu_info, brand);
+
+}  // namespace
+
+extern "C" {
+
+tileattn_status tileattn_cpu_info_init(tileattn_cpu_info* info) {
+  return capi::guarded(__func__, [&] {
+    capi::require(info, "info");
+    std::memset(static_cast<void*>(info), 0, sizeof *info);
+    info->struct_size = sizeof *info;
+  });
+}
+
+tileattn_status tileattn_get_cpu_info(tileattn_cpu_info* info) {
+  return capi::guarded(__func__, [&] {
+    capi::require(info, "info");
+    const CpuFeatures& f = cpu_features();
+    const CacheSizes& c = cache_sizes();
+    tileattn_cpu_info filled;
+    std::memset(static_cast<void*>(&filled), 0, sizeof filled);
+    filled.struct_size = sizeof filled;
+    filled.avx2 = f.avx2;
+    filled.fma = f.fma;
+    filled.f16c = f.f16c;
+    filled.avx512f = f.avx512f;
+    filled.avx512bw = f.avx512bw;
+    filled.avx512dq = f.avx512dq;
+    filled.avx512vl = f.avx512vl;
+    filled.avx512_vnni = f.avx512_vnni;
+    filled.avx512_bf16 = f.avx512_bf16;
+    filled.avx512_fp16 = f.avx512_fp16;
+    filled.hardware_threads = hardware_threads();
+    filled.best_isa = capi::from_isa(best_isa());
+    filled.l1d_bytes = c.l1d;
+    filled.l2_bytes = c.l2;
+    filled.l3_bytes = c.l3;
+    copy_truncated(filled.vendor, sizeof filled.vendor, f.vendor);
+    copy_truncated(filled.brand, sizeof filled.brand, f.brand);
+    capi::write_versioned(filled, info, "info", kCpuInfoV1Size);
+  });
+}
+
+tileattn_status tileattn_isa_available(int32_t isa, int32_t* available) {
+  return capi::guarded(__func__, [&] {
+    const Isa path = capi::to_isa(isa, "isa");
+    capi::require(available, "available");
+    *available = isa_available(path);
+  });
+}
+
+tileattn_status tileattn_resolve_isa(int32_t requested, int32_t* resolved) {
+  return capi::guarded(__func__, [&] {
+    const Isa path = capi::to_isa(requested, "requested");
+    capi::require(resolved, "resolved");
+    *resolved = capi::from_isa(resolve_isa(path));
+  });
+}
+
+tileattn_status tileattn_isa_name(int32_t isa, const char** name) {
+  return capi::guarded(__func__, [&] {
+    const Isa path = capi::to_isa(isa, "isa");
+    capi::require(name, "name");
+    *name = tileattn::isa_name(path);
+  });
+}
+
+tileattn_status tileattn_choose_tiles(int32_t isa, int64_t head_dim, int32_t dtype,
+                                      int32_t* block_q, int32_t* block_kv) {
+  return capi::guarded(__func__, [&] {
+    const Isa path = capi::to_isa(isa, "isa");
+    const DType type = capi::to_dtype(dtype, "dtype");
+    if (head_dim < 1 || head_dim > 256)
+      throw Error("head_dim must be in 1..256, got " + std::to_string(head_dim));
+    capi::require(block_q, "block_q");
+    capi::require(block_kv, "block_kv");
+    const TileShape tiles = choose_tiles(resolve_isa(path), head_dim, type);
+    *block_q = tiles.block_q;
+    *block_kv = tiles.block_kv;
+  });
+}
+
+tileattn_status tileattn_dense_strides(int32_t layout, int64_t batch, int64_t heads, int64_t rows,
+                                       int64_t dim, int64_t stride[4]) {
+  return capi::guarded(__func__, [&] {
+    if (layout != TILEATTN_LAYOUT_BHSD && layout != TILEATTN_LAYOUT_BSHD)
+      throw Error("layout: unknown value " + std::to_string(layout));
+    if (batch < 0 || heads < 0 || rows < 0 || dim < 0) throw Error("sizes must be >= 0");
+    capi::require(stride, "stride");
+    int64_t product;
+    if (__builtin_mul_overflow(heads, rows, &product) || __builtin_mul_overflow(product, dim, &product) ||
+        __builtin_mul_overflow(product, batch, &product))
+      throw Error("sizes: element count overflows int64");
+    const auto s = tileattn::dense_strides(layout == TILEATTN_LAYOUT_BHSD ? Layout::bhsd : Layout::bshd,
+                                           batch, heads, rows, dim);
+    for (int i = 0; i < 4; ++i) stride[i] = s[i];
+  });
+}
+
+}  // extern "C"

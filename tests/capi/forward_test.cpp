@@ -1,0 +1,155 @@
+// The C API computes exactly what the C++ API computes: same inputs, same
+// bits out, for every dtype, layout, mask kind, GQA and packed batches.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "capi/c_args.hpp"
+#include "testing/problem_case.hpp"
+#include "tileattn/attention.hpp"
+#include "tileattn/tileattn.h"
+
+namespace tileattn {
+namespace {
+
+using testing::Case;
+using testing::CaseData;
+using testing::MaskCase;
+
+std::vector<unsigned char> output_bytes(const CaseData& d) {
+  const unsigned char* p = d.c.dtype == DType::f32 ? reinterpret_cast<const unsigned char*>(d.o32.data())
+                                                   : reinterpret_cast<const unsigned char*>(d.o16.data());
+  const size_t n = d.c.dtype == DType::f32 ? d.o32.size() * 4 : d.o16.size() * 2;
+  return {p, p + n};
+}
+
+void clear_outputs(CaseData& d) {
+  std::fill(d.o32.begin(), d.o32.end(), 0.0f);
+  std::fill(d.o16.begin(), d.o16.end(), uint16_t(0));
+  std::fill(d.lse.begin(), d.lse.end(), 0.0f);
+}
+
+class CApiForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CApiForward, BitwiseEqualToCpp) {
+  CaseData data(GetParam());
+  data.args.threads = 2;
+  attention_forward(data.args);
+  const std::vector<unsigned char> cpp_o = output_bytes(data);
+  const std::vector<float> cpp_lse = data.lse;
+
+  clear_outputs(data);
+  const tileattn_forward_args c = capi_testing::to_c_args(data.args);
+  ASSERT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_STREQ(tileattn_last_error(), "");
+  EXPECT_TRUE(output_bytes(data) == cpp_o) << "O differs between the C and C++ APIs";
+  ASSERT_EQ(data.lse.size(), cpp_lse.size());
+  EXPECT_EQ(std::memcmp(data.lse.data(), cpp_lse.data(), cpp_lse.size() * 4), 0)
+      << "LSE differs between the C and C++ APIs";
+  // And the result is right, not merely the same.
+  const testing::Comparison cmp = testing::compare_with_reference(data);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  Case base;
+  base.batch = 2;
+  base.heads = 4;
+  base.kv_heads = 2;
+  base.seqlen_q = 37;
+  base.seqlen_k = 70;
+  base.head_dim = 59;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (MaskCase mask : {MaskCase::none, MaskCase::causal, MaskCase::window, MaskCase::boolean,
+                          MaskCase::additive, MaskCase::causal_boolean}) {
+      Case c = base;
+      c.dtype = dtype;
+      c.mask = mask;
+      out.push_back(c);
+    }
+  }
+  Case bshd_strided = base;
+  bshd_strided.layout = Layout::bshd;
+  bshd_strided.strided = true;
+  bshd_strided.mask = MaskCase::causal;
+  bshd_strided.head_dim = 64;
+  out.push_back(bshd_strided);
+  Case mqa = base;
+  mqa.kv_heads = 1;
+  mqa.scale = 0.3f;
+  out.push_back(mqa);
+  Case varlen = base;
+  varlen.varlen = true;
+  varlen.varlen_q_lengths = {5, 0, 33};
+  varlen.varlen_k_lengths = {9, 4, 40};
+  varlen.mask = MaskCase::causal;
+  out.push_back(varlen);
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = std::to_string(info.index) + "_" + info.param.name();
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CApiForward, ::testing::ValuesIn(cases()), case_name);
+
+TEST(CApiForward, ValidateOnlyWritesNothing) {
+  CaseData data(Case{});
+  const tileattn_forward_args c = capi_testing::to_c_args(data.args);
+  ASSERT_EQ(tileattn_forward_validate(&c), TILEATTN_OK) << tileattn_last_error();
+  for (float x : data.o32) ASSERT_EQ(x, 0.0f);
+}
+
+TEST(CApiForward, InitGivesTheCppDefaults) {
+  tileattn_forward_args c;
+  std::memset(&c, 0xAB, sizeof c);
+  ASSERT_EQ(tileattn_forward_args_init(&c), TILEATTN_OK);
+  const ForwardArgs defaults;
+  EXPECT_EQ(c.struct_size, sizeof c);
+  EXPECT_EQ(c.dtype, TILEATTN_F32);
+  EXPECT_EQ(c.isa, TILEATTN_ISA_AUTO);
+  EXPECT_TRUE(std::isnan(c.scale));
+  EXPECT_EQ(c.window_left, defaults.mask.window_left);
+  EXPECT_EQ(c.window_right, defaults.mask.window_right);
+  EXPECT_EQ(c.causal, 0);
+  EXPECT_EQ(c.mask_kind, TILEATTN_MASK_NONE);
+  EXPECT_EQ(c.q.data, nullptr);
+  EXPECT_EQ(c.lse, nullptr);
+  EXPECT_EQ(c.lse_stride[2], 1);
+  EXPECT_EQ(c.q.stride[3], 1);
+  EXPECT_EQ(c.threads, 0);
+}
+
+// A caller compiled against a newer header (a longer struct) is served when
+// the fields this library does not know are zero, refused otherwise.
+TEST(CApiForward, StructSizeVersioning) {
+  CaseData data(Case{});
+  attention_forward(data.args);
+  const std::vector<float> expected = data.o32;
+
+  struct Newer {
+    tileattn_forward_args v1;
+    int64_t field_from_the_future;
+  } newer;
+  newer.v1 = capi_testing::to_c_args(data.args);
+  newer.v1.struct_size = sizeof newer;
+  newer.field_from_the_future = 0;
+  std::fill(data.o32.begin(), data.o32.end(), 0.0f);
+  ASSERT_EQ(tileattn_forward(&newer.v1), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(data.o32, expected);
+
+  newer.field_from_the_future = 1;
+  std::fill(data.o32.begin(), data.o32.end(), 0.0f);
+  EXPECT_EQ(tileattn_forward(&newer.v1), TILEATTN_NOT_SUPPORTED);
+  EXPECT_NE(std::string(tileattn_last_error()).find("does not know"), std::string::npos)
+      << tileattn_last_error();
+  for (float x : data.o32) ASSERT_EQ(x, 0.0f);
+}
+
+}  // namespace
+}  // namespace tileattn

@@ -1,0 +1,153 @@
+// Version, CPU and tile queries, and the tuning-configuration handle, through C.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "tileattn/machine.hpp"
+#include "tileattn/tileattn.h"
+
+namespace tileattn {
+namespace {
+
+TEST(CApiVersion, MatchesTheHeaderAndTheProject) {
+  int32_t major = -1, minor = -1, patch = -1;
+  ASSERT_EQ(tileattn_get_version(&major, &minor, &patch), TILEATTN_OK);
+  EXPECT_EQ(major, TILEATTN_VERSION_MAJOR);
+  EXPECT_EQ(minor, TILEATTN_VERSION_MINOR);
+  EXPECT_EQ(patch, TILEATTN_VERSION_PATCH);
+  const std::string expected =
+      std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  EXPECT_EQ(std::string(tileattn_version_string()), expected);
+  EXPECT_EQ(TILEATTN_ABI_VERSION, TILEATTN_VERSION_MAJOR);
+}
+
+TEST(CApiMachine, CpuInfoMatchesCpp) {
+  tileattn_cpu_info info;
+  ASSERT_EQ(tileattn_cpu_info_init(&info), TILEATTN_OK);
+  ASSERT_EQ(tileattn_get_cpu_info(&info), TILEATTN_OK) << tileattn_last_error();
+  const CpuFeatures& f = cpu_features();
+  EXPECT_EQ(info.avx2, f.avx2);
+  EXPECT_EQ(info.fma, f.fma);
+  EXPECT_EQ(info.avx512f, f.avx512f);
+  EXPECT_EQ(info.avx512_bf16, f.avx512_bf16);
+  EXPECT_EQ(info.hardware_threads, hardware_threads());
+  EXPECT_EQ(info.best_isa, int32_t(best_isa()));
+  EXPECT_EQ(info.l1d_bytes, cache_sizes().l1d);
+  EXPECT_EQ(info.l2_bytes, cache_sizes().l2);
+  EXPECT_EQ(std::string(info.vendor), f.vendor.substr(0, sizeof info.vendor - 1));
+  EXPECT_EQ(std::string(info.brand), f.brand.substr(0, sizeof info.brand - 1));
+
+  tileattn_cpu_info unset{};
+  EXPECT_EQ(tileattn_get_cpu_info(&unset), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("struct_size"), std::string::npos);
+}
+
+TEST(CApiMachine, IsaQueries) {
+  int32_t available = -1;
+  ASSERT_EQ(tileattn_isa_available(TILEATTN_ISA_GENERIC, &available), TILEATTN_OK);
+  EXPECT_EQ(available, 1);
+  ASSERT_EQ(tileattn_isa_available(TILEATTN_ISA_AVX512, &available), TILEATTN_OK);
+  EXPECT_EQ(available, int32_t(isa_available(Isa::avx512)));
+  EXPECT_EQ(tileattn_isa_available(17, &available), TILEATTN_INVALID_ARGUMENT);
+
+  const char* name = nullptr;
+  ASSERT_EQ(tileattn_isa_name(TILEATTN_ISA_AVX2, &name), TILEATTN_OK);
+  EXPECT_STREQ(name, "avx2");
+  int32_t resolved = -1;
+  ASSERT_EQ(tileattn_resolve_isa(TILEATTN_ISA_GENERIC, &resolved), TILEATTN_OK);
+  EXPECT_EQ(resolved, TILEATTN_ISA_GENERIC);
+  if (!isa_available(Isa::avx512)) {
+    EXPECT_EQ(tileattn_resolve_isa(TILEATTN_ISA_AVX512, &resolved), TILEATTN_NOT_SUPPORTED)
+        << tileattn_last_error();
+    EXPECT_EQ(resolved, TILEATTN_ISA_GENERIC) << "written despite the error";
+  }
+}
+
+TEST(CApiMachine, TilesMatchCpp) {
+  for (int64_t d : {64, 80, 128, 256}) {
+    int32_t bq = 0, bkv = 0;
+    ASSERT_EQ(tileattn_choose_tiles(TILEATTN_ISA_GENERIC, d, TILEATTN_F16, &bq, &bkv), TILEATTN_OK)
+        << tileattn_last_error();
+    const TileShape t = choose_tiles(Isa::generic, d, DType::f16);
+    EXPECT_EQ(bq, t.block_q);
+    EXPECT_EQ(bkv, t.block_kv);
+  }
+  int32_t bq, bkv;
+  EXPECT_EQ(tileattn_choose_tiles(TILEATTN_ISA_GENERIC, 0, TILEATTN_F32, &bq, &bkv), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(tileattn_choose_tiles(TILEATTN_ISA_GENERIC, 64, 3, &bq, &bkv), TILEATTN_INVALID_ARGUMENT);
+}
+
+TEST(CApiMachine, DenseStrides) {
+  int64_t s[4];
+  ASSERT_EQ(tileattn_dense_strides(TILEATTN_LAYOUT_BSHD, 2, 3, 5, 7, s), TILEATTN_OK);
+  EXPECT_EQ(s[0], 5 * 3 * 7);
+  EXPECT_EQ(s[1], 7);
+  EXPECT_EQ(s[2], 3 * 7);
+  EXPECT_EQ(s[3], 1);
+  ASSERT_EQ(tileattn_dense_strides(TILEATTN_LAYOUT_BHSD, 2, 3, 5, 7, s), TILEATTN_OK);
+  EXPECT_EQ(s[0], 3 * 5 * 7);
+  EXPECT_EQ(s[1], 5 * 7);
+  EXPECT_EQ(tileattn_dense_strides(2, 2, 3, 5, 7, s), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(tileattn_dense_strides(TILEATTN_LAYOUT_BHSD, int64_t(1) << 40, int64_t(1) << 40, 5, 7, s),
+            TILEATTN_INVALID_ARGUMENT);
+}
+
+TEST(CApiTuneConfig, SetSaveLoadRoundTrip) {
+  tileattn_tune_config* config = nullptr;
+  ASSERT_EQ(tileattn_tune_config_create(&config), TILEATTN_OK);
+  ASSERT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AVX2, 128, TILEATTN_BF16, 64, 32), TILEATTN_OK);
+  ASSERT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_GENERIC, 64, TILEATTN_F32, 32, 32), TILEATTN_OK);
+  ASSERT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AVX2, 128, TILEATTN_BF16, 128, 64), TILEATTN_OK);
+  EXPECT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AUTO, 128, TILEATTN_BF16, 128, 64),
+            TILEATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AVX2, 128, TILEATTN_BF16, 0, 64),
+            TILEATTN_INVALID_ARGUMENT);
+  int64_t count = 0;
+  ASSERT_EQ(tileattn_tune_config_count(config, &count), TILEATTN_OK);
+  EXPECT_EQ(count, 2);  // the third set replaced the first entry
+
+  const std::string path = ::testing::TempDir() + "tileattn_capi_tune.conf";
+  ASSERT_EQ(tileattn_tune_config_save(config, path.c_str()), TILEATTN_OK) << tileattn_last_error();
+  ASSERT_EQ(tileattn_tune_config_destroy(config), TILEATTN_OK);
+
+  tileattn_tune_config* loaded = nullptr;
+  ASSERT_EQ(tileattn_tune_config_load(path.c_str(), &loaded), TILEATTN_OK) << tileattn_last_error();
+  ASSERT_EQ(tileattn_tune_config_count(loaded, &count), TILEATTN_OK);
+  ASSERT_EQ(count, 2);
+  int32_t isa, dtype, bq, bkv;
+  int64_t head_dim;
+  ASSERT_EQ(tileattn_tune_config_get(loaded, 0, &isa, &head_dim, &dtype, &bq, &bkv), TILEATTN_OK);
+  EXPECT_EQ(isa, TILEATTN_ISA_AVX2);
+  EXPECT_EQ(head_dim, 128);
+  EXPECT_EQ(dtype, TILEATTN_BF16);
+  EXPECT_EQ(bq, 128);
+  EXPECT_EQ(bkv, 64);
+  EXPECT_EQ(tileattn_tune_config_get(loaded, 2, &isa, &head_dim, &dtype, &bq, &bkv), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("index 2"), std::string::npos);
+  // The file is what the C++ reader (and so choose_tiles) reads.
+  const std::vector<TuneEntry> entries = read_tune_file(path);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[1].isa, "generic");
+  EXPECT_EQ(entries[1].dtype, "fp32");
+  EXPECT_EQ(entries[1].block_q, 32);
+  EXPECT_EQ(tileattn_tune_config_destroy(loaded), TILEATTN_OK);
+  EXPECT_EQ(tileattn_tune_config_destroy(nullptr), TILEATTN_OK);
+  std::remove(path.c_str());
+}
+
+TEST(CApiTuneConfig, FilePathBuffer) {
+  size_t length = 0;
+  EXPECT_EQ(tileattn_tune_file_path(nullptr, 0, &length), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(length, tune_file_path().size());
+  std::string buffer(length + 1, 'x');
+  ASSERT_EQ(tileattn_tune_file_path(buffer.data(), buffer.size(), &length), TILEATTN_OK);
+  EXPECT_STREQ(buffer.c_str(), tune_file_path().c_str());
+  char small[2] = {'x', 'x'};
+  EXPECT_EQ(tileattn_tune_file_path(small, sizeof small, nullptr), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(small[0], 'x');
+}
+
+}  // namespace
+}  // namespace tileattn
