@@ -1,16 +1,320 @@
-// `tileattn decode`: the KV-cache decode benchmark. The inference work
-// replaces this file; until then the command says so and exits 2.
+// `tileattn decode`: a Llama-style generation loop over a KV cache. Each step
+// appends one token per sequence (keys rotated by fused RoPE) and attends its
+// query to everything cached (attention_with_kvcache). It reports the step
+// time against recomputing causal attention over the whole sequence (what a
+// server without a cache would do), and the K/V bytes the step reads per
+// second next to the read bandwidth of a buffer of the same size measured
+// in the same run.
+#include <algorithm>
 #include <cstdio>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
 
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/report.hpp"
+#include "cli/timing.hpp"
+#include "core/thread_pool.hpp"
+#include "tileattn/kv_cache.hpp"
+#include "tileattn/machine.hpp"
+#include "tileattn/rope.hpp"
 
 namespace tileattn::cli {
 
+namespace {
+
+const char* const kHelp =
+    "usage: tileattn decode [--prompt P] [--steps S] [--batch B] [--heads H] [--kv-heads HKV]\n"
+    "                       [--dim D] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
+    "                       [--page-size N] [--recompute-steps R] [--json]\n"
+    "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
+    "thread, page size 16, R=2. RoPE (theta 500000) is fused into the append and the query.\n"
+    "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
+    "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
+    "(a streaming read of a buffer of the same bytes, same threads) and their ratio\n"
+    "fraction_of_bandwidth, and speedup_vs_recompute against a causal forward over the whole\n"
+    "sequence each step (timed for R steps: it is slow). With --paged the contiguous cache is\n"
+    "timed as well (paged_vs_contiguous); with T > 1 one thread is timed too (thread_speedup).\n";
+
+constexpr int64_t kMaxSize = int64_t{1} << 31;
+constexpr double kLlama3RopeTheta = 500000.0;
+
+struct Shape {
+  int64_t batch, heads, kv_heads, dim, prompt, steps;
+  DType dtype;
+};
+
+// A cache (contiguous or paged) holding the prompt, ready for decode steps.
+class DecodeLoop {
+ public:
+  DecodeLoop(const DecodeLoop&) = delete;
+  DecodeLoop& operator=(const DecodeLoop&) = delete;
+  DecodeLoop(const Shape& s, int64_t page_size, int threads, const RopeTables& rope)
+      : s_(s), capacity_(s.prompt + s.steps) {
+    const int64_t kv_rows = s.batch * s.kv_heads * capacity_ * s.dim;
+    KvCacheArgs& a = args_;
+    a.batch = s.batch;
+    a.heads = s.heads;
+    a.kv_heads = s.kv_heads;
+    a.head_dim = s.dim;
+    a.dtype = s.dtype;
+    a.threads = threads;
+    a.rotary_cos = rope.cos.data();
+    a.rotary_sin = rope.sin.data();
+    a.rotary_dim = rope.rotary_dim;
+    a.rotary_positions = rope.positions;
+    seqlens_.assign(size_t(s.batch), 0);
+    a.cache_seqlens = seqlens_.data();
+    if (page_size == 0) {
+      k_cache_ = zeros(s.dtype, kv_rows);
+      v_cache_ = zeros(s.dtype, kv_rows);
+      a.capacity = capacity_;
+      const auto stride = dense_strides(Layout::bhsd, s.batch, s.kv_heads, capacity_, s.dim);
+      a.k_cache = {k_cache_.data(), stride};
+      a.v_cache = {v_cache_.data(), stride};
+    } else {
+      // Pages scattered in a fixed random order, as an allocator serving
+      // many requests would leave them.
+      const int64_t per_sequence = (capacity_ + page_size - 1) / page_size;
+      const int64_t pages = s.batch * per_sequence;
+      block_table_.resize(size_t(pages));
+      std::iota(block_table_.begin(), block_table_.end(), 0);
+      std::shuffle(block_table_.begin(), block_table_.end(), std::mt19937_64(7));
+      k_cache_ = zeros(s.dtype, pages * s.kv_heads * page_size * s.dim);
+      v_cache_ = zeros(s.dtype, pages * s.kv_heads * page_size * s.dim);
+      const auto stride = dense_strides(Layout::bhsd, pages, s.kv_heads, page_size, s.dim);
+      a.k_cache = {k_cache_.data(), stride};
+      a.v_cache = {v_cache_.data(), stride};
+      a.block_table = block_table_.data();
+      a.block_table_stride = per_sequence;
+      a.page_size = page_size;
+      a.num_pages = pages;
+    }
+  }
+
+  // Appends the prompt's keys/values (not timed: prefill is another benchmark).
+  void prefill(const TypedBuffer& k, const TypedBuffer& v) {
+    KvCacheArgs a = args_;
+    a.seqlen_new = s_.prompt;
+    const auto stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, s_.prompt, s_.dim);
+    a.k_new = {k.data(), stride};
+    a.v_new = {v.data(), stride};
+    kv_cache_append(a);
+  }
+
+  // One decode step: append token `step` of every sequence, attend its query.
+  void step(const TypedBuffer& q, const TypedBuffer& k, const TypedBuffer& v, TypedBuffer& o, int64_t step) {
+    KvCacheArgs a = args_;
+    const int64_t esize = int64_t(dtype_size(s_.dtype));
+    const auto q_stride = dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim);
+    const auto kv_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, 1, s_.dim);
+    const int64_t q_step = s_.batch * s_.heads * s_.dim * esize;
+    const int64_t kv_step = s_.batch * s_.kv_heads * s_.dim * esize;
+    a.seqlen_q = 1;
+    a.seqlen_new = 1;
+    a.q = {static_cast<const char*>(q.data()) + step * q_step, q_stride};
+    a.k_new = {static_cast<const char*>(k.data()) + step * kv_step, kv_stride};
+    a.v_new = {static_cast<const char*>(v.data()) + step * kv_step, kv_stride};
+    a.o = {o.data(), q_stride};
+    attention_with_kvcache(a);
+  }
+
+  int64_t length() const { return seqlens_[0]; }
+  // The contiguous cache as keys/values of an ordinary forward call.
+  const KvCacheArgs& args() const { return args_; }
+
+ private:
+  Shape s_;
+  int64_t capacity_;
+  TypedBuffer k_cache_, v_cache_;
+  std::vector<int32_t> seqlens_, block_table_;
+  KvCacheArgs args_;
+};
+
+struct LoopResult {
+  double ms_per_token = 0;  // median step
+  double kv_gb_per_s = 0;   // median over steps of bytes read / step time
+  int64_t kv_bytes_last = 0;
+};
+
+// The inputs every timed loop shares.
+struct Tokens {
+  TypedBuffer prompt_k, prompt_v;  // [B, HKV, P, D]
+  TypedBuffer q, k, v;             // [S, B, H or HKV, 1, D]
+};
+
+LoopResult time_decode(const Shape& s, const Tokens& t, int64_t page_size, int threads,
+                       const RopeTables& rope) {
+  DecodeLoop loop(s, page_size, threads, rope);
+  loop.prefill(t.prompt_k, t.prompt_v);
+  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim);
+  std::vector<double> step_ms, gb_per_s;
+  const int64_t row_bytes = 2 * s.batch * s.kv_heads * s.dim * int64_t(dtype_size(s.dtype));
+  LoopResult r;
+  for (int64_t i = 0; i < s.steps; ++i) {
+    const double ms = time_ms([&] { loop.step(t.q, t.k, t.v, o, i); });
+    r.kv_bytes_last = row_bytes * loop.length();
+    step_ms.push_back(ms);
+    gb_per_s.push_back(double(r.kv_bytes_last) / (ms * 1e-3) * 1e-9);
+  }
+  // The first step also pays for the thread pool starting: medians ignore it.
+  r.ms_per_token = median(step_ms);
+  r.kv_gb_per_s = median(gb_per_s);
+  return r;
+}
+
+// Streaming read of `bytes` bytes with `threads` threads, GB/s (median of 7
+// passes after a warm-up pass). The buffer is cut into contiguous slices
+// handed out like the forward's work items, so a thread that wakes late
+// does not leave the other one reading alone.
+double read_bandwidth_gb_per_s(int64_t bytes, int threads) {
+  const int64_t words = std::max<int64_t>(bytes / 8, 1024);
+  std::vector<uint64_t> buffer(static_cast<size_t>(words));
+  for (int64_t i = 0; i < words; ++i) buffer[size_t(i)] = uint64_t(i) * 0x9E3779B97F4A7C15ull;
+  std::vector<uint64_t> sums(size_t(threads) * 8, 0);  // one cache line per worker
+  const int64_t parts = int64_t(threads) * 16;
+  auto pass = [&] {
+    detail::parallel_for(parts, threads, [&](int64_t part, int worker) {
+      const int64_t begin = words * part / parts, end = words * (part + 1) / parts;
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent chains keep the loads in flight
+      int64_t i = begin;
+      for (; i + 4 <= end; i += 4) {
+        a0 += buffer[size_t(i)];
+        a1 += buffer[size_t(i + 1)];
+        a2 += buffer[size_t(i + 2)];
+        a3 += buffer[size_t(i + 3)];
+      }
+      for (; i < end; ++i) a0 += buffer[size_t(i)];
+      sums[size_t(worker) * 8] += a0 + a1 + a2 + a3;
+    });
+  };
+  pass();
+  std::vector<double> gb;
+  for (int r = 0; r < 7; ++r) gb.push_back(double(words * 8) / (time_ms(pass) * 1e-3) * 1e-9);
+  volatile uint64_t keep = std::accumulate(sums.begin(), sums.end(), uint64_t{0});
+  (void)keep;
+  return median(gb);
+}
+
+// A causal forward over all tokens so far (prompt + step + 1), every query:
+// the work per generated token without a cache. Median over `reps` steps.
+double time_recompute(const Shape& s, const Tokens& t, int threads, const RopeTables& rope, int64_t reps) {
+  DecodeLoop loop(s, 0, threads, rope);  // a contiguous cache holds the (rotated) keys
+  loop.prefill(t.prompt_k, t.prompt_v);
+  const int64_t capacity = s.prompt + s.steps;
+  TypedBuffer q = random_buffer(s.dtype, s.batch * s.heads * capacity * s.dim, 11);
+  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * capacity * s.dim);
+  TypedBuffer step_o = zeros(s.dtype, s.batch * s.heads * s.dim);
+  std::vector<double> ms;
+  for (int64_t i = 0; i < reps; ++i) {
+    loop.step(t.q, t.k, t.v, step_o, i);  // the new token joins the cache
+    const int64_t n = loop.length();
+    ForwardArgs f;
+    f.shape = {s.batch, s.heads, s.kv_heads, n, capacity, s.dim};
+    f.dtype = s.dtype;
+    f.q = {q.data(), dense_strides(Layout::bhsd, s.batch, s.heads, capacity, s.dim)};
+    f.o = {o.data(), f.q.stride};
+    f.k = {loop.args().k_cache.data, loop.args().k_cache.stride};
+    f.v = {loop.args().v_cache.data, loop.args().v_cache.stride};
+    f.shape.seqlen_k = n;
+    f.mask.causal = true;
+    f.threads = threads;
+    ms.push_back(time_ms([&] { attention_forward(f); }));
+  }
+  return median(ms);
+}
+
+}  // namespace
+
 int cmd_decode(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
-  std::fprintf(stderr, "tileattn: decode is not supported yet\n");
-  return kExitUsage;
+  Args args(argc, argv,
+            {{"--prompt", true}, {"--steps", true}, {"--batch", true}, {"--heads", true},
+             {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
+             {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false}});
+  if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
+  const bool json = args.has("--json");
+  Shape s;
+  s.prompt = args.integer("--prompt", 4096, 0, kMaxSize);
+  s.steps = args.integer("--steps", 32, 1, 1 << 20);
+  s.batch = args.integer("--batch", 1, 1, 1 << 16);
+  s.heads = args.integer("--heads", 32, 1, 1 << 16);
+  s.kv_heads = args.integer("--kv-heads", 8, 1, 1 << 16);
+  s.dim = args.integer("--dim", 128, 2, 256);
+  s.dtype = parse_dtype(args.text("--dtype", "bf16"));
+  const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
+  const bool paged = args.has("--paged");
+  const int64_t page_size = args.integer("--page-size", 16, 1, kMaxSize);
+  if (args.has("--page-size") && !paged) throw UsageError("--page-size: needs --paged");
+  const int64_t recompute_steps = args.integer("--recompute-steps", 2, 0, s.steps);
+  if (s.heads % s.kv_heads != 0)
+    throw UsageError("--kv-heads: " + std::to_string(s.kv_heads) + " must divide --heads " +
+                     std::to_string(s.heads));
+  if (s.dim % 2 != 0) throw UsageError("--dim: must be even (RoPE rotates pairs), got " + std::to_string(s.dim));
+  const int64_t capacity = s.prompt + s.steps;
+  if (capacity > std::numeric_limits<int32_t>::max()) throw UsageError("--prompt: too long");
+  int64_t kv_elems = 0;
+  if (__builtin_mul_overflow(s.batch * s.kv_heads, capacity * s.dim, &kv_elems) ||
+      kv_elems > (int64_t{1} << 34))
+    throw UsageError("decode: the cache would be too large");
+
+  const RopeTables rope = rope_tables(kLlama3RopeTheta, capacity, s.dim);
+  Tokens t;
+  t.prompt_k = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 1);
+  t.prompt_v = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 2);
+  t.q = random_buffer(s.dtype, s.steps * s.batch * s.heads * s.dim, 3);
+  t.k = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 4);
+  t.v = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 5);
+
+  const Isa isa = resolve_isa(Isa::automatic);
+  const LoopResult main = time_decode(s, t, paged ? page_size : 0, threads, rope);
+  const double read_gb = read_bandwidth_gb_per_s(main.kv_bytes_last, threads);
+
+  Report rep;
+  rep.integer("batch", s.batch);
+  rep.integer("heads", s.heads);
+  rep.integer("kv_heads", s.kv_heads);
+  rep.integer("dim", s.dim);
+  rep.text("dtype", dtype_name(s.dtype));
+  rep.integer("prompt", s.prompt);
+  rep.integer("steps", s.steps);
+  rep.integer("threads", threads);
+  rep.text("isa", isa_name(isa));
+  rep.boolean("paged", paged);
+  if (paged) rep.integer("page_size", page_size);
+  else rep.null("page_size");
+  rep.text("rope", "neox, theta 500000, rotary_dim = dim");
+  rep.number("ms_per_token", main.ms_per_token);
+  rep.number("tokens_per_s", double(s.batch) * 1e3 / main.ms_per_token);
+  rep.integer("kv_bytes_per_step", main.kv_bytes_last);
+  rep.number("kv_gb_per_s", main.kv_gb_per_s);
+  rep.number("read_gb_per_s", read_gb);
+  rep.number("fraction_of_bandwidth", main.kv_gb_per_s / read_gb);
+  if (paged) {
+    const LoopResult contiguous = time_decode(s, t, 0, threads, rope);
+    rep.number("contiguous_ms_per_token", contiguous.ms_per_token);
+    rep.number("paged_vs_contiguous", contiguous.ms_per_token / main.ms_per_token);
+  }
+  if (threads > 1) {
+    const LoopResult one = time_decode(s, t, paged ? page_size : 0, 1, rope);
+    rep.number("threads1_ms_per_token", one.ms_per_token);
+    rep.number("thread_speedup", one.ms_per_token / main.ms_per_token);
+  }
+  if (recompute_steps > 0) {
+    const double recompute_ms = time_recompute(s, t, threads, rope, recompute_steps);
+    rep.integer("recompute_steps", recompute_steps);
+    rep.number("recompute_ms_per_token", recompute_ms);
+    rep.number("speedup_vs_recompute", recompute_ms / main.ms_per_token);
+  } else {
+    rep.integer("recompute_steps", 0);
+    rep.null("recompute_ms_per_token");
+    rep.null("speedup_vs_recompute");
+  }
+  rep.number("peak_rss_mb", peak_rss_mb());
+  rep.print(json);
+  return 0;
 }
 
 }  // namespace tileattn::cli
