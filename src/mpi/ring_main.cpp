@@ -10,6 +10,7 @@
 // simple, and fine for a test tool (a real job loads only its own slice).
 #include <mpi.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -170,7 +171,8 @@ int run(const Options& opt, int rank, int ranks) {
   }
   if (!opt.check) return 0;
 
-  // Gather O and LSE slices on rank 0.
+  // Gather O and LSE slices on rank 0 (plain int-counted messages: a test tool).
+  if (o.size() > size_t(INT_MAX)) throw NotSupported("--check: an output slice over 2 GiB cannot be gathered");
   int ok = 1;
   if (rank == 0) {
     // The single-process operator first: it writes into full's output buffers.
