@@ -1,0 +1,167 @@
+// info, bench, check, tune, decode and usage: exit statuses and the JSON
+// contracts of DESIGN.md (one object on stdout, every documented field).
+#include <gtest/gtest.h>
+
+#include "cli/cli_support.hpp"
+
+namespace tileattn::cli_test {
+namespace {
+
+Json parse_or_fail(const std::string& text) {
+  Json j;
+  EXPECT_TRUE(JsonParser(text).parse(j)) << "not one JSON value: " << text;
+  EXPECT_EQ(j.type, Json::object);
+  return j;
+}
+
+void expect_fields(const Json& j, const std::vector<std::string>& keys, Json::Type type) {
+  for (const std::string& key : keys) {
+    const Json* v = j.get(key);
+    ASSERT_NE(v, nullptr) << "missing field " << key;
+    EXPECT_EQ(v->type, type) << key;
+  }
+}
+
+TEST(cliUsage, HelpAndUnknownCommands) {
+  TempDir dir;
+  Result r = run_cli("--help", dir);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("usage: tileattn"), std::string::npos);
+  r = run_cli("", dir);
+  EXPECT_EQ(r.status, 2);
+  r = run_cli("frobnicate", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "tileattn: unknown command 'frobnicate' (see tileattn --help)\n");
+  for (const char* command : {"info", "run", "bench", "check", "tune"}) {
+    r = run_cli(std::string(command) + " --help", dir);
+    EXPECT_EQ(r.status, 0) << command;
+    EXPECT_NE(r.out.find(std::string("usage: tileattn ") + command), std::string::npos) << r.out;
+  }
+  // run --help documents what the output dtype is.
+  EXPECT_NE(run_cli("run --help", dir).out.find("float16 for --dtype fp16"), std::string::npos);
+  // decode's own behaviour is tested with the inference work; here only that it is dispatched.
+  r = run_cli("decode --frobnicate", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
+}
+
+TEST(cliInfo, JsonHasTheMachineAndPeak) {
+  TempDir dir;
+  const Result r = run_cli("info --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  expect_fields(j, {"isa", "cpu_vendor", "tune_file", "scratch_formula"}, Json::string);
+  expect_fields(j, {"l1d_bytes", "l2_bytes", "l3_bytes", "threads", "peak_gflops", "peak_gflops_1thread"},
+                Json::number);
+  expect_fields(j, {"cpu_features", "tiles", "isa_available"}, Json::array);
+  EXPECT_GT(j.get("peak_gflops")->num, 0.5);
+  EXPECT_GT(j.get("peak_gflops_1thread")->num, 0.5);
+  // 5 head dims x 3 dtypes, each with its shape, scratch and reason.
+  const Json& tiles = *j.get("tiles");
+  ASSERT_EQ(tiles.items.size(), 15u);
+  for (const Json& t : tiles.items) {
+    expect_fields(t, {"head_dim", "block_q", "block_kv", "scratch_per_thread_bytes"}, Json::number);
+    expect_fields(t, {"dtype", "reason"}, Json::string);
+    EXPECT_GT(t.get("scratch_per_thread_bytes")->num, 0);
+  }
+  EXPECT_TRUE(j.get("openblas_core") != nullptr);
+}
+
+TEST(cliInfo, ShowsTheTuneFileReason) {
+  TempDir dir;
+  std::ofstream(dir / "tune.conf") << "avx2 64 fp32 32x128\ngeneric 64 fp32 32x128\navx512 64 fp32 32x128\n";
+  const std::string env = "TILEATTN_TUNE_FILE='" + (dir / "tune.conf") + "' ";
+  const std::string command = env + "'" + TILEATTN_CLI + "' info --json >'" + (dir / "out.json") + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  const Json j = parse_or_fail(slurp(dir / "out.json"));
+  bool found = false;
+  for (const Json& t : j.get("tiles")->items)
+    if (t.get("head_dim")->num == 64 && t.get("dtype")->str == "fp32") {
+      found = true;
+      EXPECT_EQ(t.get("block_q")->num, 32);
+      EXPECT_EQ(t.get("block_kv")->num, 128);
+      EXPECT_NE(t.get("reason")->str.find("tune file"), std::string::npos);
+    }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(j.get("tune_entries")->num, 3);
+}
+
+TEST(cliBench, JsonHasEveryDesignField) {
+  TempDir dir;
+  const Result r = run_cli("bench --batch 1 --heads 4 --kv-heads 2 --seq 64 --kv-seq 100 --dim 32 --causal "
+                           "--reps 1 --threads 1 --json",
+                           dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  expect_fields(j, {"ms", "gflops", "fraction_of_peak", "peak_rss_mb", "peak_gflops", "flops", "baseline_ms",
+                    "speedup_vs_baseline", "baseline_gflops", "baseline_peak_rss_mb", "batch", "heads", "kv_heads",
+                    "seq", "kv_seq", "dim", "threads", "reps", "block_q", "block_kv"},
+                Json::number);
+  expect_fields(j, {"isa", "dtype", "baseline_core"}, Json::string);
+  expect_fields(j, {"rep_ms"}, Json::array);
+  expect_fields(j, {"causal"}, Json::boolean);
+  EXPECT_EQ(j.get("rep_ms")->items.size(), 1u);
+  // Causal, bottom-right aligned: query i sees keys 0..i+36, so 64*37 + 63*64/2 pairs.
+  EXPECT_EQ(j.get("flops")->num, 4.0 * 32 * (64 * 37 + 2016) * 4);
+  EXPECT_NEAR(j.get("gflops")->num, j.get("flops")->num / j.get("ms")->num * 1e-6, 1e-3 * j.get("gflops")->num);
+  EXPECT_NEAR(j.get("fraction_of_peak")->num, j.get("gflops")->num / j.get("peak_gflops")->num, 1e-6);
+  EXPECT_NEAR(j.get("speedup_vs_baseline")->num, j.get("baseline_ms")->num / j.get("ms")->num,
+              1e-6 * j.get("speedup_vs_baseline")->num);
+  EXPECT_GT(j.get("peak_rss_mb")->num, 0);
+}
+
+TEST(cliBench, NoBaselineStaysWithinInputsPlusOutputs) {
+  TempDir dir;
+  // q, k, v, o: 4 x 8 heads x 2048 x 128 x 4 bytes = 32 MiB.
+  const Result r = run_cli("bench --heads 8 --seq 2048 --dim 128 --reps 1 --no-baseline --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  EXPECT_LT(j.get("peak_rss_mb")->num, 32 + 64);
+  EXPECT_EQ(j.get("baseline_ms"), nullptr);
+}
+
+TEST(cliBench, BadFlagsAndBackward) {
+  TempDir dir;
+  Result r = run_cli("bench --seq 0", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err_lines().size(), 1u);
+  r = run_cli("bench --heads 8 --kv-heads 3", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--kv-heads"), std::string::npos);
+  r = run_cli("bench --seq 64 --backward", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "tileattn: backward is not supported yet\n");
+}
+
+TEST(cliCheck, PassesOnThisMachineAndReportsEachCase) {
+  TempDir dir;
+  const Result r = run_cli("check --isa auto --json", dir);
+  EXPECT_EQ(r.status, 0) << r.out.substr(0, 2000);
+  const Json j = parse_or_fail(r.out);
+  EXPECT_TRUE(j.get("ok")->flag);
+  EXPECT_EQ(j.get("failed")->num, 0);
+  const Json& cases = *j.get("cases");
+  EXPECT_GT(cases.items.size(), 50u);
+  EXPECT_EQ(j.get("passed")->num, double(cases.items.size()));
+  for (const Json& c : cases.items) {
+    expect_fields(c, {"max_error", "tolerance"}, Json::number);
+    EXPECT_LE(c.get("max_error")->num, c.get("tolerance")->num) << c.get("name")->str;
+  }
+  EXPECT_EQ(run_cli("check --isa sparc", dir).status, 2);
+}
+
+TEST(cliTune, WritesTheWinnersThatInfoThenUses) {
+  TempDir dir;
+  const Result r = run_cli("tune --dims 16 --dtypes fp32 --out '" + (dir / "tune.conf") + "' --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  EXPECT_EQ(j.get("results")->items.size(), 16u);
+  ASSERT_EQ(j.get("winners")->items.size(), 1u);
+  const Json& w = j.get("winners")->items[0];
+  const std::string expected_line = j.get("isa")->str + " 16 fp32 " + std::to_string(int(w.get("block_q")->num)) +
+                                    "x" + std::to_string(int(w.get("block_kv")->num));
+  EXPECT_NE(slurp(dir / "tune.conf").find(expected_line), std::string::npos) << slurp(dir / "tune.conf");
+}
+
+}  // namespace
+}  // namespace tileattn::cli_test

@@ -1,0 +1,123 @@
+// Bad input to `tileattn run`: exit status 2, one line on stderr starting
+// "tileattn: ", and no output file (nor a temporary one) left behind.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "cli/cli_support.hpp"
+
+namespace tileattn::cli_test {
+namespace {
+
+class cliRunErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::vector<float> q(1 * 2 * 5 * 8, 0.5f), k(1 * 2 * 7 * 8, 0.25f);
+    io::write_npy(dir / "q.npy", io::NpyType::f32, {1, 2, 5, 8}, q.data());
+    io::write_npy(dir / "k.npy", io::NpyType::f32, {1, 2, 7, 8}, k.data());
+    io::write_npy(dir / "v.npy", io::NpyType::f32, {1, 2, 7, 8}, k.data());
+  }
+  std::string inputs(const std::string& q = "q.npy", const std::string& k = "k.npy",
+                     const std::string& v = "v.npy") const {
+    return "run --q '" + (dir / q) + "' --k '" + (dir / k) + "' --v '" + (dir / v) + "' --out '" +
+           (dir / "o.npy") + "' --lse '" + (dir / "lse.npy") + "'";
+  }
+  // Runs and checks the failure contract; returns the message.
+  std::string expect_failure(const std::string& args, const std::string& part) {
+    const std::vector<std::string> before = dir.files();
+    const Result r = run_cli(args, dir);
+    EXPECT_EQ(r.status, 2) << args;
+    const std::vector<std::string> lines = r.err_lines();
+    EXPECT_EQ(lines.size(), 1u) << r.err;
+    const std::string line = lines.empty() ? "" : lines[0];
+    EXPECT_EQ(line.rfind("tileattn: ", 0), 0u) << line;
+    EXPECT_NE(line.find(part), std::string::npos) << "expected '" << part << "' in: " << line;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(dir.files(), before) << "files were created by a failed run";
+    return line;
+  }
+  TempDir dir;
+};
+
+TEST_F(cliRunErrors, SucceedsOnTheGoodInputs) {
+  // The fixture itself is valid: the failures below come from the one change each makes.
+  const Result r = run_cli(inputs(), dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(io::read_npy(dir / "o.npy").shape, (std::vector<int64_t>{1, 2, 5, 8}));
+}
+
+TEST_F(cliRunErrors, MissingFile) { expect_failure(inputs("nope.npy"), "nope.npy: cannot open"); }
+
+TEST_F(cliRunErrors, TruncatedFile) {
+  std::string bytes = slurp(dir / "k.npy");
+  std::ofstream(dir / "short.npy", std::ios::binary) << bytes.substr(0, bytes.size() - 3);
+  expect_failure(inputs("q.npy", "short.npy"), "short.npy: truncated");
+}
+
+TEST_F(cliRunErrors, GarbageFile) {
+  std::ofstream(dir / "junk.npy") << "this is not numpy data";
+  expect_failure(inputs("junk.npy"), "junk.npy: not a .npy file");
+}
+
+TEST_F(cliRunErrors, MismatchedAndUnsupportedDtypes) {
+  const std::vector<uint16_t> k16(1 * 2 * 7 * 8, 0x3c00);
+  io::write_npy(dir / "k16.npy", io::NpyType::f16, {1, 2, 7, 8}, k16.data());
+  expect_failure(inputs("q.npy", "k16.npy"), "must have the same dtype");
+  const std::vector<uint8_t> flags(1 * 2 * 5 * 8, 1);
+  io::write_npy(dir / "qb.npy", io::NpyType::boolean, {1, 2, 5, 8}, flags.data());
+  expect_failure(inputs("qb.npy"), "qb.npy: dtype bool");
+  std::system(("python3 -c \"import numpy as np; np.save('" + (dir / "q64.npy") +
+               "', np.zeros((1, 2, 5, 8)))\"").c_str());
+  expect_failure(inputs("q64.npy"), "unsupported dtype '<f8'");
+}
+
+TEST_F(cliRunErrors, ShapeMismatches) {
+  const std::vector<float> x(1 * 2 * 7 * 16, 0.0f);
+  io::write_npy(dir / "k16d.npy", io::NpyType::f32, {1, 2, 7, 16}, x.data());
+  expect_failure(inputs("q.npy", "k16d.npy", "k16d.npy"), "head_dim must match");
+  expect_failure(inputs("q.npy", "k.npy", "k16d.npy"), "differs from");
+  io::write_npy(dir / "k3.npy", io::NpyType::f32, {1, 3, 7, 8}, x.data());
+  expect_failure(inputs("q.npy", "k3.npy", "k3.npy"), "must divide");
+  io::write_npy(dir / "q3d.npy", io::NpyType::f32, {2, 5, 8}, x.data());
+  expect_failure(inputs("q3d.npy"), "expected 4 dimensions");
+  io::write_npy(dir / "mask.npy", io::NpyType::boolean, {5, 6}, x.data());
+  expect_failure(inputs() + " --mask '" + (dir / "mask.npy") + "'", "mask shape (5, 6)");
+}
+
+TEST_F(cliRunErrors, BadFlagsAndNumbers) {
+  expect_failure(inputs() + " --scale nan", "--scale");
+  expect_failure(inputs() + " --scale inf", "--scale");
+  expect_failure(inputs() + " --scale 1.5x", "--scale");
+  expect_failure(inputs() + " --threads abc", "--threads");
+  expect_failure(inputs() + " --threads 0", "--threads");
+  expect_failure(inputs() + " --window 5", "--window");
+  expect_failure(inputs() + " --window 3,-2", "--window");
+  expect_failure(inputs() + " --layout hsdb", "layout");
+  expect_failure(inputs() + " --dtype fp64", "dtype");
+  expect_failure(inputs() + " --frobnicate", "unknown flag '--frobnicate'");
+  expect_failure(inputs() + " --causal=yes", "--causal: takes no value");
+  expect_failure(inputs() + " --scale", "--scale: missing value");
+  expect_failure("run --q '" + (dir / "q.npy") + "'", "--k is required");
+}
+
+TEST_F(cliRunErrors, UnwritableOutputLeavesNothing) {
+  const Result r = run_cli("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" +
+                               (dir / "v.npy") + "' --out '" + (dir / "missing_dir/o.npy") + "' --lse '" +
+                               (dir / "lse.npy") + "'",
+                           dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
+  // Neither output appears when one of them cannot be written.
+  EXPECT_FALSE(std::ifstream(dir / "lse.npy").good());
+  EXPECT_EQ(dir.files().size(), 3u);
+}
+
+TEST_F(cliRunErrors, TrainingFlagsAreNotSupportedYet) {
+  expect_failure(inputs() + " --dropout 0.1 --seed 3", "dropout is not supported yet");
+  expect_failure(inputs() + " --dout '" + (dir / "q.npy") + "' --dq '" + (dir / "dq.npy") + "'",
+                 "backward is not supported yet");
+  expect_failure(inputs() + " --dropout 1.5", "--dropout");
+}
+
+}  // namespace
+}  // namespace tileattn::cli_test
