@@ -2,6 +2,7 @@
 // translation unit, compiled with that ISA's flags; forward.cpp picks one per call.
 #pragma once
 
+#include "core/dropout.hpp"  // the main loops apply dropout (forward: online_softmax)
 #include "core/problem.hpp"
 
 namespace tileattn::detail {
@@ -11,5 +12,14 @@ using ForwardItemFn = void (*)(const Problem& p, const WorkItem& w, float* scrat
 void forward_item_generic(const Problem& p, const WorkItem& w, float* scratch);
 void forward_item_avx2(const Problem& p, const WorkItem& w, float* scratch);
 void forward_item_avx512(const Problem& p, const WorkItem& w, float* scratch);
+
+// Backward main loop (training/backward_problem.hpp, core/backward_mainloop.hpp).
+struct BackwardProblem;
+struct BackwardItem;
+using BackwardItemFn = void (*)(const BackwardProblem& p, const BackwardItem& w, float* scratch);
+
+void backward_item_generic(const BackwardProblem& p, const BackwardItem& w, float* scratch);
+void backward_item_avx2(const BackwardProblem& p, const BackwardItem& w, float* scratch);
+void backward_item_avx512(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 
 }  // namespace tileattn::detail

@@ -81,7 +81,7 @@ class ForwardMainloop {
         K::gemm(m, n_pad, d, q_tile_ + s0 * dp, dp, k_t_, kv_pad_, s_tile_, kv_pad_, false);
         if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
           apply_mask(seq, w, s0, m, j_begin, n, band_partial);
-        online_softmax(s0, m, n);
+        online_softmax(w, s0, m, n, j_begin);
         K::gemm(m, dp, n, s_tile_, kv_pad_, v_tile_, dp, acc_ + s0 * dp, dp, true);
       }
     }
@@ -179,7 +179,7 @@ class ForwardMainloop {
   // Online softmax over stacked rows [s0, s0 + m) of one score tile: S becomes
   // P = exp2(S - row_max); the accumulator and the row sum are rescaled only
   // when the row max grew.
-  void online_softmax(int64_t s0, int64_t m, int64_t n) {
+  void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0) {
     const int64_t dp = p_.head_dim_padded;
     for (int64_t t = 0; t < m; ++t) {
       float* s = s_tile_ + t * kv_pad_;
@@ -207,6 +207,12 @@ class ForwardMainloop {
         row_max = new_max;
       }
       row_sum += K::exp2_sum(s, n, row_max);
+      // Dropout (FlashAttention-2): the normalizer above sums the kept and the
+      // dropped P; only P V sees the mask. One check per row, none per element
+      // without dropout.
+      if (a_.dropout_p > 0.0f)
+        apply_dropout_row(make_dropout(a_.dropout_p, a_.seed), w.batch, head_of(w, s0 + t),
+                          query_of(w, s0 + t), j0, s, n);
     }
   }
 

@@ -1,0 +1,206 @@
+// The backward main loop, written once and compiled once per ISA, on the same
+// `Kernels` struct as the forward (gemm, load_row, pack_transposed, exp2_sum);
+// see mainloop.hpp for their contracts.
+//
+// Included by each ISA's backward translation unit inside namespace
+// tileattn::detail::<isa>, after that ISA's kernels, <cmath>, <cstring>,
+// <limits> and "training/backward_problem.hpp".
+//
+// One work item = (sequence, KV head, key chunk). For each key tile of the
+// chunk: pack K, K^T and V^T once; then for every query head of the group and
+// every query tile that sees the key tile:
+//   S  = Q K^T                (Q pre-scaled by scale * log2(e))
+//   P  = exp2(S - LSE2)       (mask on partial tiles only)
+//   dV += (P o Z)^T dO
+//   dP = dO V^T
+//   dS = P o (Z o dP - D)
+//   dQ_chunk += dS K,   dK += dS^T Q
+// dK and dV of the key tile are final after the last query tile: rounded to
+// the output dtype once. dQ sums over chunks afterwards (backward.cpp).
+
+template <class K>
+class BackwardMainloop {
+ public:
+  BackwardMainloop(const BackwardProblem& p, float* scratch)
+      : p_(p), a_(p.fwd.args), layout_(backward_scratch_layout(p)) {
+    kv_pad_ = round_up(p.fwd.block_kv, kPanelWidth);
+    bq_pad_ = round_up(p.fwd.block_q, kPanelWidth);
+    k_rows_ = scratch + layout_.k_rows;
+    k_t_ = scratch + layout_.k_t;
+    v_t_ = scratch + layout_.v_t;
+    dk_ = scratch + layout_.dk;
+    dv_ = scratch + layout_.dv;
+    q_ = scratch + layout_.q;
+    d_o_ = scratch + layout_.d_o;
+    s_ = scratch + layout_.s;
+    dp_ = scratch + layout_.dp;
+    z_ = scratch + layout_.z;
+    pd_ = p.dropout.active ? scratch + layout_.pd : s_;
+    transposed_ = scratch + layout_.transposed;
+    row_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.row_ptrs);
+    key_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.key_ptrs);
+  }
+
+  void run(const BackwardItem& w) {
+    const Sequence seq = sequence_of(p_.fwd, w.batch);
+    const int64_t dp = p_.fwd.head_dim_padded;
+    for (int64_t j0 = w.key_begin; j0 < w.key_end; j0 += p_.fwd.block_kv) {
+      const int64_t n = min64(p_.fwd.block_kv, w.key_end - j0);
+      load_kv_tile(seq, w, j0, n);
+      std::memset(dk_, 0, sizeof(float) * n * dp);
+      std::memset(dv_, 0, sizeof(float) * n * dp);
+      const KeyRange queries = visible_queries(p_.fwd.band, seq, j0, j0 + n);
+      const int64_t first_tile = queries.first / p_.fwd.block_q * p_.fwd.block_q;
+      for (int64_t h = w.kv_head * p_.fwd.group; h < (w.kv_head + 1) * p_.fwd.group; ++h)
+        for (int64_t q0 = first_tile; q0 < queries.last; q0 += p_.fwd.block_q) {
+          const int64_t i_begin = max64(q0, queries.first);
+          const int64_t i_end = min64(q0 + p_.fwd.block_q, queries.last);
+          tile_pair(seq, w, h, i_begin, i_end, j0, n);
+        }
+      store_kv_gradients(seq, w, j0, n);
+    }
+  }
+
+ private:
+  // One (query tile, key tile) pair of head h: rows [i_begin, i_end), keys [j0, j0 + n).
+  void tile_pair(const Sequence& seq, const BackwardItem& w, int64_t h, int64_t i_begin,
+                 int64_t i_end, int64_t j0, int64_t n) {
+    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t rows = i_end - i_begin, n_pad = round_up(n, kPanelWidth);
+    load_query_rows(seq, h, i_begin, rows);
+    K::gemm(rows, n_pad, d, q_, dp, k_t_, kv_pad_, s_, kv_pad_, false);  // S (rows, n_pad)
+    const bool band_partial = !tile_fully_visible(p_.fwd.band, seq, i_begin, i_end, j0, j0 + n);
+    if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
+      apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial);
+    for (int64_t t = 0; t < rows; ++t) {
+      // P = exp2(S - LSE2): exactly the forward's normalized probabilities.
+      K::exp2_sum(s_ + t * kv_pad_, n, p_.row_lse2[row_slot(p_, w.batch, h, i_begin + t)]);
+      if (p_.dropout.active) {
+        float* z = z_ + t * kv_pad_;
+        const float* p = s_ + t * kv_pad_;
+        float* pd = pd_ + t * kv_pad_;
+        for (int64_t c = 0; c < n; ++c) z[c] = 1.0f;
+        apply_dropout_row(p_.dropout, w.batch, h, i_begin + t, j0, z, n);
+        for (int64_t c = 0; c < n_pad; ++c) pd[c] = p[c] * (c < n ? z[c] : 0.0f);
+      }
+    }
+    // dV += (P o Z)^T dO: (n, rows) x (rows, D_pad).
+    transpose_tile(pd_, rows, n);
+    K::gemm(n, dp, rows, transposed_, bq_pad_, d_o_, dp, dv_, dp, true);
+    K::gemm(rows, n_pad, d, d_o_, dp, v_t_, kv_pad_, dp_, kv_pad_, false);  // dP (rows, n_pad)
+    for (int64_t t = 0; t < rows; ++t) {
+      const float delta = p_.row_delta[row_slot(p_, w.batch, h, i_begin + t)];
+      const float* p = s_ + t * kv_pad_;
+      float* ds = dp_ + t * kv_pad_;
+      if (p_.dropout.active) {
+        const float* z = z_ + t * kv_pad_;
+        for (int64_t c = 0; c < n; ++c) ds[c] = p[c] * (z[c] * ds[c] - delta);
+      } else {
+        for (int64_t c = 0; c < n; ++c) ds[c] = p[c] * (ds[c] - delta);
+      }
+    }
+    // dQ += dS K: (rows, n) x (n, D_pad), into this chunk's fp32 slice.
+    float* dq = p_.dq_partial + dq_slot(p_, w.chunk, w.batch, h, i_begin) * dp;
+    K::gemm(rows, dp, n, dp_, kv_pad_, k_rows_, dp, dq, dp, true);
+    // dK += dS^T Q: (n, rows) x (rows, D_pad).
+    transpose_tile(dp_, rows, n);
+    K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
+  }
+
+  // transposed_ (n, BLOCK_Q_pad) = tile (rows, n)^T, with the forward's K^T packer.
+  void transpose_tile(const float* tile, int64_t rows, int64_t n) {
+    for (int64_t t = 0; t < rows; ++t) row_ptrs_[t] = tile + t * kv_pad_;
+    K::pack_transposed(row_ptrs_, rows, DType::f32, n, 1, transposed_, bq_pad_);
+  }
+
+  const char* row_address(const void* data, const std::array<int64_t, 4>& stride, int64_t batch,
+                          int64_t head, int64_t row) const {
+    const int64_t esize = int64_t(dtype_size(a_.dtype));
+    return static_cast<const char*>(data) +
+           (batch * stride[0] + head * stride[1] + row * stride[2]) * esize;
+  }
+
+  // Q (pre-scaled to log2 units, as in the forward) and dO of rows [i_begin, i_begin + rows).
+  void load_query_rows(const Sequence& seq, int64_t h, int64_t i_begin, int64_t rows) {
+    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const BackwardArgs& b = *p_.args;
+    for (int64_t t = 0; t < rows; ++t) {
+      const int64_t row = seq.q_row0 + i_begin + t;
+      K::load_row(row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row), a_.dtype, d,
+                  a_.q.stride[3], p_.fwd.score_scale, q_ + t * dp);
+      K::load_row(row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, row), a_.dtype, d,
+                  b.d_o.stride[3], 1.0f, d_o_ + t * dp);
+    }
+  }
+
+  // K rows (n, D_pad), K^T and V^T (D_pad, BLOCK_KV_pad), fp32, once per key tile.
+  void load_kv_tile(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
+    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    for (int64_t c = 0; c < n; ++c) {
+      key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
+      K::load_row(key_ptrs_[c], a_.dtype, d, a_.k.stride[3], 1.0f, k_rows_ + c * dp);
+    }
+    K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
+    for (int64_t c = 0; c < n; ++c)
+      key_ptrs_[c] = row_address(a_.v.data, a_.v.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
+    K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.v.stride[3], v_t_, kv_pad_);
+  }
+
+  // Same semantics as the forward's mask step (band interval per row, then
+  // the boolean or additive tensor), on rows [i_begin, i_begin + rows) of head h.
+  void apply_mask(const Sequence& seq, int64_t batch, int64_t h, int64_t i_begin, int64_t rows,
+                  int64_t j0, int64_t n, bool band_partial) {
+    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < rows; ++t) {
+      float* s = s_ + t * kv_pad_;
+      const int64_t i = i_begin + t;
+      if (band_partial) {
+        const int64_t lo = min64(n, max64(0, i + seq.offset - p_.fwd.band.left - j0));
+        const int64_t hi = max64(lo, min64(n, i + seq.offset + p_.fwd.band.right + 1 - j0));
+        for (int64_t c = 0; c < lo; ++c) s[c] = kMinusInf;
+        for (int64_t c = hi; c < n; ++c) s[c] = kMinusInf;
+      }
+      if (a_.mask.kind == MaskSpec::Kind::none) continue;
+      const auto& ms = a_.mask.stride;
+      const int64_t row_offset = batch * ms[0] + h * ms[1] + i * ms[2];
+      if (a_.mask.kind == MaskSpec::Kind::boolean) {
+        const uint8_t* keep = static_cast<const uint8_t*>(a_.mask.data) + row_offset;
+        for (int64_t c = 0; c < n; ++c)
+          if (!keep[(j0 + c) * ms[3]]) s[c] = kMinusInf;
+      } else {
+        const float* bias = static_cast<const float*>(a_.mask.data) + row_offset;
+        for (int64_t c = 0; c < n; ++c) s[c] += bias[(j0 + c) * ms[3]] * kLog2e;
+      }
+    }
+  }
+
+  // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q; dV as accumulated.
+  void store_kv_gradients(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
+    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t esize = int64_t(dtype_size(a_.dtype));
+    const BackwardArgs& b = *p_.args;
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t row = seq.k_row0 + j0 + c;
+      char* dk = static_cast<char*>(b.dk.data) +
+                 (seq.k_batch * b.dk.stride[0] + w.kv_head * b.dk.stride[1] + row * b.dk.stride[2]) * esize;
+      char* dv = static_cast<char*>(b.dv.data) +
+                 (seq.k_batch * b.dv.stride[0] + w.kv_head * b.dv.stride[1] + row * b.dv.stride[2]) * esize;
+      K::store_row(dk_ + c * dp, kLn2, d, a_.dtype, dk, b.dk.stride[3]);
+      K::store_row(dv_ + c * dp, 1.0f, d, a_.dtype, dv, b.dv.stride[3]);
+    }
+  }
+
+  const BackwardProblem& p_;
+  const ForwardArgs& a_;
+  const BackwardScratchLayout layout_;
+  int64_t kv_pad_ = 0, bq_pad_ = 0;
+  float *k_rows_, *k_t_, *v_t_, *dk_, *dv_, *q_, *d_o_, *s_, *dp_, *z_, *pd_, *transposed_;
+  const void** row_ptrs_;
+  const void** key_ptrs_;
+};
+
+// The entry the dispatcher calls for each work item.
+inline void run_backward_item(const BackwardProblem& p, const BackwardItem& w, float* scratch) {
+  BackwardMainloop<Kernels> loop(p, scratch);
+  loop.run(w);
+}

@@ -1,0 +1,17 @@
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/isa_entry.hpp"
+#include "isa/avx512/kernels.hpp"
+#include "training/backward_problem.hpp"
+
+namespace tileattn::detail::avx512 {
+#include "core/backward_mainloop.hpp"
+}  // namespace tileattn::detail::avx512
+
+namespace tileattn::detail {
+void backward_item_avx512(const BackwardProblem& p, const BackwardItem& w, float* scratch) {
+  avx512::run_backward_item(p, w, scratch);
+}
+}  // namespace tileattn::detail

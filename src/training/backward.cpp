@@ -1,0 +1,255 @@
+// Public entry of the backward operator: validate, plan (tiles, key chunks:
+// from the shape only), then three parallel passes -- row statistics, the
+// main loop over (sequence, KV head, key chunk) items, and the dQ sum.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/half.hpp"
+#include "core/isa_entry.hpp"
+#include "core/thread_pool.hpp"
+#include "core/workspace.hpp"
+#include "tileattn/backward.hpp"
+#include "tileattn/machine.hpp"
+#include "training/backward_problem.hpp"
+#include "training/reference_backward.hpp"
+
+namespace tileattn {
+
+namespace detail {
+
+namespace {
+
+BackwardItemFn backward_item_fn(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return backward_item_avx512;
+    case Isa::avx2: return backward_item_avx2;
+    default: return backward_item_generic;
+  }
+}
+
+// Bytes one thread touches per (query tile, key tile) pair: K, K^T, V^T and
+// the dK/dV accumulators (5 key-tile panels), Q and dO, and the P/dS tiles.
+int64_t backward_working_set(int64_t block_q, int64_t block_kv, int64_t dp) {
+  return 4 * (5 * block_kv * dp + 2 * block_q * dp + 3 * block_q * block_kv);
+}
+
+// Tiles: the largest candidate whose working set fits 3/4 of L2 (the rest
+// holds the dQ rows being accumulated and the next rows streaming in).
+void choose_backward_tiles(Problem& p, const ForwardArgs& args) {
+  struct Candidate {
+    int block_q, block_kv;
+  };
+  static const Candidate candidates[] = {{64, 64}, {32, 64}, {32, 32}, {16, 16}};
+  const int64_t budget = cache_sizes().l2 * 3 / 4;
+  Candidate chosen = candidates[3];
+  for (const Candidate& c : candidates)
+    if (backward_working_set(c.block_q, c.block_kv, p.head_dim_padded) <= budget) {
+      chosen = c;
+      break;
+    }
+  p.block_q = args.block_q > 0 ? args.block_q : chosen.block_q;
+  p.block_kv = args.block_kv > 0 ? args.block_kv : chosen.block_kv;
+}
+
+// Longest sequence: `rows` without cu_seqlens, else the largest difference.
+int64_t longest(const int32_t* cu, int64_t batch, int64_t rows) {
+  if (!cu) return rows;
+  int64_t m = 0;
+  for (int64_t b = 0; b < batch; ++b) m = max64(m, int64_t(cu[b + 1]) - cu[b]);
+  return m;
+}
+
+BackwardProblem plan_backward(const BackwardArgs& args) {
+  const ForwardArgs& a = args.forward;
+  BackwardProblem p;
+  p.fwd = describe(a);
+  p.args = &args;
+  p.dropout = make_dropout(a.dropout_p, a.seed);
+  choose_backward_tiles(p.fwd, a);
+  p.max_rows_q = longest(a.cu_seqlens_q, a.shape.batch, a.shape.seqlen_q);
+  const int64_t max_nk = longest(a.cu_seqlens_k, a.shape.batch, a.shape.seqlen_k);
+  // Key chunks only when (sequence, KV head) pairs are too few to feed the
+  // threads of a typical machine; each chunk adds one fp32 dQ-sized buffer.
+  // Decided from the shape alone: the result is the same for any thread count.
+  constexpr int64_t kMinItems = 8;
+  constexpr int64_t kMinChunkKeys = 512;            // keys per chunk, to amortize the dQ sum
+  constexpr int64_t kMaxPartialFloats = int64_t{1} << 28;  // 1 GiB of dQ partial sums
+  const int64_t base_items = a.shape.batch * a.shape.kv_heads;
+  const int64_t dq_floats = a.shape.batch * a.shape.heads * p.max_rows_q * p.fwd.head_dim_padded;
+  int64_t chunks = 1;
+  if (base_items > 0 && base_items < kMinItems && max_nk >= 2 * kMinChunkKeys) {
+    chunks = min64((kMinItems + base_items - 1) / base_items, max_nk / kMinChunkKeys);
+    while (chunks > 1 && chunks * dq_floats > max64(dq_floats, kMaxPartialFloats)) --chunks;
+  }
+  p.chunk_keys = round_up(max64(1, (max_nk + chunks - 1) / chunks), p.fwd.block_kv);
+  p.kv_chunks = max64(1, (max_nk + p.chunk_keys - 1) / p.chunk_keys);
+  return p;
+}
+
+std::vector<BackwardItem> make_backward_schedule(const BackwardProblem& p, int threads) {
+  const ForwardArgs& a = p.fwd.args;
+  std::vector<BackwardItem> items;
+  for (int64_t b = 0; b < a.shape.batch; ++b) {
+    const Sequence seq = sequence_of(p.fwd, b);
+    for (int64_t chunk = 0; chunk < p.kv_chunks; ++chunk) {
+      BackwardItem w;
+      w.batch = b;
+      w.chunk = chunk;
+      w.key_begin = chunk * p.chunk_keys;
+      w.key_end = min64(seq.nk, w.key_begin + p.chunk_keys);
+      if (w.key_begin >= w.key_end) continue;
+      int64_t pairs = 0;
+      for (int64_t j0 = w.key_begin; j0 < w.key_end; j0 += p.fwd.block_kv) {
+        const int64_t j1 = min64(j0 + p.fwd.block_kv, w.key_end);
+        const KeyRange qs = visible_queries(p.fwd.band, seq, j0, j1);
+        pairs += (qs.last - qs.first + 1) * (j1 - j0);  // +1: every key row is stored
+      }
+      w.cost = pairs * p.fwd.group;
+      for (int64_t kvh = 0; kvh < a.shape.kv_heads; ++kvh) {
+        w.kv_head = kvh;
+        items.push_back(w);
+      }
+    }
+  }
+  if (threads > 1)
+    std::stable_sort(items.begin(), items.end(),
+                     [](const BackwardItem& x, const BackwardItem& y) { return x.cost > y.cost; });
+  return items;
+}
+
+void store_element(void* base, DType dtype, int64_t offset, float value) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(base)[offset] = value; break;
+    case DType::f16: static_cast<uint16_t*>(base)[offset] = float_to_f16(value); break;
+    case DType::bf16: static_cast<uint16_t*>(base)[offset] = float_to_bf16(value); break;
+  }
+}
+
+// Pass 1, one (sequence, head): LSE in log2 units and D = rowsum(dO o O) per
+// query row; zeroes this head's dQ partial rows of every chunk.
+void row_statistics(const BackwardProblem& p, int64_t b, int64_t h) {
+  const BackwardArgs& args = *p.args;
+  const ForwardArgs& a = args.forward;
+  const Sequence seq = sequence_of(p.fwd, b);
+  const int dt = int(a.dtype);
+  const int64_t d = a.shape.head_dim, dp = p.fwd.head_dim_padded;
+  for (int64_t i = 0; i < seq.nq; ++i) {
+    const int64_t row = seq.q_row0 + i;
+    const float lse = args.lse[seq.q_batch * args.lse_stride[0] + h * args.lse_stride[1] +
+                               row * args.lse_stride[2]];
+    // A row that sees no key has LSE -inf: +inf makes its P = exp2(s - inf) = 0.
+    p.row_lse2[row_slot(p, b, h, i)] =
+        lse == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity() : lse * kLog2e;
+    const int64_t o_off = seq.q_batch * args.o.stride[0] + h * args.o.stride[1] + row * args.o.stride[2];
+    const int64_t g_off = seq.q_batch * args.d_o.stride[0] + h * args.d_o.stride[1] + row * args.d_o.stride[2];
+    float delta = 0.0f;
+    for (int64_t c = 0; c < d; ++c)
+      delta += load_element(args.o.data, dt, o_off + c * args.o.stride[3]) *
+               load_element(args.d_o.data, dt, g_off + c * args.d_o.stride[3]);
+    p.row_delta[row_slot(p, b, h, i)] = delta;
+    for (int64_t chunk = 0; chunk < p.kv_chunks; ++chunk)
+      std::memset(p.dq_partial + dq_slot(p, chunk, b, h, i) * dp, 0, sizeof(float) * dp);
+  }
+}
+
+// Pass 3, one (sequence, head): dQ = scale * (chunk 0 + chunk 1 + ...), in
+// chunk order, rounded to the output dtype once.
+void finish_dq(const BackwardProblem& p, int64_t b, int64_t h) {
+  const BackwardArgs& args = *p.args;
+  const Sequence seq = sequence_of(p.fwd, b);
+  const int64_t d = args.forward.shape.head_dim, dp = p.fwd.head_dim_padded;
+  const float scale = p.fwd.score_scale / kLog2e;
+  for (int64_t i = 0; i < seq.nq; ++i) {
+    const int64_t row = seq.q_row0 + i;
+    const int64_t out = seq.q_batch * args.dq.stride[0] + h * args.dq.stride[1] + row * args.dq.stride[2];
+    const float* first = p.dq_partial + dq_slot(p, 0, b, h, i) * dp;
+    for (int64_t c = 0; c < d; ++c) {
+      float sum = first[c];
+      for (int64_t chunk = 1; chunk < p.kv_chunks; ++chunk)
+        sum += p.dq_partial[dq_slot(p, chunk, b, h, i) * dp + c];
+      store_element(args.dq.data, args.forward.dtype, out + c * args.dq.stride[3], sum * scale);
+    }
+  }
+}
+
+// Isa::reference: the float64 gradients, rounded to the output dtype.
+void write_reference_backward(const BackwardArgs& args) {
+  const training::BackwardReference ref = training::reference_backward(args);
+  const ForwardArgs& a = args.forward;
+  const AttentionShape& s = a.shape;
+  const Problem p = describe(a);
+  const int64_t d = s.head_dim;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const Sequence seq = sequence_of(p, b);
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < seq.nq; ++i) {
+        const int64_t row = seq.q_row0 + i;
+        const size_t at = size_t(((seq.q_batch * s.heads + h) * s.seqlen_q + row) * d);
+        const int64_t out = seq.q_batch * args.dq.stride[0] + h * args.dq.stride[1] + row * args.dq.stride[2];
+        for (int64_t c = 0; c < d; ++c)
+          store_element(args.dq.data, a.dtype, out + c * args.dq.stride[3], float(ref.dq[at + size_t(c)]));
+      }
+    for (int64_t h = 0; h < s.kv_heads; ++h)
+      for (int64_t j = 0; j < seq.nk; ++j) {
+        const int64_t row = seq.k_row0 + j;
+        const size_t at = size_t(((seq.k_batch * s.kv_heads + h) * s.seqlen_k + row) * d);
+        const int64_t k_out = seq.k_batch * args.dk.stride[0] + h * args.dk.stride[1] + row * args.dk.stride[2];
+        const int64_t v_out = seq.k_batch * args.dv.stride[0] + h * args.dv.stride[1] + row * args.dv.stride[2];
+        for (int64_t c = 0; c < d; ++c) {
+          store_element(args.dk.data, a.dtype, k_out + c * args.dk.stride[3], float(ref.dk[at + size_t(c)]));
+          store_element(args.dv.data, a.dtype, v_out + c * args.dv.stride[3], float(ref.dv[at + size_t(c)]));
+        }
+      }
+  }
+}
+
+}  // namespace
+
+}  // namespace detail
+
+void attention_backward(const BackwardArgs& args) {
+  detail::validate(args);
+  const Isa isa = resolve_isa(args.forward.isa);
+  if (isa == Isa::reference) {
+    detail::write_reference_backward(args);
+    return;
+  }
+  const int hw = detail::hardware_threads();
+  const int threads = args.forward.threads <= 0 || args.forward.threads > hw ? hw : args.forward.threads;
+  detail::BackwardProblem p = detail::plan_backward(args);
+  const AttentionShape& s = args.forward.shape;
+  if (s.batch == 0) return;
+
+  // Scratch, all sized up front: row statistics, dQ partial sums, per-thread tiles.
+  const int64_t rows = s.batch * s.heads * p.max_rows_q;
+  std::vector<float> lse2(static_cast<size_t>(rows)), delta(static_cast<size_t>(rows));
+  p.row_lse2 = lse2.data();
+  p.row_delta = delta.data();
+  detail::Workspace dq_partial(p.kv_chunks * rows * p.fwd.head_dim_padded, 1);
+  p.dq_partial = dq_partial.for_worker(0);
+
+  const int64_t heads_total = s.batch * s.heads;
+  const int row_workers = int(detail::min64(threads, heads_total));
+  detail::parallel_for(heads_total, row_workers, [&](int64_t item, int) {
+    detail::row_statistics(p, item / s.heads, item % s.heads);
+  });
+
+  const std::vector<detail::BackwardItem> items = detail::make_backward_schedule(p, threads);
+  if (!items.empty()) {
+    const int workers = int(detail::min64(threads, int64_t(items.size())));
+    detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
+    const detail::BackwardItemFn run_item = detail::backward_item_fn(isa);
+    detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
+      run_item(p, items[size_t(item)], scratch.for_worker(worker));
+    });
+  }
+
+  detail::parallel_for(heads_total, row_workers, [&](int64_t item, int) {
+    detail::finish_dq(p, item / s.heads, item % s.heads);
+  });
+}
+
+}  // namespace tileattn

@@ -1,0 +1,105 @@
+// The normalized problem one backward call solves, shared by the planner
+// (backward.cpp) and every ISA's backward main loop (backward_mainloop.hpp).
+//
+// Work split (decided from the shape alone, never from the thread count, so
+// the gradients are bitwise the same for any number of threads):
+//  - pass 1 (a prologue in backward.cpp): per query row, the
+//    log2-unit LSE and D = rowsum(dO o O);
+//  - pass 2 (the main loop): one item per (sequence, KV head, key chunk). The
+//    item owns the dK/dV rows of its keys, loops over the query heads of the
+//    group and the query tiles that see each key tile, and accumulates dQ of
+//    those rows into its own fp32 slice of dq_partial (one slice per chunk):
+//    no two items write the same memory, no atomics;
+//  - pass 3: dQ = scale * sum of the chunk slices, in chunk order.
+// Keys are cut into chunks only when there are few (sequence, KV head) pairs.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dropout.hpp"
+#include "core/problem.hpp"
+#include "tileattn/backward.hpp"
+
+namespace tileattn::detail {
+
+struct BackwardProblem {
+  Problem fwd;  // describe(args.forward) with the backward's tile shape
+  const BackwardArgs* args = nullptr;
+  DropoutSpec dropout;
+  int64_t kv_chunks = 1;   // key chunks per sequence
+  int64_t chunk_keys = 0;  // keys per chunk (a multiple of block_kv)
+  int64_t max_rows_q = 0;  // longest query sequence
+  // Per query row (slot (b * heads + h) * max_rows_q + i): LSE in log2 units
+  // (+inf for a row that sees no key, so that exp2(s - it) = 0) and D.
+  float* row_lse2 = nullptr;
+  float* row_delta = nullptr;
+  // [chunk, batch, heads, max_rows_q, D_pad] fp32 dQ partial sums (unscaled).
+  float* dq_partial = nullptr;
+};
+
+static inline int64_t row_slot(const BackwardProblem& p, int64_t b, int64_t h, int64_t i) {
+  return (b * p.fwd.args.shape.heads + h) * p.max_rows_q + i;
+}
+static inline int64_t dq_slot(const BackwardProblem& p, int64_t chunk, int64_t b, int64_t h,
+                              int64_t i) {
+  return chunk * p.fwd.args.shape.batch * p.fwd.args.shape.heads * p.max_rows_q + row_slot(p, b, h, i);
+}
+
+struct BackwardItem {
+  int64_t batch = 0;
+  int64_t kv_head = 0;
+  int64_t chunk = 0;
+  int64_t key_begin = 0, key_end = 0;  // keys of this chunk, clipped to the sequence
+  int64_t cost = 0;                    // visible pairs x heads, for ordering
+};
+
+void validate(const BackwardArgs& args);
+
+// Query rows [first, last) that may see some key in [j_begin, j_end): the
+// inverse of visible_keys().
+static inline KeyRange visible_queries(const Band& band, const Sequence& s, int64_t j_begin,
+                                       int64_t j_end) {
+  KeyRange r;
+  r.first = max64(0, j_begin - s.offset - band.right);
+  r.last = min64(s.nq, j_end - 1 - s.offset + band.left + 1);
+  if (r.last < r.first) r.last = r.first;
+  return r;
+}
+
+// Per-thread scratch of the backward main loop, as float offsets of its
+// pieces (each 64-byte aligned). One definition serves the sizing in
+// backward.cpp and the carving in backward_mainloop.hpp.
+struct BackwardScratchLayout {
+  int64_t k_rows, k_t, v_t, dk, dv, q, d_o, s, dp, z, pd, transposed, row_ptrs, key_ptrs;
+  int64_t total;
+};
+static inline BackwardScratchLayout backward_scratch_layout(const BackwardProblem& p) {
+  const int64_t bq = round_up(p.fwd.block_q, kPanelWidth), kv = round_up(p.fwd.block_kv, kPanelWidth);
+  const int64_t dp = p.fwd.head_dim_padded;
+  const int64_t tile = bq * kv;  // (BLOCK_Q, BLOCK_KV_pad)
+  BackwardScratchLayout l{};
+  int64_t cursor = 0;
+  auto take = [&](int64_t floats) {
+    const int64_t at = cursor;
+    cursor += round_up(floats, 16);
+    return at;
+  };
+  l.k_rows = take(kv * dp);   // (BLOCK_KV_pad, D_pad)  K rows
+  l.k_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  K^T
+  l.v_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  V^T
+  l.dk = take(kv * dp);       // (BLOCK_KV_pad, D_pad)  dK accumulator
+  l.dv = take(kv * dp);       // (BLOCK_KV_pad, D_pad)  dV accumulator
+  l.q = take(bq * dp);        // (BLOCK_Q, D_pad)       Q * scale * log2(e)
+  l.d_o = take(bq * dp);      // (BLOCK_Q, D_pad)       dO
+  l.s = take(tile);           // scores, then P
+  l.dp = take(tile);          // dO V^T, then dS
+  l.z = p.dropout.active ? take(tile) : 0;   // dropout factors
+  l.pd = p.dropout.active ? take(tile) : 0;  // P o Z
+  l.transposed = take(kv * bq);              // (BLOCK_KV_pad, BLOCK_Q_pad): (P o Z)^T, then dS^T
+  l.row_ptrs = take(2 * bq);                 // row pointers for the transposes (8-byte slots)
+  l.key_ptrs = take(2 * kv);                 // K/V row pointers
+  l.total = cursor;
+  return l;
+}
+
+}  // namespace tileattn::detail

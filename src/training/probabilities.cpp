@@ -1,0 +1,108 @@
+// attention_probabilities: the P (after dropout) that the forward multiplies V
+// with, for small shapes and debugging. The forward supplies the LSE; each
+// entry is then exp(score - LSE) times the dropout factor of the same
+// generator the main loops use, so it matches what the forward and the
+// backward saw.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/dropout.hpp"
+#include "core/half.hpp"
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+#include "tileattn/backward.hpp"
+
+namespace tileattn {
+
+void attention_probabilities(const ForwardArgs& args, float* probs,
+                             const std::array<int64_t, 4>& stride) {
+  detail::validate(args);
+  if (args.kv.seqlens || args.kv.block_table)
+    throw NotSupported("attention_probabilities: KV-cache sources are not supported");
+  const AttentionShape& s = args.shape;
+  auto longest = [&](const int32_t* cu, int64_t rows) {
+    if (!cu) return rows;
+    int64_t m = 0;
+    for (int64_t b = 0; b < s.batch; ++b) m = std::max<int64_t>(m, cu[b + 1] - cu[b]);
+    return m;
+  };
+  const int64_t max_nq = longest(args.cu_seqlens_q, s.seqlen_q);
+  const int64_t max_nk = longest(args.cu_seqlens_k, s.seqlen_k);
+  const int64_t sizes[4] = {s.batch, s.heads, max_nq, max_nk};
+  int64_t elements = 1;
+  for (int64_t size : sizes)
+    if (__builtin_mul_overflow(elements, size, &elements) || elements > kMaxProbabilityElements)
+      throw Error("probs: batch x heads x seqlen_q x seqlen_k exceeds " +
+                  std::to_string(kMaxProbabilityElements) +
+                  " entries; attention_probabilities is for small shapes");
+  if (elements == 0) return;
+  if (!probs) throw Error("probs: data is null");
+  detail::check_injective("probs", sizes, stride.data(), 4);
+  const detail::ByteRange out = detail::view_range("probs", probs, 4, sizes, stride.data(), 4);
+  const int64_t q_batches = args.cu_seqlens_q ? 1 : s.batch;
+  const int64_t esize = int64_t(dtype_size(args.dtype));
+  const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
+  const int64_t k_sizes[4] = {args.cu_seqlens_k ? 1 : s.batch, s.kv_heads, s.seqlen_k, s.head_dim};
+  for (const auto& [name, range] :
+       {std::pair{"q", detail::view_range("q", args.q.data, esize, q_sizes, args.q.stride.data(), 4)},
+        std::pair{"k", detail::view_range("k", args.k.data, esize, k_sizes, args.k.stride.data(), 4)},
+        std::pair{"v", detail::view_range("v", args.v.data, esize, k_sizes, args.v.stride.data(), 4)}})
+    if (detail::ranges_overlap(out, range)) throw Error(std::string("probs: output overlaps input ") + name);
+
+  // The forward, for the LSE of every row (O goes to a scratch buffer).
+  ForwardArgs fwd = args;
+  // Room for O in any dtype (4 bytes per element covers them all).
+  std::vector<float> o(size_t(q_batches * s.heads * s.seqlen_q * s.head_dim));
+  std::vector<float> lse(size_t(q_batches * s.heads * s.seqlen_q));
+  fwd.o = OutputView{o.data(), dense_strides(Layout::bhsd, q_batches, s.heads, s.seqlen_q, s.head_dim)};
+  fwd.lse = lse.data();
+  fwd.lse_stride = {s.heads * s.seqlen_q, s.seqlen_q, 1};
+  attention_forward(fwd);
+
+  const detail::Problem p = detail::describe(args);
+  const detail::DropoutSpec dropout = detail::make_dropout(args.dropout_p, args.seed);
+  const float scale = p.score_scale / detail::kLog2e;
+  const int dt = int(args.dtype);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const detail::Sequence seq = detail::sequence_of(p, b);
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t kvh = h / p.group;
+      for (int64_t i = 0; i < max_nq; ++i) {
+        float* out_row = probs + b * stride[0] + h * stride[1] + i * stride[2];
+        for (int64_t j = 0; j < max_nk; ++j) out_row[j * stride[3]] = 0.0f;
+        if (i >= seq.nq) continue;
+        const int64_t row = seq.q_row0 + i;
+        const float row_lse = lse[size_t((seq.q_batch * s.heads + h) * s.seqlen_q + row)];
+        if (row_lse == -std::numeric_limits<float>::infinity()) continue;
+        const int64_t q_off = seq.q_batch * args.q.stride[0] + h * args.q.stride[1] + row * args.q.stride[2];
+        const detail::KeyRange keys = detail::visible_keys(p.band, seq, i, i + 1);
+        for (int64_t j = keys.first; j < keys.last; ++j) {
+          float bias = 0.0f;
+          if (args.mask.kind != MaskSpec::Kind::none) {
+            const auto& ms = args.mask.stride;
+            const int64_t m_off = b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
+            if (args.mask.kind == MaskSpec::Kind::boolean) {
+              if (!static_cast<const uint8_t*>(args.mask.data)[m_off]) continue;
+            } else {
+              bias = static_cast<const float*>(args.mask.data)[m_off];
+            }
+          }
+          const int64_t k_off = seq.k_batch * args.k.stride[0] + kvh * args.k.stride[1] +
+                                (seq.k_row0 + j) * args.k.stride[2];
+          float dot = 0.0f;
+          for (int64_t c = 0; c < s.head_dim; ++c)
+            dot += detail::load_element(args.q.data, dt, q_off + c * args.q.stride[3]) *
+                   detail::load_element(args.k.data, dt, k_off + c * args.k.stride[3]);
+          float prob = std::exp(dot * scale + bias - row_lse);
+          if (dropout.active) prob *= detail::dropout_factor(dropout, b, h, i, j);
+          out_row[j * stride[3]] = prob;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tileattn

@@ -1,0 +1,35 @@
+// Slow, simple backward implementations to check the fast path against (and,
+// with dropout, forward ones: the lead's reference_forward has no dropout).
+//  - reference_backward: float64 throughout, from Q, K, V, dO and the mask
+//    alone (O, LSE and P recomputed exactly; args.o / args.lse are ignored):
+//    the analytic gradient of standard attention, with the same dropout mask
+//    as the fast path (the generator in core/dropout.hpp).
+//  - naive_backward: the same standard-attention formulas in the working
+//    precision: inputs in the dtype, P materialized row by row in fp32, O
+//    rounded to the dtype before D = rowsum(dO o O), gradients accumulated in
+//    fp32 and rounded to the dtype. Its error against the float64 reference
+//    sets the tolerance (2 x naive error + a tiny floor).
+#pragma once
+
+#include <vector>
+
+#include "tileattn/backward.hpp"
+
+namespace tileattn::training {
+
+struct BackwardReference {
+  std::vector<double> o;    // [q_batches, heads, seqlen_q, head_dim] (dropout applied)
+  std::vector<double> lse;  // [q_batches, heads, seqlen_q]; -inf where no key is visible
+  std::vector<double> delta;  // [q_batches, heads, seqlen_q]: D = rowsum(dO o O)
+  std::vector<double> dq;   // [q_batches, heads, seqlen_q, head_dim]
+  std::vector<double> dk;   // [k_batches, kv_heads, seqlen_k, head_dim]
+  std::vector<double> dv;   // [k_batches, kv_heads, seqlen_k, head_dim]
+};
+
+BackwardReference reference_backward(const BackwardArgs& args);
+BackwardReference naive_backward(const BackwardArgs& args);
+
+// Forward only (d_o may be null): O and LSE with dropout, float64.
+BackwardReference reference_forward_with_dropout(const ForwardArgs& args);
+
+}  // namespace tileattn::training

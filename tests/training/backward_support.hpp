@@ -1,0 +1,163 @@
+// A backward case on top of the forward's case table: the forward's inputs
+// (testing::CaseData) plus dO and the three gradient buffers, laid out like
+// Q (dO, dQ) and K (dK, dV), and the comparison with the float64 reference
+// by the tolerance rule (2 x the naive same-precision error + a tiny floor).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/half.hpp"
+#include "testing/problem_case.hpp"
+#include "tileattn/backward.hpp"
+#include "tileattn/machine.hpp"
+#include "training/reference_backward.hpp"
+
+namespace tileattn::testing {
+
+struct BackwardCase {
+  Case c;
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 7;
+  std::string name() const {
+    std::string n = c.name();
+    if (dropout_p > 0.0f) n += "_dropout" + std::to_string(int(dropout_p * 100));
+    return n;
+  }
+};
+
+// 16-bit or 32-bit storage of one tensor, same element count as a model buffer.
+struct Buffer {
+  std::vector<float> f32;
+  std::vector<uint16_t> f16;
+  void* data(DType dtype) { return dtype == DType::f32 ? static_cast<void*>(f32.data()) : f16.data(); }
+  const void* data(DType dtype) const {
+    return dtype == DType::f32 ? static_cast<const void*>(f32.data()) : f16.data();
+  }
+  size_t bytes(DType dtype) const { return dtype == DType::f32 ? f32.size() * 4 : f16.size() * 2; }
+};
+
+struct BackwardData {
+  BackwardCase bc;
+  CaseData fwd;  // q, k, v, o, lse, mask; fwd.args is the forward call
+  Buffer d_o, dq, dk, dv;
+  BackwardArgs args;
+
+  // Runs the forward (on `isa`) for O and LSE, then prepares the backward call.
+  BackwardData(const BackwardCase& c, Isa isa) : bc(c), fwd(c.c) {
+    const DType dt = c.c.dtype;
+    fwd.args.isa = isa;
+    fwd.args.dropout_p = c.dropout_p;
+    fwd.args.seed = c.dropout_seed;
+    attention_forward(fwd.args);
+    const size_t q_elems = dt == DType::f32 ? fwd.q32.size() : fwd.q16.size();
+    const size_t k_elems = dt == DType::f32 ? fwd.k32.size() : fwd.k16.size();
+    std::mt19937_64 rng(c.c.seed * 31 + 5);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    if (dt == DType::f32) {
+      d_o.f32.resize(q_elems);
+      for (float& x : d_o.f32) x = uniform(rng);
+      dq.f32.assign(q_elems, 0.0f);
+      dk.f32.assign(k_elems, 0.0f);
+      dv.f32.assign(k_elems, 0.0f);
+    } else {
+      d_o.f16.resize(q_elems);
+      for (uint16_t& x : d_o.f16)
+        x = dt == DType::f16 ? detail::float_to_f16(uniform(rng)) : detail::float_to_bf16(uniform(rng));
+      dq.f16.assign(q_elems, 0);
+      dk.f16.assign(k_elems, 0);
+      dv.f16.assign(k_elems, 0);
+    }
+    args.forward = fwd.args;
+    args.o = InputView{fwd.args.o.data, fwd.args.o.stride};
+    args.d_o = InputView{d_o.data(dt), fwd.args.q.stride};
+    args.lse = fwd.lse.data();
+    args.lse_stride = fwd.args.lse_stride;
+    args.dq = OutputView{dq.data(dt), fwd.args.q.stride};
+    args.dk = OutputView{dk.data(dt), fwd.args.k.stride};
+    args.dv = OutputView{dv.data(dt), fwd.args.k.stride};
+  }
+};
+
+// Dense [batches, heads, rows, D] copy of a strided gradient, as double.
+inline std::vector<double> dense(const void* data, DType dtype, const std::array<int64_t, 4>& stride,
+                                 int64_t batches, int64_t heads, int64_t rows, int64_t d) {
+  std::vector<double> out(size_t(batches * heads * rows * d));
+  size_t e = 0;
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d; ++c)
+          out[e++] = detail::load_element(data, int(dtype),
+                                          b * stride[0] + h * stride[1] + r * stride[2] + c * stride[3]);
+  return out;
+}
+
+struct GradientCheck {
+  double error = 0, naive_error = 0, tolerance = 0, magnitude = 0;
+  bool nan_mismatch = false;
+  bool ok() const { return !nan_mismatch && error <= tolerance; }
+};
+
+// |got - ref| against 2 x |naive - ref| + floor, the floor being one unit in
+// the last place of the dtype (4 x tolerance_floor) at max(1, max |ref|, max |D|).
+// D = rowsum(dO o O) enters the floor because dS = P o (dP - D) cancels it:
+// when a row sees a single key, P = 1 and dP = D, the naive implementation
+// cancels exactly (error 0) while a tiled one keeps the rounding of dP and D,
+// about an ulp of |D| (a dot product of head_dim terms rounded two ways).
+inline GradientCheck check_gradient(const std::vector<double>& got, const std::vector<double>& ref,
+                                    const std::vector<double>& naive, DType dtype,
+                                    double max_delta) {
+  GradientCheck g;
+  double scale = std::max(1.0, max_delta);
+  for (size_t e = 0; e < ref.size(); ++e) {
+    if (std::isnan(ref[e]) != std::isnan(got[e])) g.nan_mismatch = true;
+    if (std::isnan(ref[e])) continue;
+    scale = std::max(scale, std::abs(ref[e]));
+    g.error = std::max(g.error, std::abs(got[e] - ref[e]));
+    if (!std::isnan(naive[e])) g.naive_error = std::max(g.naive_error, std::abs(naive[e] - ref[e]));
+  }
+  g.magnitude = scale;
+  g.tolerance = 2 * g.naive_error + 4 * tolerance_floor(dtype) * scale;
+  return g;
+}
+
+inline std::string describe(const char* what, const GradientCheck& g) {
+  std::ostringstream s;
+  s << what << " error " << g.error << " (tolerance " << g.tolerance << " = 2 x naive "
+    << g.naive_error << " + floor, floor scale " << g.magnitude << ")" << (g.nan_mismatch ? " NaN mismatch" : "");
+  return s.str();
+}
+
+// Checks dQ, dK, dV of `data` (already run) against the float64 reference.
+inline void expect_gradients_match_reference(const BackwardData& data, const std::string& label) {
+  const training::BackwardReference ref = training::reference_backward(data.args);
+  const training::BackwardReference naive = training::naive_backward(data.args);
+  const ForwardArgs& a = data.args.forward;
+  const AttentionShape& s = a.shape;
+  const int64_t qb = a.cu_seqlens_q ? 1 : s.batch, kb = a.cu_seqlens_k ? 1 : s.batch;
+  const DType dt = a.dtype;
+  double max_delta = 0;
+  for (double x : ref.delta)
+    if (!std::isnan(x)) max_delta = std::max(max_delta, std::abs(x));
+  const GradientCheck dq = check_gradient(
+      dense(data.args.dq.data, dt, data.args.dq.stride, qb, s.heads, s.seqlen_q, s.head_dim), ref.dq,
+      naive.dq, dt, max_delta);
+  const GradientCheck dk = check_gradient(
+      dense(data.args.dk.data, dt, data.args.dk.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dk,
+      naive.dk, dt, max_delta);
+  const GradientCheck dv = check_gradient(
+      dense(data.args.dv.data, dt, data.args.dv.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dv,
+      naive.dv, dt, max_delta);
+  EXPECT_TRUE(dq.ok()) << label << ": " << describe("dQ", dq);
+  EXPECT_TRUE(dk.ok()) << label << ": " << describe("dK", dk);
+  EXPECT_TRUE(dv.ok()) << label << ": " << describe("dV", dv);
+}
+
+}  // namespace tileattn::testing
