@@ -1,13 +1,211 @@
-"""tileattn.attention_with_kvcache (placeholder until the C++ KV cache is bound)."""
+"""tileattn.attention_with_kvcache: append to a KV cache in place and attend, for NumPy and torch."""
+import numpy as np
+
+from . import _arrays, _kernel
+from . import _tileattn as _C
+from ._problem import parse_scale, parse_window
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            softmax_scale=None, is_causal=True, window=None, return_lse=False):
-    """Append k/v into a KV cache in place and attend q to everything cached.
+    """Append ``k``/``v`` into a KV cache in place and attend ``q`` to everything cached.
 
-    Not supported yet: raises NotImplementedError until the bindings to
-    include/tileattn/kv_cache.hpp are built.
+    Modeled on FlashAttention-2's ``flash_attn_with_kvcache``, with tileattn's ``[B, H, N, D]``
+    ("bhsd") layout throughout.
+
+    Args:
+        q: new queries ``[B, H, Nq, D]``: float32/float16 NumPy arrays or float32/float16/bfloat16
+            torch CPU tensors; every array argument comes from the same framework, any strides.
+        k_cache, v_cache: the cache, q's dtype, updated in place. Contiguous cache:
+            ``[B, Hkv, capacity, D]``; paged cache (with ``block_table``):
+            ``[num_pages, Hkv, page_size, D]``. ``Hkv`` divides ``H``.
+        k, v: optional new keys/values ``[B, Hkv, Nnew, D]`` written at positions
+            ``cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1`` (both or neither).
+        cache_seqlens: tokens each sequence holds before this call: an int or an integer array
+            ``[B]``. It is NOT modified (as in FlashAttention-2): after appending ``Nnew`` tokens
+            the caller adds ``Nnew``. None means a full contiguous cache (``capacity`` tokens),
+            which allows no append.
+        block_table: int32 ``[B, max_pages]``: entry ``[b, i]`` is the page holding tokens
+            ``i * page_size ..`` of sequence ``b`` (vLLM style).
+        rotary_cos, rotary_sin: optional rotary tables ``[positions, rotary_dim / 2]``: the
+            new keys are rotated as they are stored (the cache keeps rotated keys) and the
+            queries are rotated to their positions; values are never rotated.
+        rotary_interleaved: False: GPT-NeoX/Llama pairs (i, i + rotary_dim/2); True: GPT-J
+            pairs (2i, 2i+1).
+        softmax_scale: None means ``1 / sqrt(D)``.
+        is_causal: query ``t`` of sequence ``b`` sits at position ``L_b - Nq + t`` (``L_b`` the
+            length after the append) and sees keys up to its own position (bottom-right
+            alignment).
+        window: ``(left, right)`` sliding window, inclusive, -1 = unbounded.
+        return_lse: also return the float32 ``[B, H, Nq]`` log-sum-exp.
+
+    Returns:
+        ``o`` ``[B, H, Nq, D]`` in q's dtype and framework, or ``(o, lse)``.
+
+    Copies: q, k, v, k_cache, v_cache are never copied. Small index and table arguments are
+    converted when they are not already in the kernel's form: cache_seqlens is always copied
+    (``[B]`` int32, so the caller's stays untouched), block_table when it is not a row-dense
+    int32 array, rotary tables when they are not dense float32 (one copy each).
+    Every argument is checked before anything is written: on an error the cache is unchanged.
+    Torch tensors go through the custom op ``torch.ops.tileattn.attention_with_kvcache``
+    (declared as mutating k_cache and v_cache); it has no autograd.
     """
-    raise NotImplementedError("attention_with_kvcache: not supported yet "
-                              "(the Python binding of the C++ KV cache is not built)")
+    fw = _arrays.framework("q", q)
+    arrays = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "block_table": block_table,
+              "rotary_cos": rotary_cos, "rotary_sin": rotary_sin}
+    if not isinstance(cache_seqlens, (int, np.integer)) and cache_seqlens is not None:
+        arrays["cache_seqlens"] = cache_seqlens
+    for name, x in arrays.items():
+        if x is not None and _arrays.framework(name, x) != fw:
+            raise TypeError(f"{name}: must be a {fw} array like q")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: give both new keys and new values, or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos, rotary_sin: give both tables or neither")
+    if fw == "torch":
+        for name, x in arrays.items():
+            if x is not None:
+                _arrays.check_torch_device(name, x)
+        dtype_code = _arrays.torch_dtype_code
+    else:
+        dtype_code = _arrays.numpy_dtype_code
+    _arrays.check_rank("q", q, 4, "[B, H, Nq, D]")
+    code = dtype_code("q", q)
+    paged = block_table is not None
+    cache_what = "[num_pages, Hkv, page_size, D]" if paged else "[B, Hkv, capacity, D]"
+    for name in ("k_cache", "v_cache") + (("k", "v") if k is not None else ()):
+        x = arrays[name]
+        _arrays.check_rank(name, x, 4, cache_what if "cache" in name else "[B, Hkv, Nnew, D]")
+        if dtype_code(name, x) != code:
+            raise TypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    b, h, nq, d = q.shape
+    hk = k_cache.shape[1]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache: head_dim {k_cache.shape[3]} differs from q's {d}")
+    if hk < 1 or h % hk:
+        raise ValueError(f"k_cache: {hk} heads must divide q's {h} heads (GQA/MQA)")
+    if not paged and k_cache.shape[0] != b:
+        raise ValueError(f"k_cache: batch {k_cache.shape[0]} differs from q's {b}")
+    if k is not None:
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
+        if (k.shape[0], k.shape[1], k.shape[3]) != (b, hk, d):
+            raise ValueError(f"k: expected [B, Hkv, Nnew, D] = [{b}, {hk}, Nnew, {d}], got {tuple(k.shape)}")
+
+    seqlens = _private_seqlens(cache_seqlens, b, paged, k is not None, k_cache)
+    table = _int32_rows("block_table", block_table, b) if paged else None
+    cos = _float32_table("rotary_cos", rotary_cos)
+    sin = _float32_table("rotary_sin", rotary_sin)
+    if cos is not None and tuple(cos.shape) != tuple(sin.shape):
+        raise ValueError(f"rotary_sin: shape {tuple(sin.shape)} must equal rotary_cos's {tuple(cos.shape)}")
+    scale = parse_scale(softmax_scale, d)
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+    window_left, window_right = parse_window("window", window)
+
+    if fw == "torch":
+        from . import _torch_ops
+        torch = _arrays.torch_module()
+        o, lse = _torch_ops.attention_with_kvcache_op(
+            q, k_cache, v_cache, k, v, torch.from_numpy(seqlens), _as_torch(table), _as_torch(cos),
+            _as_torch(sin), bool(rotary_interleaved), scale, bool(is_causal), window_left, window_right)
+    else:
+        o = np.empty(q.shape, dtype=q.dtype)
+        lse = np.empty((b, h, nq), dtype=np.float32)
+        kvcache_into(q, k_cache, v_cache, k, v, seqlens, table, cos, sin, bool(rotary_interleaved),
+                     scale, bool(is_causal), window_left, window_right, o, lse)
+    return (o, lse) if return_lse else o
+
+
+def _as_torch(x):
+    if x is None or _arrays.is_torch(x):
+        return x
+    return _arrays.torch_module().from_numpy(x)
+
+
+def _to_numpy(x):
+    return x.detach().numpy() if _arrays.is_torch(x) else np.asarray(x)
+
+
+def _private_seqlens(cache_seqlens, batch, paged, appending, k_cache):
+    """A fresh int32 [B] copy: the kernel advances it, the caller's stays as it was."""
+    if cache_seqlens is None:
+        if paged or appending:
+            raise ValueError("cache_seqlens: required with block_table or when appending k/v")
+        return np.full(batch, k_cache.shape[2], dtype=np.int32)
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        values = np.full(batch, int(cache_seqlens), dtype=np.int64)
+    else:
+        values = _to_numpy(cache_seqlens)
+        if values.dtype.kind not in "iu":
+            raise TypeError(f"cache_seqlens: expected an int or an integer array, got dtype {values.dtype}")
+        if values.shape != (batch,):
+            raise ValueError(f"cache_seqlens: expected shape [B] = ({batch},), got {values.shape}")
+    if values.size and (values.min() < 0 or values.max() > np.iinfo(np.int32).max):
+        raise ValueError("cache_seqlens: entries must be in 0 .. 2^31 - 1")
+    return values.astype(np.int32)  # always a copy
+
+
+def _int32_rows(name, x, batch):
+    """C-contiguous int32 [B, max_pages]: the table itself when it already is one."""
+    if _arrays.is_torch(x):
+        torch = _arrays.torch_module()
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
+        x = x.to(torch.int32).contiguous()
+    else:
+        if x.dtype.kind not in "iu":
+            raise TypeError(f"{name}: expected an integer array, got dtype {x.dtype}")
+        x = np.ascontiguousarray(x, dtype=np.int32)
+    if x.ndim != 2 or x.shape[0] != batch:
+        raise ValueError(f"{name}: expected shape [B, max_pages] with B = {batch}, got {tuple(x.shape)}")
+    return x
+
+
+def _float32_table(name, x):
+    """Dense float32 [positions, rotary_dim / 2], the table itself when it already is one."""
+    if x is None:
+        return None
+    if _arrays.is_torch(x):
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: expected a float tensor, got dtype {x.dtype}")
+        x = x.detach().float().contiguous()
+    else:
+        if x.dtype.kind != "f":
+            raise TypeError(f"{name}: expected a float array, got dtype {x.dtype}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected [positions, rotary_dim / 2], got shape {tuple(x.shape)}")
+    return x
+
+
+def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, interleaved, scale,
+                 causal, window_left, window_right, o, lse):
+    """Runs the C++ attention_with_kvcache; seqlens (int32 [B]) is advanced in place."""
+    addr, es = _arrays.address, _arrays.element_strides
+    b, h, nq, d = q.shape
+    hk = k_cache.shape[1]
+    paged = block_table is not None
+    if paged:
+        cache = (0, block_table.shape[1], k_cache.shape[2], k_cache.shape[0])
+        table_addr = addr(block_table)  # C-contiguous (see _int32_rows)
+    else:
+        cache = (k_cache.shape[2], 0, 0, 0)
+        table_addr = 0
+    if k is not None:
+        n_new, k_addr, k_strides, v_addr, v_strides = k.shape[2], addr(k), es("k", k), addr(v), es("v", v)
+    else:
+        n_new, k_addr, k_strides, v_addr, v_strides = 0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1)
+    if cos is not None:
+        rotary, cos_addr, sin_addr = (2 * cos.shape[1], cos.shape[0]), addr(cos), addr(sin)
+    else:
+        rotary, cos_addr, sin_addr = (0, 0), 0, 0
+    _C.attention_with_kvcache(
+        _kernel.dtype_code(q), (b, h, hk, d, nq, n_new), addr(q), es("q", q), addr(o), es("o", o),
+        addr(lse), es("lse", lse), addr(k_cache), es("k_cache", k_cache), addr(v_cache),
+        es("v_cache", v_cache), cache, addr(seqlens), table_addr, k_addr, k_strides, v_addr,
+        v_strides, cos_addr, sin_addr, rotary, interleaved, scale, causal, window_left,
+        window_right, _kernel.get_num_threads())

@@ -76,3 +76,27 @@ def merge_states_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
 @merge_states_op.register_fake
 def _(o_a, lse_a, o_b, lse_b):
     return o_a.new_empty(o_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("tileattn::attention_with_kvcache", mutates_args=("k_cache", "v_cache"),
+                         device_types="cpu")
+def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                              cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                              rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
+                              rotary_interleaved: bool, softmax_scale: float, is_causal: bool,
+                              window_left: int, window_right: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse); appends k/v into k_cache/v_cache. cache_seqlens (int32 [B]) is not modified."""
+    from . import _kvcache
+    o = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    seqlens = cache_seqlens.numpy().copy()  # the kernel advances its own copy
+    _kvcache.kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin,
+                          rotary_interleaved, softmax_scale, is_causal, window_left, window_right, o, lse)
+    return o, lse
+
+
+@attention_with_kvcache_op.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
+      rotary_interleaved, softmax_scale, is_causal, window_left, window_right):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
