@@ -34,7 +34,8 @@ const char* const kHelp =
     "thread, page size 16, R=2. RoPE (theta 500000) is fused into the append and the query.\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
     "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
-    "(a streaming read of a buffer of the same bytes, same threads) and their ratio\n"
+    "(a streaming read of a buffer of the same bytes, same threads, one pass after each\n"
+    "step) and their ratio\n"
     "fraction_of_bandwidth, and speedup_vs_recompute against a causal forward over the whole\n"
     "sequence each step (timed for R steps: it is slow). With --paged the contiguous cache is\n"
     "timed as well (paged_vs_contiguous); with T > 1 one thread is timed too (thread_speedup).\n";
@@ -134,10 +135,53 @@ class DecodeLoop {
   KvCacheArgs args_;
 };
 
+// Streaming read of a buffer of `bytes` bytes with `threads` threads. The
+// buffer is cut into contiguous slices handed out like the forward's work
+// items, so a thread that wakes late does not leave the other reading alone.
+class ReadBandwidth {
+ public:
+  ReadBandwidth(int64_t bytes, int threads)
+      : words_(std::max<int64_t>(bytes / 8, 1024)), threads_(threads),
+        buffer_(static_cast<size_t>(words_)), sums_(size_t(threads) * 8, 0) {
+    for (int64_t i = 0; i < words_; ++i) buffer_[size_t(i)] = uint64_t(i) * 0x9E3779B97F4A7C15ull;
+  }
+  // One pass, GB/s.
+  double pass() {
+    const int64_t parts = int64_t(threads_) * 16;
+    const double ms = time_ms([&] {
+      detail::parallel_for(parts, threads_, [&](int64_t part, int worker) {
+        const int64_t begin = words_ * part / parts, end = words_ * (part + 1) / parts;
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent chains keep the loads in flight
+        int64_t i = begin;
+        for (; i + 4 <= end; i += 4) {
+          a0 += buffer_[size_t(i)];
+          a1 += buffer_[size_t(i + 1)];
+          a2 += buffer_[size_t(i + 2)];
+          a3 += buffer_[size_t(i + 3)];
+        }
+        for (; i < end; ++i) a0 += buffer_[size_t(i)];
+        sums_[size_t(worker) * 8] += a0 + a1 + a2 + a3;  // one cache line per worker
+      });
+    });
+    return double(words_ * 8) / (ms * 1e-3) * 1e-9;
+  }
+  ~ReadBandwidth() {
+    volatile uint64_t keep = std::accumulate(sums_.begin(), sums_.end(), uint64_t{0});
+    (void)keep;
+  }
+
+ private:
+  int64_t words_;
+  int threads_;
+  std::vector<uint64_t> buffer_;
+  std::vector<uint64_t> sums_;
+};
+
 struct LoopResult {
   double ms_per_token = 0;  // median step
   double kv_gb_per_s = 0;   // median over steps of bytes read / step time
   int64_t kv_bytes_last = 0;
+  double read_gb_per_s = 0;  // median of the interleaved read passes (when asked)
 };
 
 // The inputs every timed loop shares.
@@ -146,12 +190,15 @@ struct Tokens {
   TypedBuffer q, k, v;             // [S, B, H or HKV, 1, D]
 };
 
+// With `reader`, one streaming-read pass follows every step, so the two
+// rates are measured under the same conditions (other processes, caches:
+// the pass evicts the cache from L3 as the rest of a model would).
 LoopResult time_decode(const Shape& s, const Tokens& t, int64_t page_size, int threads,
-                       const RopeTables& rope) {
+                       const RopeTables& rope, ReadBandwidth* reader = nullptr) {
   DecodeLoop loop(s, page_size, threads, rope);
   loop.prefill(t.prompt_k, t.prompt_v);
   TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim);
-  std::vector<double> step_ms, gb_per_s;
+  std::vector<double> step_ms, gb_per_s, read_gb;
   const int64_t row_bytes = 2 * s.batch * s.kv_heads * s.dim * int64_t(dtype_size(s.dtype));
   LoopResult r;
   for (int64_t i = 0; i < s.steps; ++i) {
@@ -159,44 +206,13 @@ LoopResult time_decode(const Shape& s, const Tokens& t, int64_t page_size, int t
     r.kv_bytes_last = row_bytes * loop.length();
     step_ms.push_back(ms);
     gb_per_s.push_back(double(r.kv_bytes_last) / (ms * 1e-3) * 1e-9);
+    if (reader) read_gb.push_back(reader->pass());
   }
   // The first step also pays for the thread pool starting: medians ignore it.
   r.ms_per_token = median(step_ms);
   r.kv_gb_per_s = median(gb_per_s);
+  r.read_gb_per_s = median(read_gb);
   return r;
-}
-
-// Streaming read of `bytes` bytes with `threads` threads, GB/s (median of 7
-// passes after a warm-up pass). The buffer is cut into contiguous slices
-// handed out like the forward's work items, so a thread that wakes late
-// does not leave the other one reading alone.
-double read_bandwidth_gb_per_s(int64_t bytes, int threads) {
-  const int64_t words = std::max<int64_t>(bytes / 8, 1024);
-  std::vector<uint64_t> buffer(static_cast<size_t>(words));
-  for (int64_t i = 0; i < words; ++i) buffer[size_t(i)] = uint64_t(i) * 0x9E3779B97F4A7C15ull;
-  std::vector<uint64_t> sums(size_t(threads) * 8, 0);  // one cache line per worker
-  const int64_t parts = int64_t(threads) * 16;
-  auto pass = [&] {
-    detail::parallel_for(parts, threads, [&](int64_t part, int worker) {
-      const int64_t begin = words * part / parts, end = words * (part + 1) / parts;
-      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent chains keep the loads in flight
-      int64_t i = begin;
-      for (; i + 4 <= end; i += 4) {
-        a0 += buffer[size_t(i)];
-        a1 += buffer[size_t(i + 1)];
-        a2 += buffer[size_t(i + 2)];
-        a3 += buffer[size_t(i + 3)];
-      }
-      for (; i < end; ++i) a0 += buffer[size_t(i)];
-      sums[size_t(worker) * 8] += a0 + a1 + a2 + a3;
-    });
-  };
-  pass();
-  std::vector<double> gb;
-  for (int r = 0; r < 7; ++r) gb.push_back(double(words * 8) / (time_ms(pass) * 1e-3) * 1e-9);
-  volatile uint64_t keep = std::accumulate(sums.begin(), sums.end(), uint64_t{0});
-  (void)keep;
-  return median(gb);
 }
 
 // A causal forward over all tokens so far (prompt + step + 1), every query:
@@ -269,8 +285,12 @@ int cmd_decode(int argc, char** argv) {
   t.v = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 5);
 
   const Isa isa = resolve_isa(Isa::automatic);
-  const LoopResult main = time_decode(s, t, paged ? page_size : 0, threads, rope);
-  const double read_gb = read_bandwidth_gb_per_s(main.kv_bytes_last, threads);
+  // The read buffer has the K/V bytes of the middle step.
+  ReadBandwidth reader(2 * s.batch * s.kv_heads * (s.prompt + s.steps / 2) * s.dim *
+                           int64_t(dtype_size(s.dtype)), threads);
+  reader.pass();  // page the buffer in
+  const LoopResult main = time_decode(s, t, paged ? page_size : 0, threads, rope, &reader);
+  const double read_gb = main.read_gb_per_s;
 
   Report rep;
   rep.integer("batch", s.batch);

@@ -23,6 +23,8 @@ struct DecodeSpec {
   int64_t rotary_dim = 0;  // 0: no rotary embedding
   bool rotary_interleaved = false;
   int threads = 2;
+  Isa isa = Isa::automatic;
+  bool cache_bshd = false;  // contiguous cache as [batch, capacity, kv_heads, D]
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream s;
@@ -30,7 +32,8 @@ struct DecodeSpec {
     for (int32_t c : cached) s << " " << c;
     s << " new " << new_tokens << (causal ? " causal" : "") << " window " << window_left << ","
       << window_right << " page " << page_size << " rotary " << rotary_dim
-      << (rotary_interleaved ? " gptj" : "") << " threads " << threads;
+      << (rotary_interleaved ? " gptj" : "") << " threads " << threads << " isa " << isa_name(isa)
+      << (cache_bshd ? " bshd cache" : "");
     return s.str();
   }
 };
@@ -128,6 +131,7 @@ struct DecodeRun {
     a.window_left = s.window_left;
     a.window_right = s.window_right;
     a.threads = s.threads;
+    a.isa = s.isa;
     if (s.rotary_dim > 0) {
       a.rotary_cos = rope.cos.data();
       a.rotary_sin = rope.sin.data();
@@ -143,8 +147,10 @@ struct DecodeRun {
     if (s.page_size == 0) {
       k_cache = Buffer(s.dtype, batch * s.kv_heads * capacity * s.head_dim);
       v_cache = Buffer(s.dtype, k_cache.elements());
-      args.k_cache = {k_cache.data(), bhsd(batch, s.kv_heads, capacity, s.head_dim)};
-      args.v_cache = {v_cache.data(), bhsd(batch, s.kv_heads, capacity, s.head_dim)};
+      const auto stride = dense_strides(s.cache_bshd ? Layout::bshd : Layout::bhsd, batch, s.kv_heads,
+                                        capacity, s.head_dim);
+      args.k_cache = {k_cache.data(), stride};
+      args.v_cache = {v_cache.data(), stride};
       args.capacity = capacity;
       return;
     }

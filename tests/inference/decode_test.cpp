@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "decode_fixture.hpp"
+#include "tileattn/machine.hpp"
 
 namespace tileattn::kvtest {
 namespace {
@@ -132,6 +133,20 @@ TEST(Decode, BatchOfDifferentLengthsAndOddHeadDim) {
   spec.head_dim = 128;
   spec.threads = 1;
   expect_decode_matches_full_sequence(spec);
+}
+
+TEST(Decode, TokenMajorCacheLayoutAndForcedIsaPaths) {
+  DecodeSpec spec;
+  spec.cached = {3, 70};
+  spec.new_tokens = 3;
+  spec.cache_bshd = true;
+  expect_decode_matches_full_sequence(spec);
+  spec.cache_bshd = false;
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512}) {
+    if (!isa_available(isa)) continue;
+    spec.isa = isa;
+    expect_decode_matches_full_sequence(spec);
+  }
 }
 
 // Many steps of one token each, as a generation loop does: after every step
