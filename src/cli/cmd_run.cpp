@@ -9,6 +9,7 @@
 #include "cli/tensor_files.hpp"
 #include "io/npy.hpp"
 #include "tileattn/attention.hpp"
+#include "tileattn/backward.hpp"
 
 namespace tileattn::cli {
 
@@ -33,8 +34,10 @@ const char* const kHelp =
     "     added to the scores.\n"
     "  --scale: default 1/sqrt(D).  --lse: float32 [B, Hq, Nq] log-sum-exp (natural log).\n"
     "  --threads: default every hardware thread.\n"
-    "  --dropout / --dout --dq --dk --dv: training (dropout, backward); this build answers\n"
-    "     \"not supported\" with exit status 2.\n"
+    "  --dropout P --seed N: drop attention probabilities with probability P (counter-based\n"
+    "     generator: the same seed gives the same mask in the forward and the backward).\n"
+    "  --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy: the backward pass; dO is shaped like\n"
+    "     Q, gradients come back in the layout (and output dtype) of the inputs.\n"
     "Outputs are written only when everything succeeded; errors exit with status 2.\n";
 
 struct Operands {
@@ -68,26 +71,35 @@ int cmd_run(int argc, char** argv) {
   const auto [window_left, window_right] = args.window("--window");
   const float scale = float(args.number("--scale", std::numeric_limits<double>::quiet_NaN(), -1e30, 1e30));
   const double dropout = args.number("--dropout", 0.0, 0.0, 0.999999);
-  args.integer("--seed", 0, 0, INT64_MAX);  // checked now; used with dropout
+  const uint64_t seed = uint64_t(args.integer("--seed", 0, 0, INT64_MAX));
   const int threads = int(args.integer("--threads", 0, 1, 4096));
-  if (args.has("--dout") || args.has("--dq") || args.has("--dk") || args.has("--dv"))
-    throw NotSupported("backward is not supported yet");
-  if (dropout > 0) throw NotSupported("dropout is not supported yet");
+  const bool backward = args.has("--dout") || args.has("--dq") || args.has("--dk") || args.has("--dv");
+  if (backward)
+    for (const char* required : {"--dout", "--dq", "--dk", "--dv"})
+      if (!args.has(required))
+        throw UsageError(std::string("run: the backward needs --dout, --dq, --dk and --dv; ") + required +
+                         " is missing");
 
   const io::NpyArray q_file = io::read_npy(q_path);
   const io::NpyArray k_file = io::read_npy(k_path);
   const io::NpyArray v_file = io::read_npy(v_path);
-  for (const auto* f : {&q_file, &k_file, &v_file}) {
-    const std::string& name = f == &q_file ? q_path : f == &k_file ? k_path : v_path;
+  const std::string do_path = args.text("--dout");
+  const io::NpyArray do_file = backward ? io::read_npy(do_path) : io::NpyArray{};
+  for (const auto* f : {&q_file, &k_file, &v_file, &do_file}) {
+    if (f == &do_file && !backward) continue;
+    const std::string& name = f == &q_file ? q_path : f == &k_file ? k_path : f == &v_file ? v_path : do_path;
     if (f->type == io::NpyType::boolean)
       throw Error(name + ": dtype bool is not a valid attention input (expected float32 or float16)");
     if (f->type != q_file.type)
       throw Error(name + ": dtype " + npy_type_name(f->type) + " differs from " + q_path + " (" +
                   npy_type_name(q_file.type) + "); Q, K and V must have the same dtype");
   }
+  if (backward && do_file.shape != q_file.shape)
+    throw Error(do_path + ": shape " + shape_text(do_file.shape) + " must be that of " + q_path + " " +
+                shape_text(q_file.shape));
   const Operands q = operands_of(q_file, layout, q_path);
   const Operands k = operands_of(k_file, layout, k_path);
-  const Operands v = operands_of(v_file, layout, v_path);
+  operands_of(v_file, layout, v_path);  // checks its rank; its shape must equal K's
   if (v_file.shape != k_file.shape)
     throw Error(v_path + ": shape " + shape_text(v_file.shape) + " differs from " + k_path + " " +
                 shape_text(k_file.shape));
@@ -113,7 +125,7 @@ int cmd_run(int argc, char** argv) {
   fa.v = {v_data.data(), fa.k.stride};
   fa.o = {o_data.data(), fa.q.stride};
   std::vector<float> lse;
-  if (!lse_path.empty()) {
+  if (!lse_path.empty() || backward) {  // the backward recomputes P from the LSE
     lse.assign(size_t(q.batch * q.heads * q.rows), 0.0f);
     fa.lse = lse.data();
     fa.lse_stride = {q.heads * q.rows, q.rows, 1};
@@ -127,10 +139,30 @@ int cmd_run(int argc, char** argv) {
     load_mask(args.text("--mask"), q.batch, q.heads, q.rows, k.rows, mask_file, mask_storage, fa.mask);
   fa.scale = scale;
   fa.threads = threads;
+  fa.dropout_p = float(dropout);
+  fa.seed = seed;
 
   attention_forward(fa);
 
   io::StagedFiles outputs;
+  if (backward) {
+    const TypedBuffer do_data = convert_to(do_file, dtype, do_path);
+    TypedBuffer dq = zeros(dtype, q_file.elements()), dk = zeros(dtype, k_file.elements()),
+                dv = zeros(dtype, k_file.elements());
+    BackwardArgs ba;
+    ba.forward = fa;
+    ba.o = {o_data.data(), fa.o.stride};
+    ba.d_o = {do_data.data(), fa.q.stride};
+    ba.lse = lse.data();
+    ba.lse_stride = fa.lse_stride;
+    ba.dq = {dq.data(), fa.q.stride};
+    ba.dk = {dk.data(), fa.k.stride};
+    ba.dv = {dv.data(), fa.k.stride};
+    attention_backward(ba);
+    outputs.stage(args.text("--dq"), encode_output(dq, q_file.shape));
+    outputs.stage(args.text("--dk"), encode_output(dk, k_file.shape));
+    outputs.stage(args.text("--dv"), encode_output(dv, k_file.shape));
+  }
   outputs.stage(out_path, encode_output(o_data, q_file.shape));
   if (!lse_path.empty()) outputs.stage(lse_path, io::encode_npy(io::NpyType::f32, {q.batch, q.heads, q.rows}, lse.data()));
   outputs.commit();

@@ -112,11 +112,15 @@ TEST_F(cliRunErrors, UnwritableOutputLeavesNothing) {
   EXPECT_EQ(dir.files().size(), 3u);
 }
 
-TEST_F(cliRunErrors, TrainingFlagsAreNotSupportedYet) {
-  expect_failure(inputs() + " --dropout 0.1 --seed 3", "dropout is not supported yet");
+TEST_F(cliRunErrors, BackwardFlags) {
+  const std::string grads = " --dq '" + (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" +
+                            (dir / "dv.npy") + "'";
   expect_failure(inputs() + " --dout '" + (dir / "q.npy") + "' --dq '" + (dir / "dq.npy") + "'",
-                 "backward is not supported yet");
+                 "--dk is missing");
+  expect_failure(inputs() + " --dout '" + (dir / "k.npy") + "'" + grads, "must be that of");
+  expect_failure(inputs() + " --dout '" + (dir / "nope.npy") + "'" + grads, "nope.npy: cannot open");
   expect_failure(inputs() + " --dropout 1.5", "--dropout");
+  expect_failure(inputs() + " --dropout 0.1 --seed -4", "--seed");
 }
 
 }  // namespace
