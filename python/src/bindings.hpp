@@ -27,6 +27,7 @@ inline T* from_address(Address a) {
 void bind_forward(nb::module_& m);
 void bind_merge(nb::module_& m);
 void bind_kvcache(nb::module_& m);
+void bind_backward(nb::module_& m);
 void bind_machine(nb::module_& m);
 
 }  // namespace tileattn::python

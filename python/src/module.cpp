@@ -21,5 +21,6 @@ NB_MODULE(_tileattn, m) {
   tileattn::python::bind_forward(m);
   tileattn::python::bind_merge(m);
   tileattn::python::bind_kvcache(m);
+  tileattn::python::bind_backward(m);
   tileattn::python::bind_machine(m);
 }

@@ -23,8 +23,11 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             ``[B, 1, Nq, Nk]``): size-1 dims are read with stride 0, never expanded. A bool or
             float32 mask is read in place; an additive mask of another float dtype is
             converted to float32 first (one copy of the mask, the only copy this function makes).
-        dropout_p: dropout probability on the attention weights, in [0, 1). Values > 0 raise
-            NotImplementedError until the kernel's dropout lands.
+        dropout_p: dropout probability on the attention weights, in [0, 1): weights are zeroed
+            with this probability and the kept ones scaled by ``1 / (1 - dropout_p)``. The
+            pattern comes from a counter-based generator seeded from ``torch.randint`` (torch
+            inputs) or ``numpy.random`` (NumPy inputs), so ``torch.manual_seed`` /
+            ``numpy.random.seed`` make it reproducible; the backward replays the same pattern.
         softmax_scale: multiplies ``q @ k^T``; None means ``1 / sqrt(D)``.
         is_causal: key ``j`` is visible to query ``i`` iff ``j <= i + (Nk - Nq)``: the causal
             mask is aligned to the BOTTOM-RIGHT of the score matrix, as in FlashAttention-2 and
@@ -46,9 +49,10 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
 
     With torch tensors the call goes through the custom op ``torch.ops.tileattn.flash_attention``
     (visible to torch.compile and tracing) and supports autograd for q, k and v (the mask gets no
-    gradient). The backward currently is the INTERIM path: PyTorch math recomputing the
-    attention weights from the saved (q, k, v, o, lse) in float32, query block by query block
-    (see tileattn/_torch_backward.py), until the C++ backward kernel lands.
+    gradient). The backward is the C++ kernel (``torch.ops.tileattn.flash_attention_backward``),
+    which recomputes the attention weights tile by tile from the saved log-sum-exp and replays
+    the forward's dropout pattern. When the loss also uses the returned lse, the backward
+    runs in PyTorch math instead (tileattn/_torch_backward.py; no dropout there).
 
     Errors: wrong shapes, dtypes, devices or layouts raise ValueError or TypeError naming the
     argument; features not built raise NotImplementedError.

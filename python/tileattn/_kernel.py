@@ -70,3 +70,27 @@ def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
                     addr(o_a), es("o_a", o_a), addr(lse_a), es("lse_a", lse_a),
                     addr(o_b), es("o_b", o_b), addr(lse_b), es("lse_b", lse_b),
                     addr(o_out), es("o", o_out), addr(lse_out), es("lse", lse_out))
+
+
+def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left, window_right,
+                  scale, dropout_p, seed, layout):
+    """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) for the forward
+    call with these options (same mask, scale, dropout_p and seed)."""
+    addr, es = _arrays.address, _arrays.element_strides
+    b, h, nq, d = heads_rows(tuple(q.shape), layout)
+    _, hk, nk, _ = heads_rows(tuple(k.shape), layout)
+    kind = mask_kind(mask)
+    if kind != MASK_NONE:
+        m_addr = addr(mask)
+        m_strides = _arrays.broadcast_strides("attn_mask", mask, (b, h, nq, nk), ("B", "H", "Nq", "Nk"))
+    else:
+        m_addr, m_strides = 0, (0, 0, 0, 1)
+    order = to_kernel_order
+    _C.backward(dtype_code(q), (b, h, hk, nq, nk, d),
+                addr(q), order(es("q", q), layout), addr(k), order(es("k", k), layout),
+                addr(v), order(es("v", v), layout), addr(o), order(es("o", o), layout),
+                addr(grad_o), order(es("grad_o", grad_o), layout), addr(lse), es("lse", lse),
+                addr(dq), order(es("dq", dq), layout), addr(dk), order(es("dk", dk), layout),
+                addr(dv), order(es("dv", dv), layout), kind, m_addr, m_strides, bool(causal),
+                int(window_left), int(window_right), float(scale), float(dropout_p), int(seed),
+                _settings["threads"])

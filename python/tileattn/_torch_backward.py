@@ -1,14 +1,16 @@
-"""INTERIM backward of flash_attention in PyTorch math.
+"""Backward of flash_attention in PyTorch math, for losses that use the log-sum-exp.
 
-This is the stand-in until the C++ backward kernel (include/tileattn/backward.hpp)
-is wired in. It follows FlashAttention-2's backward: the attention weights are
-recomputed from the saved log-sum-exp, P = exp(scale * Q K^T + mask - lse),
-never stored for the whole sequence -- one block of query rows at a time --
-and
+The C++ backward kernel (include/tileattn/backward.hpp) computes dQ, dK, dV
+from dO; a loss that also depends on the returned lse adds P * dlse to dS,
+which the kernel does not take, so that case (and only that case) runs here.
+It follows FlashAttention-2's backward: the attention weights are recomputed
+from the saved log-sum-exp, P = exp(scale * Q K^T + mask - lse), never stored
+for the whole sequence -- one block of query rows at a time -- and
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O) + dlse),
     dQ = scale * dS K,   dK = scale * dS^T Q,
 summed over the query heads that share a kv head (GQA). Arithmetic is fp32
-(the kernel's accumulation precision); gradients come back in the inputs' dtypes.
+(the kernel's accumulation precision); gradients come back in the inputs'
+dtypes. It has no dropout.
 """
 import torch
 

@@ -42,14 +42,42 @@ def _setup_context(ctx, inputs, output):
     ctx.options = (dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed)
 
 
+@torch.library.custom_op("tileattn::flash_attention_backward", mutates_args=(), device_types="cpu")
+def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                                lse: torch.Tensor, grad_o: torch.Tensor, grad_lse: torch.Tensor,
+                                attn_mask: Optional[torch.Tensor], dropout_p: float,
+                                softmax_scale: float, is_causal: bool, window_left: int,
+                                window_right: int, layout: int,
+                                seed: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of flash_attention, given the forward's inputs, options and (o, lse)."""
+    if not bool(grad_lse.any()):
+        # The C++ kernel (backward.hpp): P recomputed tile by tile from lse, dropout included.
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        _kernel.backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, attn_mask, is_causal,
+                              window_left, window_right, softmax_scale, dropout_p, seed, layout)
+        return dq, dk, dv
+    # A loss that uses lse adds P * dlse to dS, which the kernel does not take: PyTorch math.
+    if dropout_p > 0:
+        raise NotImplementedError("flash_attention: gradients through lse together with dropout "
+                                  "are not supported")
+    return _torch_backward.attention_backward_math(
+        q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
+        window_right, layout)
+
+
+@flash_attention_backward_op.register_fake
+def _(q, k, v, o, lse, grad_o, grad_lse, attn_mask, dropout_p, softmax_scale, is_causal,
+      window_left, window_right, layout, seed):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, attn_mask = ctx.saved_tensors
-    dropout_p, scale, causal, window_left, window_right, layout, seed = ctx.options
-    if dropout_p > 0:
-        raise NotImplementedError("flash_attention: the backward of dropout is not supported yet")
-    # INTERIM: PyTorch math until the C++ backward kernel (include/tileattn/backward.hpp) is wired in.
-    dq, dk, dv = _torch_backward.attention_backward_math(
-        q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal, window_left, window_right, layout)
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    if grad_lse is None:
+        grad_lse = torch.zeros_like(lse)
+    dq, dk, dv = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

@@ -1,0 +1,71 @@
+// tileattn._tileattn.backward: backward.hpp's attention_backward (dQ, dK, dV)
+// on caller-owned memory, with the forward call's options so the mask and the
+// dropout pattern are the forward's.
+#include <array>
+#include <cstdint>
+
+#include <nanobind/stl/array.h>
+
+#include "bindings.hpp"
+#include "tileattn/backward.hpp"
+
+namespace tileattn::python {
+
+namespace {
+
+using Stride4 = std::array<int64_t, 4>;
+using Stride3 = std::array<int64_t, 3>;
+
+// Shape [batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim].
+void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const Stride4& q_stride,
+              Address k, const Stride4& k_stride, Address v, const Stride4& v_stride, Address o,
+              const Stride4& o_stride, Address d_o, const Stride4& d_o_stride, Address lse,
+              const Stride3& lse_stride, Address dq, const Stride4& dq_stride, Address dk,
+              const Stride4& dk_stride, Address dv, const Stride4& dv_stride, int mask_kind,
+              Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
+              int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads) {
+  if (dtype < 0 || dtype > int(DType::bf16)) throw Error("dtype: unknown code");
+  if (mask_kind < 0 || mask_kind > int(MaskSpec::Kind::additive)) throw Error("attn_mask: unknown kind");
+  BackwardArgs a;
+  ForwardArgs& f = a.forward;
+  f.dtype = DType(dtype);
+  f.shape = AttentionShape{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
+  f.q = InputView{from_address<const void>(q), q_stride};
+  f.k = InputView{from_address<const void>(k), k_stride};
+  f.v = InputView{from_address<const void>(v), v_stride};
+  f.mask.kind = MaskSpec::Kind(mask_kind);
+  f.mask.data = from_address<const void>(mask);
+  f.mask.stride = mask_stride;
+  f.mask.causal = causal;
+  f.mask.window_left = window_left;
+  f.mask.window_right = window_right;
+  f.scale = scale;
+  f.dropout_p = dropout_p;
+  f.seed = seed;
+  f.threads = threads;
+  a.o = InputView{from_address<const void>(o), o_stride};
+  a.d_o = InputView{from_address<const void>(d_o), d_o_stride};
+  a.lse = from_address<const float>(lse);
+  a.lse_stride = lse_stride;
+  a.dq = OutputView{from_address<void>(dq), dq_stride};
+  a.dk = OutputView{from_address<void>(dk), dk_stride};
+  a.dv = OutputView{from_address<void>(dv), dv_stride};
+  nb::gil_scoped_release release;
+  attention_backward(a);
+}
+
+}  // namespace
+
+void bind_backward(nb::module_& m) {
+  m.def("backward", &backward, nb::arg("dtype"), nb::arg("shape"), nb::arg("q"),
+        nb::arg("q_stride"), nb::arg("k"), nb::arg("k_stride"), nb::arg("v"), nb::arg("v_stride"),
+        nb::arg("o"), nb::arg("o_stride"), nb::arg("d_o"), nb::arg("d_o_stride"), nb::arg("lse"),
+        nb::arg("lse_stride"), nb::arg("dq"), nb::arg("dq_stride"), nb::arg("dk"),
+        nb::arg("dk_stride"), nb::arg("dv"), nb::arg("dv_stride"), nb::arg("mask_kind"),
+        nb::arg("mask"), nb::arg("mask_stride"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("scale"), nb::arg("dropout_p"), nb::arg("seed"),
+        nb::arg("threads"),
+        "attention_backward on raw addresses; element strides in [batch, head, row, dim] order");
+}
+
+}  // namespace tileattn::python
