@@ -2,7 +2,17 @@
 // Included only by files of this directory, compiled with the AVX-512 flags.
 #pragma once
 
+// Tests may compile this file against a scalar emulation of the intrinsics
+// (tests/isa/avx512_emulation.hpp) in another namespace, to check it on CPUs
+// without AVX-512; the library always uses the real ones.
+#ifndef TILEATTN_AVX512_EMULATION
 #include <immintrin.h>
+#else
+#include TILEATTN_AVX512_EMULATION
+#endif
+#ifndef TILEATTN_AVX512_NAMESPACE
+#define TILEATTN_AVX512_NAMESPACE avx512
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -11,7 +21,7 @@
 #include "core/half.hpp"
 #include "tileattn/types.hpp"
 
-namespace tileattn::detail::avx512 {
+namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
 static inline __mmask16 tail_mask(int64_t n) {
   return static_cast<__mmask16>((n >= 16) ? 0xffffu : ((1u << n) - 1u));
@@ -218,4 +228,4 @@ struct Kernels {
   }
 };
 
-}  // namespace tileattn::detail::avx512
+}  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE

@@ -1,0 +1,21 @@
+// The planning steps of attention_forward (forward.cpp), declared for callers
+// that run the same plan with another per-item function, such as the tests
+// that drive the AVX-512 main loop on an emulation.
+#pragma once
+
+#include "core/isa_entry.hpp"
+#include "core/problem.hpp"
+#include "tileattn/attention.hpp"
+
+namespace tileattn::detail {
+
+// The main-loop entry of an ISA path (generic, avx2 or avx512).
+ForwardItemFn forward_item_fn(Isa isa);
+// `requested` threads, or the hardware's when <= 0 or more than it has.
+int effective_threads(int requested);
+// Tiles, GQA grouping and key splits of a validated call on `isa`'s tiles.
+Problem plan_forward(const ForwardArgs& args, Isa isa, int threads);
+// Merges the key splits' partial O and LSE into args.o / args.lse (kv_splits > 1).
+void merge_splits(const Problem& p);
+
+}  // namespace tileattn::detail

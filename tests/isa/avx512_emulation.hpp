@@ -1,0 +1,247 @@
+// A scalar emulation of exactly the AVX-512 (F/BW/DQ/VL) intrinsics that
+// src/isa/avx512/kernels.hpp uses, so that its kernels and the main loop built
+// on them can be tested on CPUs without AVX-512 (this project's development
+// machine is one; QEMU does not implement AVX-512 and Intel SDE is not here).
+//
+// Use, in a test translation unit that never includes <immintrin.h>:
+//   #define TILEATTN_AVX512_EMULATION "isa/avx512_emulation.hpp"
+//   #define TILEATTN_AVX512_NAMESPACE avx512_emulated
+//   #include "isa/avx512/kernels.hpp"
+// kernels.hpp then includes this file instead of <immintrin.h> and puts its
+// Kernels in tileattn::detail::avx512_emulated, away from the library's real
+// tileattn::detail::avx512 (no ODR clash).
+//
+// Faithful where a wrong kernel would show:
+//  - aligned loads/stores fault (abort) unless 64-byte aligned;
+//  - masked loads/stores never touch masked-off lanes (fault suppression), so
+//    a guard page after the data catches any unmasked over-read;
+//  - max/min return the SECOND operand on NaN and on equal zeros;
+//  - fmadd is fused (one rounding), roundscale rounds to nearest-even,
+//    scalef follows the SDM's special cases, cvtps_ph rounds to nearest-even;
+//  - reduce_add / reduce_max combine lanes in the order GCC's
+//    avx512fintrin.h does (upper 256 op lower 256, then 128-bit halves, then
+//    lanes {0,1} op {2,3}, then lane 0 op lane 1). Clang's order may differ.
+// Not emulated: floating-point exceptions and MXCSR modes (DAZ/FTZ are
+// assumed off, rounding nearest), and anything kernels.hpp does not call, which
+// is then a compile error here rather than a silent guess.
+//
+// The names below are the intrinsics' reserved names on purpose: kernels.hpp
+// must compile unchanged. They live in namespace tileattn::avx512_emulation
+// and are made visible only inside TILEATTN_AVX512_NAMESPACE.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "isa/avx512_lane_semantics.hpp"
+
+#ifndef TILEATTN_AVX512_NAMESPACE
+#error "define TILEATTN_AVX512_NAMESPACE (not avx512) before including the AVX-512 emulation"
+#endif
+
+// immintrin.h's constants (same values), unless something included it anyway.
+#ifndef _MM_FROUND_TO_NEAREST_INT
+#define _MM_FROUND_TO_NEAREST_INT 0x00
+#define _MM_FROUND_TO_NEG_INF 0x01
+#define _MM_FROUND_TO_POS_INF 0x02
+#define _MM_FROUND_TO_ZERO 0x03
+#define _MM_FROUND_CUR_DIRECTION 0x04
+#define _MM_FROUND_NO_EXC 0x08
+#endif
+#ifndef _CMP_EQ_OQ
+#define _CMP_EQ_OQ 0x00
+#define _CMP_LT_OS 0x01
+#define _CMP_LE_OS 0x02
+#define _CMP_UNORD_Q 0x03
+#define _CMP_NEQ_UQ 0x04
+#define _CMP_NLT_US 0x05
+#define _CMP_NLE_US 0x06
+#define _CMP_ORD_Q 0x07
+#define _CMP_LT_OQ 0x11
+#define _CMP_LE_OQ 0x12
+#define _CMP_GE_OQ 0x1d
+#define _CMP_GT_OQ 0x1e
+#endif
+
+namespace tileattn::avx512_emulation {
+
+struct alignas(64) __m512 {
+  float f32[16];
+};
+struct alignas(64) __m512i {
+  int32_t i32[16];
+};
+// The kernels use 256-bit integer vectors only as 16 fp16/bf16 values.
+struct alignas(32) __m256i {
+  uint16_t u16[16];
+};
+using __mmask16 = uint16_t;
+
+namespace memory {
+inline void require_aligned(const void* p, uintptr_t alignment, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) fault(what);
+}
+inline bool active(__mmask16 k, int i) { return (k >> i) & 1u; }
+}  // namespace memory
+
+template <class Op>
+inline __m512 per_lane(Op op) {
+  __m512 r;
+  for (int i = 0; i < 16; ++i) r.f32[i] = op(i);
+  return r;
+}
+
+// ---- set, move, mask-move
+inline __m512 _mm512_set1_ps(float x) {
+  return per_lane([&](int) { return x; });
+}
+inline __m512 _mm512_setzero_ps() { return _mm512_set1_ps(0.0f); }
+inline __m512i _mm512_setr_epi32(int e0, int e1, int e2, int e3, int e4, int e5, int e6, int e7,
+                                 int e8, int e9, int e10, int e11, int e12, int e13, int e14,
+                                 int e15) {
+  return __m512i{{e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15}};
+}
+inline __m512 _mm512_mask_mov_ps(__m512 src, __mmask16 k, __m512 a) {
+  return per_lane([&](int i) { return memory::active(k, i) ? a.f32[i] : src.f32[i]; });
+}
+inline __m512 _mm512_maskz_mov_ps(__mmask16 k, __m512 a) {
+  return per_lane([&](int i) { return memory::active(k, i) ? a.f32[i] : 0.0f; });
+}
+inline __m512 _mm512_castsi512_ps(__m512i a) {
+  __m512 r;
+  std::memcpy(&r, &a, sizeof r);
+  return r;
+}
+
+// ---- loads and stores
+inline __m512 _mm512_load_ps(const void* p) {
+  memory::require_aligned(p, 64, "_mm512_load_ps: address not 64-byte aligned (#GP)");
+  __m512 r;
+  std::memcpy(r.f32, p, 64);
+  return r;
+}
+inline void _mm512_store_ps(void* p, __m512 a) {
+  memory::require_aligned(p, 64, "_mm512_store_ps: address not 64-byte aligned (#GP)");
+  std::memcpy(p, a.f32, 64);
+}
+inline __m512 _mm512_loadu_ps(const void* p) {
+  __m512 r;
+  std::memcpy(r.f32, p, 64);
+  return r;
+}
+inline void _mm512_storeu_ps(void* p, __m512 a) { std::memcpy(p, a.f32, 64); }
+
+// Masked forms: a masked-off lane's memory is never read or written.
+inline __m512 _mm512_mask_loadu_ps(__m512 src, __mmask16 k, const void* p) {
+  const char* bytes = static_cast<const char*>(p);
+  for (int i = 0; i < 16; ++i)
+    if (memory::active(k, i)) std::memcpy(&src.f32[i], bytes + 4 * i, 4);
+  return src;
+}
+inline __m512 _mm512_maskz_loadu_ps(__mmask16 k, const void* p) {
+  return _mm512_mask_loadu_ps(_mm512_setzero_ps(), k, p);
+}
+inline void _mm512_mask_storeu_ps(void* p, __mmask16 k, __m512 a) {
+  char* bytes = static_cast<char*>(p);
+  for (int i = 0; i < 16; ++i)
+    if (memory::active(k, i)) std::memcpy(bytes + 4 * i, &a.f32[i], 4);
+}
+inline __m256i _mm256_maskz_loadu_epi16(__mmask16 k, const void* p) {
+  __m256i r{};
+  const char* bytes = static_cast<const char*>(p);
+  for (int i = 0; i < 16; ++i)
+    if (memory::active(k, i)) std::memcpy(&r.u16[i], bytes + 2 * i, 2);
+  return r;
+}
+inline void _mm256_mask_storeu_epi16(void* p, __mmask16 k, __m256i a) {
+  char* bytes = static_cast<char*>(p);
+  for (int i = 0; i < 16; ++i)
+    if (memory::active(k, i)) std::memcpy(bytes + 2 * i, &a.u16[i], 2);
+}
+// VGATHERDPS, all lanes: element i from base + sign-extended index[i] * scale.
+inline __m512 _mm512_i32gather_ps(__m512i index, const void* base, int scale) {
+  if (scale != 1 && scale != 2 && scale != 4 && scale != 8) fault("i32gather_ps: scale not 1/2/4/8");
+  const char* bytes = static_cast<const char*>(base);
+  return per_lane([&](int i) {
+    float x;
+    std::memcpy(&x, bytes + int64_t(index.i32[i]) * scale, 4);
+    return x;
+  });
+}
+
+// ---- arithmetic
+inline __m512 _mm512_add_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) { return a.f32[i] + b.f32[i]; });
+}
+inline __m512 _mm512_sub_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) { return a.f32[i] - b.f32[i]; });
+}
+inline __m512 _mm512_mul_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) { return a.f32[i] * b.f32[i]; });
+}
+inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
+  return per_lane([&](int i) { return std::fma(a.f32[i], b.f32[i], c.f32[i]); });
+}
+inline __m512 _mm512_max_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) { return lane::max(a.f32[i], b.f32[i]); });
+}
+inline __m512 _mm512_min_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) { return lane::min(a.f32[i], b.f32[i]); });
+}
+inline __m512 _mm512_roundscale_ps(__m512 a, int imm) {
+  return per_lane([&](int i) { return lane::round_to_integer(a.f32[i], imm); });
+}
+inline __m512 _mm512_scalef_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) { return lane::scalef(a.f32[i], b.f32[i]); });
+}
+inline __mmask16 _mm512_cmp_ps_mask(__m512 a, __m512 b, int predicate) {
+  if (predicate < 0 || predicate > 31) fault("cmp_ps_mask: predicate outside 0..31");
+  unsigned k = 0;
+  for (int i = 0; i < 16; ++i)
+    if (lane::compare(a.f32[i], b.f32[i], predicate)) k |= 1u << i;
+  return static_cast<__mmask16>(k);
+}
+
+// ---- reductions, in GCC's order (see the top of this file)
+template <class Op>
+inline float reduce_like_gcc(const __m512& a, Op op) {
+  float t3[8], t6[4];
+  for (int i = 0; i < 8; ++i) t3[i] = op(a.f32[8 + i], a.f32[i]);  // upper op lower
+  for (int i = 0; i < 4; ++i) t6[i] = op(t3[4 + i], t3[i]);
+  const float t8_0 = op(t6[0], t6[2]), t8_1 = op(t6[1], t6[3]);
+  return op(t8_0, t8_1);
+}
+inline float _mm512_reduce_add_ps(__m512 a) {
+  return reduce_like_gcc(a, [](float x, float y) { return x + y; });
+}
+// GCC ends reduce_max with max(T8, shuffle(T8, {1,0,1,0}))[0] = max(T8[0], T8[1]).
+inline float _mm512_reduce_max_ps(__m512 a) { return reduce_like_gcc(a, lane::max); }
+
+// ---- conversions and integer shifts
+inline __m512 _mm512_cvtph_ps(__m256i a) {
+  return per_lane([&](int i) { return lane::half_to_float(a.u16[i]); });
+}
+inline __m256i _mm512_cvtps_ph(__m512 a, int imm) {
+  __m256i r;
+  for (int i = 0; i < 16; ++i) r.u16[i] = lane::float_to_half(a.f32[i], imm);
+  return r;
+}
+inline __m512i _mm512_cvtepu16_epi32(__m256i a) {
+  __m512i r;
+  for (int i = 0; i < 16; ++i) r.i32[i] = int32_t(a.u16[i]);
+  return r;
+}
+inline __m512i _mm512_slli_epi32(__m512i a, unsigned int count) {
+  __m512i r;
+  for (int i = 0; i < 16; ++i)
+    r.i32[i] = count > 31 ? 0 : int32_t(uint32_t(a.i32[i]) << count);
+  return r;
+}
+
+}  // namespace tileattn::avx512_emulation
+
+// The kernels' namespace sees the emulated names by unqualified lookup.
+namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
+using namespace tileattn::avx512_emulation;
+}
