@@ -14,6 +14,7 @@
 #include "cli/timing.hpp"
 #include "core/thread_pool.hpp"
 #include "tileattn/attention.hpp"
+#include "tileattn/backward.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::cli {
@@ -28,7 +29,9 @@ const char* const kHelp =
     "Reports ms (median of R after a warm-up), gflops (4*D flops per visible (query, key)\n"
     "pair), fraction_of_peak (of the FMA peak measured now with the same threads),\n"
     "peak_rss_mb (before the baseline runs), and for the naive OpenBLAS baseline (S = Q K^T\n"
-    "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n";
+    "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n"
+    "--backward times attention_backward instead (10*D flops per visible pair; the baseline\n"
+    "is the same sgemm formulation of dQ, dK, dV).\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
 
@@ -53,7 +56,7 @@ int cmd_bench(int argc, char** argv) {
   const auto [window_left, window_right] = args.window("--window");
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const int reps = int(args.integer("--reps", 5, 1, 1000));
-  if (args.has("--backward")) throw NotSupported("backward is not supported yet");
+  const bool backward = args.has("--backward");
   if (heads % kv_heads != 0)
     throw UsageError("--kv-heads: " + std::to_string(kv_heads) + " must divide --heads " + std::to_string(heads));
   int64_t q_elems = 0, k_elems = 0;
@@ -78,16 +81,41 @@ int cmd_bench(int argc, char** argv) {
   fa.mask.window_right = window_right;
   fa.threads = threads;
   validate(fa);
+  // The backward also needs the forward's LSE, dO and the three gradients.
+  std::vector<float> lse;
+  TypedBuffer d_o, dq, dk, dv;
+  BackwardArgs ba;
+  if (backward) {
+    lse.assign(size_t(batch * heads * seq), 0.0f);
+    fa.lse = lse.data();
+    fa.lse_stride = {heads * seq, seq, 1};
+    d_o = random_buffer(dtype, q_elems, 4);
+    dq = zeros(dtype, q_elems);
+    dk = zeros(dtype, k_elems);
+    dv = zeros(dtype, k_elems);
+    ba.forward = fa;
+    ba.o = {o.data(), fa.o.stride};
+    ba.d_o = {d_o.data(), fa.q.stride};
+    ba.lse = lse.data();
+    ba.lse_stride = fa.lse_stride;
+    ba.dq = {dq.data(), fa.q.stride};
+    ba.dk = {dk.data(), fa.k.stride};
+    ba.dv = {dv.data(), fa.k.stride};
+  }
 
   const BandMask band = BandMask::from(causal, window_left, window_right);
-  const double flops = 4.0 * double(dim) * double(band.pairs(seq, kv_seq)) * double(batch * heads);
+  const double flops_per_pair = (backward ? 10.0 : 4.0) * double(dim);
+  const double flops = flops_per_pair * double(band.pairs(seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
   const TileShape tiles = choose_tiles(isa, dim, dtype);
   const double peak = measure_fma_peak_gflops(threads, isa);
 
-  attention_forward(fa);  // warm-up: page in the buffers, start the thread pool
+  // Warm-up: page in the buffers, start the thread pool (and O, LSE for the backward).
+  attention_forward(fa);
+  if (backward) attention_backward(ba);
   std::vector<double> rep_ms;
-  for (int r = 0; r < reps; ++r) rep_ms.push_back(time_ms([&] { attention_forward(fa); }));
+  for (int r = 0; r < reps; ++r)
+    rep_ms.push_back(time_ms([&] { backward ? attention_backward(ba) : attention_forward(fa); }));
   const double ms = median(rep_ms);
   const double gflops = flops / (ms * 1e-3) * 1e-9;
   const double rss = peak_rss_mb();
@@ -103,7 +131,7 @@ int cmd_bench(int argc, char** argv) {
   rep.boolean("causal", causal);
   rep.integer("window_left", window_left);
   rep.integer("window_right", window_right);
-  rep.boolean("backward", false);
+  rep.boolean("backward", backward);
   rep.text("isa", isa_name(isa));
   rep.integer("threads", threads);
   rep.integer("block_q", tiles.block_q);
@@ -143,10 +171,24 @@ int cmd_bench(int argc, char** argv) {
   // beyond the median discarding a cold first run.
   const int baseline_reps = std::min(reps, 3);
   std::vector<double> baseline_rep_ms;
-  for (int r = 0; r < baseline_reps; ++r)
-    baseline_rep_ms.push_back(time_ms([&] {
-      naive_attention(blas, shape, band, scale, threads, q32.data(), k32.data(), v32.data(), o32.data());
-    }));
+  if (!backward) {
+    for (int r = 0; r < baseline_reps; ++r)
+      baseline_rep_ms.push_back(time_ms([&] {
+        naive_attention(blas, shape, band, scale, threads, q32.data(), k32.data(), v32.data(), o32.data());
+      }));
+  } else {
+    naive_attention(blas, shape, band, scale, threads, q32.data(), k32.data(), v32.data(), o32.data());
+    const std::vector<float> do32 = to_f32(d_o);
+    std::vector<float> dq32(o32.size()), dk32(k32.size()), dv32(k32.size());
+    for (int r = 0; r < baseline_reps; ++r) {
+      std::fill(dk32.begin(), dk32.end(), 0.0f);  // accumulated over each KV group
+      std::fill(dv32.begin(), dv32.end(), 0.0f);
+      baseline_rep_ms.push_back(time_ms([&] {
+        naive_attention_backward(blas, shape, band, scale, threads, q32.data(), k32.data(), v32.data(),
+                                 o32.data(), do32.data(), dq32.data(), dk32.data(), dv32.data());
+      }));
+    }
+  }
   const double baseline_ms = median(baseline_rep_ms);
   rep.number("baseline_ms", baseline_ms);
   rep.number("baseline_gflops", flops / (baseline_ms * 1e-3) * 1e-9);

@@ -1,5 +1,6 @@
 #include "cli/naive_baseline.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -8,6 +9,33 @@
 
 namespace tileattn::cli {
 
+namespace {
+
+// scores (Nq, Nk) = scale * Q K^T, then each row softmaxed in place over its
+// visible keys (rows with none become zeros).
+void probabilities(const OpenBlas& blas, int64_t nq, int64_t nk, int64_t d, const BandMask& band,
+                   float scale, int threads, const float* qh, const float* kh, float* scores) {
+  blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kTrans, int(nq), int(nk), int(d), scale, qh,
+             int(d), kh, int(d), 0.0f, scores, int(nk));
+  detail::parallel_for(nq, threads, [&](int64_t i, int) {
+    float* row = scores + i * nk;
+    int64_t first, last;
+    band.keys(i, nq, nk, first, last);
+    float row_max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = first; j < last; ++j) row_max = std::max(row_max, row[j]);
+    float sum = 0;
+    for (int64_t j = 0; j < nk; ++j) {
+      const float p = j >= first && j < last ? std::exp(row[j] - row_max) : 0.0f;
+      row[j] = p;
+      sum += p;
+    }
+    const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+    for (int64_t j = 0; j < nk; ++j) row[j] *= inv;
+  });
+}
+
+}  // namespace
+
 void naive_attention(const OpenBlas& blas, const BaselineShape& s, const BandMask& band, float scale,
                      int threads, const float* q, const float* k, const float* v, float* o) {
   const int64_t nq = s.seqlen_q, nk = s.seqlen_k, d = s.head_dim;
@@ -15,29 +43,43 @@ void naive_attention(const OpenBlas& blas, const BaselineShape& s, const BandMas
   std::vector<float> scores(size_t(nq * nk));  // (Nq, Nk): the matrix FlashAttention avoids
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const float* qh = q + (b * s.heads + h) * nq * d;
-      const float* kh = k + (b * s.kv_heads + h / group) * nk * d;
-      const float* vh = v + (b * s.kv_heads + h / group) * nk * d;
-      float* oh = o + (b * s.heads + h) * nq * d;
-      blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kTrans, int(nq), int(nk), int(d),
-                 scale, qh, int(d), kh, int(d), 0.0f, scores.data(), int(nk));
+      const int64_t kv = b * s.kv_heads + h / group;
+      probabilities(blas, nq, nk, d, band, scale, threads, q + (b * s.heads + h) * nq * d, k + kv * nk * d,
+                    scores.data());
+      blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kNoTrans, int(nq), int(d), int(nk), 1.0f,
+                 scores.data(), int(nk), v + kv * nk * d, int(d), 0.0f, o + (b * s.heads + h) * nq * d, int(d));
+    }
+}
+
+void naive_attention_backward(const OpenBlas& blas, const BaselineShape& s, const BandMask& band,
+                              float scale, int threads, const float* q, const float* k, const float* v,
+                              const float* o, const float* d_o, float* dq, float* dk, float* dv) {
+  const int64_t nq = s.seqlen_q, nk = s.seqlen_k, d = s.head_dim;
+  const int64_t group = s.heads / s.kv_heads;
+  std::vector<float> p(size_t(nq * nk)), dp(size_t(nq * nk));  // (Nq, Nk) each
+  using B = OpenBlas;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t qo = (b * s.heads + h) * nq * d, kvo = (b * s.kv_heads + h / group) * nk * d;
+      probabilities(blas, nq, nk, d, band, scale, threads, q + qo, k + kvo, p.data());
+      // dV (Nk, D) += P^T dO;  dP (Nq, Nk) = dO V^T
+      blas.sgemm(B::kRowMajor, B::kTrans, B::kNoTrans, int(nk), int(d), int(nq), 1.0f, p.data(), int(nk),
+                 d_o + qo, int(d), 1.0f, dv + kvo, int(d));
+      blas.sgemm(B::kRowMajor, B::kNoTrans, B::kTrans, int(nq), int(nk), int(d), 1.0f, d_o + qo, int(d),
+                 v + kvo, int(d), 0.0f, dp.data(), int(nk));
+      // dS = P o (dP - D), D_i = dO_i . O_i; kept in dp.
       detail::parallel_for(nq, threads, [&](int64_t i, int) {
-        float* row = scores.data() + i * nk;
-        int64_t first, last;
-        band.keys(i, nq, nk, first, last);
-        float row_max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = first; j < last; ++j) row_max = std::max(row_max, row[j]);
-        float sum = 0;
-        for (int64_t j = 0; j < nk; ++j) {
-          const float p = j >= first && j < last ? std::exp(row[j] - row_max) : 0.0f;
-          row[j] = p;
-          sum += p;
-        }
-        const float inv = sum > 0 ? 1.0f / sum : 0.0f;  // a row with no visible key gives zeros
-        for (int64_t j = 0; j < nk; ++j) row[j] *= inv;
+        float delta = 0;
+        for (int64_t c = 0; c < d; ++c) delta += d_o[qo + i * d + c] * o[qo + i * d + c];
+        float* ds = dp.data() + i * nk;
+        const float* pr = p.data() + i * nk;
+        for (int64_t j = 0; j < nk; ++j) ds[j] = pr[j] * (ds[j] - delta);
       });
-      blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kNoTrans, int(nq), int(d), int(nk),
-                 1.0f, scores.data(), int(nk), vh, int(d), 0.0f, oh, int(d));
+      // dQ (Nq, D) = scale dS K;  dK (Nk, D) += scale dS^T Q
+      blas.sgemm(B::kRowMajor, B::kNoTrans, B::kNoTrans, int(nq), int(d), int(nk), scale, dp.data(), int(nk),
+                 k + kvo, int(d), 0.0f, dq + qo, int(d));
+      blas.sgemm(B::kRowMajor, B::kTrans, B::kNoTrans, int(nk), int(d), int(nq), scale, dp.data(), int(nk),
+                 q + qo, int(d), 1.0f, dk + kvo, int(d));
     }
 }
 

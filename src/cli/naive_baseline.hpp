@@ -21,3 +21,15 @@ void naive_attention(const OpenBlas& blas, const BaselineShape& s, const BandMas
                      int threads, const float* q, const float* k, const float* v, float* o);
 
 }  // namespace tileattn::cli
+
+namespace tileattn::cli {
+
+// The naive backward: per (batch, head) P is recomputed as above, then
+// dV += P^T dO, dP = dO V^T, dS = P o (dP - rowsum(dO o O)), dQ = scale dS K and
+// dK += scale dS^T Q, all with sgemm and two Nq x Nk matrices in memory.
+// dk and dv accumulate over the query heads of a KV group: zero them first.
+void naive_attention_backward(const OpenBlas& blas, const BaselineShape& s, const BandMask& band,
+                              float scale, int threads, const float* q, const float* k, const float* v,
+                              const float* o, const float* d_o, float* dq, float* dk, float* dv);
+
+}  // namespace tileattn::cli

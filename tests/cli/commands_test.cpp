@@ -128,9 +128,21 @@ TEST(cliBench, BadFlagsAndBackward) {
   r = run_cli("bench --heads 8 --kv-heads 3", dir);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--kv-heads"), std::string::npos);
-  r = run_cli("bench --seq 64 --backward", dir);
+  r = run_cli("bench --seq 0 --backward", dir);
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.err, "tileattn: backward is not supported yet\n");
+}
+
+TEST(cliBench, BackwardCountsTenDFlopsPerPair) {
+  TempDir dir;
+  const Result r = run_cli("bench --heads 2 --seq 48 --kv-seq 48 --dim 16 --window 5,-1 --reps 1 --backward --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  EXPECT_TRUE(j.get("backward")->flag);
+  // Window left 5, right unbounded: query i sees keys max(0, i-5)..47.
+  double pairs = 0;
+  for (int i = 0; i < 48; ++i) pairs += 48 - std::max(0, i - 5);
+  EXPECT_EQ(j.get("flops")->num, 10.0 * 16 * pairs * 2);
+  expect_fields(j, {"ms", "gflops", "fraction_of_peak", "baseline_ms", "speedup_vs_baseline"}, Json::number);
 }
 
 TEST(cliCheck, PassesOnThisMachineAndReportsEachCase) {
