@@ -24,6 +24,17 @@ __all__ = ["flash_attention", "attention_with_kvcache", "merge_states", "info",
            "set_num_threads", "get_num_threads", *_TORCH_NAMES]
 
 
+def _register_torch_ops_if_torch_is_loaded():
+    """torch.ops.tileattn.* exist once tileattn._torch_ops is imported: at the first call with
+    torch tensors, or right away when torch was imported before tileattn."""
+    import sys
+    if "torch" in sys.modules:
+        from . import _torch_ops  # noqa: F401
+
+
+_register_torch_ops_if_torch_is_loaded()
+
+
 def info():
     """ISA path chosen, CPU features, cache sizes and hardware threads, as a dict."""
     return dict(_machine_info())
