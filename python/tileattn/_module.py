@@ -1,0 +1,177 @@
+"""tileattn.FlashAttention: a Llama-family attention layer (projections, GQA, RoPE, KV cache)."""
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ._forward import flash_attention
+from ._kvcache import attention_with_kvcache
+
+
+@dataclasses.dataclass
+class AttentionConfig:
+    """Attention settings of a Llama-style model, with Hugging Face's config.json names."""
+    hidden_size: int = 4096
+    num_attention_heads: int = 32
+    num_key_value_heads: Optional[int] = None  # None: = num_attention_heads (MHA)
+    head_dim: Optional[int] = None             # None: hidden_size // num_attention_heads
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048        # KV cache capacity and RoPE table length
+    attention_bias: bool = False
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"config: num_key_value_heads ({self.num_key_value_heads}) must divide "
+                             f"num_attention_heads ({self.num_attention_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"config: head_dim must be even for RoPE, got {self.head_dim}")
+
+    @classmethod
+    def from_dict(cls, d):
+        """From a Hugging Face config.json dict (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def rope_tables(theta, positions, head_dim):
+    """cos, sin fp32 [positions, head_dim / 2] for the GPT-NeoX/Llama rotation, angles in float64."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cos(angles).float(), torch.sin(angles).float()
+
+
+def apply_rope(x, cos, sin):
+    """Rotates [B, H, N, D] by the rows of cos/sin [N, D/2]: pairs (i, i + D/2), in fp32."""
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).to(x.dtype)
+
+
+class FlashAttention(nn.Module):
+    """Llama-style self-attention: q/k/v/o projections, GQA, RoPE, and an internal KV cache.
+
+    ``forward(x)`` runs a prefill: it starts a new sequence (the cache is reset), attends causally
+    over ``x`` and stores its keys/values. ``incremental_forward(x)`` appends one (or a few) new
+    tokens and attends them to everything cached. ``x`` is ``[B, N, hidden_size]``.
+
+    backend "tileattn" (default) runs attention with tileattn: ``attention_with_kvcache``
+    (RoPE applied by the kernel as keys enter the cache) when no gradient is needed, and the
+    differentiable ``flash_attention`` with RoPE in PyTorch when one is. backend "sdpa" runs the
+    same layer with ``torch.nn.functional.scaled_dot_product_attention``, for comparisons.
+
+    config: an AttentionConfig, a dict (Hugging Face config.json names) or an object with
+    those attributes.
+    """
+
+    def __init__(self, config, backend="tileattn"):
+        super().__init__()
+        if isinstance(config, dict):
+            config = AttentionConfig.from_dict(config)
+        elif not isinstance(config, AttentionConfig):
+            config = AttentionConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(AttentionConfig)
+                                        if hasattr(config, f.name)})
+        if backend not in ("tileattn", "sdpa"):
+            raise ValueError(f"backend: expected 'tileattn' or 'sdpa', got {backend!r}")
+        self.config, self.backend = config, backend
+        c = config
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        linear = lambda i, o: nn.Linear(i, o, bias=c.attention_bias, dtype=c.dtype)
+        self.q_proj = linear(c.hidden_size, self.heads * self.head_dim)
+        self.k_proj = linear(c.hidden_size, self.kv_heads * self.head_dim)
+        self.v_proj = linear(c.hidden_size, self.kv_heads * self.head_dim)
+        self.o_proj = linear(self.heads * self.head_dim, c.hidden_size)
+        cos, sin = rope_tables(c.rope_theta, c.max_position_embeddings, self.head_dim)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.k_cache = self.v_cache = None  # [B, kv_heads, capacity, head_dim], c.dtype
+        self.cache_length = 0
+
+    def load_weights(self, weights):
+        """Copies q_proj/k_proj/v_proj/o_proj weights (e.g. from load_huggingface_weights)."""
+        with torch.no_grad():
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                layer = getattr(self, name)
+                w = weights[name]
+                if tuple(w.shape) != tuple(layer.weight.shape):
+                    raise ValueError(f"weights: {name} has shape {tuple(w.shape)}, "
+                                     f"the layer needs {tuple(layer.weight.shape)}")
+                layer.weight.copy_(w)
+        return self
+
+    @classmethod
+    def from_pretrained(cls, path, layer_idx, config, backend="tileattn"):
+        from ._weights import load_huggingface_weights
+        return cls(config, backend).load_weights(load_huggingface_weights(path, layer_idx))
+
+    def reset_cache(self, batch):
+        shape = (batch, self.kv_heads, self.config.max_position_embeddings, self.head_dim)
+        if self.k_cache is None or tuple(self.k_cache.shape) != shape:
+            self.k_cache = torch.zeros(shape, dtype=self.config.dtype)
+            self.v_cache = torch.zeros(shape, dtype=self.config.dtype)
+        self.cache_length = 0
+
+    def forward(self, x):
+        """Prefill: x [B, N, hidden] -> [B, N, hidden]; the cache then holds these N tokens."""
+        self._check_input(x)
+        self.reset_cache(x.shape[0])
+        return self._attend(x)
+
+    def incremental_forward(self, x):
+        """Decode: x [B, T, hidden] (T new tokens, usually 1) at positions cache_length .. + T - 1."""
+        self._check_input(x)
+        if self.k_cache is None or x.shape[0] != self.k_cache.shape[0]:
+            raise ValueError("x: incremental_forward needs a prefill (forward) of the same batch first")
+        return self._attend(x)
+
+    def _check_input(self, x):
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"x: expected [B, N, {self.config.hidden_size}], got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if self.cache_length + x.shape[1] > self.config.max_position_embeddings and x.shape[1]:
+            if self.k_cache is not None:
+                raise ValueError(f"x: {x.shape[1]} new tokens overflow the KV cache "
+                                 f"({self.cache_length} of {self.config.max_position_embeddings} used)")
+
+    def _project(self, x, proj, heads):
+        b, n, _ = x.shape
+        return proj(x).view(b, n, heads, self.head_dim).transpose(1, 2)  # [B, heads, N, D] view
+
+    def _attend(self, x):
+        b, n, _ = x.shape
+        start = self.cache_length
+        if n > self.config.max_position_embeddings - start:
+            raise ValueError(f"x: {n} new tokens overflow the KV cache "
+                             f"({start} of {self.config.max_position_embeddings} used)")
+        q = self._project(x, self.q_proj, self.heads)
+        k = self._project(x, self.k_proj, self.kv_heads)
+        v = self._project(x, self.v_proj, self.kv_heads)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if self.backend == "tileattn" and not needs_grad:
+            # RoPE and the append happen in the kernel; q/k/v are read through their strides.
+            o = attention_with_kvcache(q, self.k_cache, self.v_cache, k, v, cache_seqlens=start,
+                                       rotary_cos=self.rope_cos, rotary_sin=self.rope_sin,
+                                       is_causal=True)
+        else:
+            cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            with torch.no_grad():
+                self.k_cache[:, :, start:start + n] = k
+                self.v_cache[:, :, start:start + n] = v
+            if start > 0:  # attend to the cached prefix too
+                k = torch.cat([self.k_cache[:, :, :start], k], dim=2)
+                v = torch.cat([self.v_cache[:, :, :start], v], dim=2)
+            if self.backend == "tileattn":
+                o = flash_attention(q, k, v, is_causal=True)
+            else:
+                from torch.nn.attention.bias import causal_lower_right
+                mask = causal_lower_right(n, start + n) if n > 1 else None
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        self.cache_length = start + n
+        return self.o_proj(o.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))

@@ -1,0 +1,93 @@
+"""merge_states and attention_with_kvcache (contiguous and paged caches, RoPE), NumPy and torch."""
+import numpy as np
+import pytest
+import torch
+
+import tileattn
+from tileattn._module import apply_rope, rope_tables
+from reference import check_close
+
+
+def rand(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_merge_of_two_key_halves_is_attention_over_all(rng, framework):
+    q, k, v = rand(rng, 2, 4, 7, 32), rand(rng, 2, 2, 20, 32), rand(rng, 2, 2, 20, 32)
+    conv = (lambda x: x) if framework == "numpy" else torch.from_numpy
+    q, k, v = conv(q), conv(k), conv(v)
+    o_a, l_a = tileattn.flash_attention(q, k[:, :, :8], v[:, :, :8], return_lse=True)
+    o_b, l_b = tileattn.flash_attention(q, k[:, :, 8:], v[:, :, 8:], return_lse=True)
+    o, lse = tileattn.merge_states(o_a, l_a, o_b, l_b)
+    whole, whole_lse = tileattn.flash_attention(q, k, v, return_lse=True)
+    np.testing.assert_allclose(np.asarray(o), np.asarray(whole), atol=2e-6)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(whole_lse), atol=2e-6)
+    assert type(o) is type(q)
+
+
+def test_merge_with_empty_side_returns_other_side(rng):
+    o_a, o_b = rand(rng, 1, 2, 3, 8), rand(rng, 1, 2, 3, 8)
+    l_a = rand(rng, 1, 2, 3)
+    l_b = np.full((1, 2, 3), -np.inf, np.float32)
+    o, lse = tileattn.merge_states(o_a, l_a, o_b, l_b)
+    np.testing.assert_array_equal(o, o_a)
+    np.testing.assert_array_equal(lse, l_a)
+
+
+def test_kvcache_append_then_attend_equals_flash_attention(rng):
+    b, h, hk, d, cap = 2, 4, 2, 32, 24
+    kc, vc = np.zeros((b, hk, cap, d), np.float32), np.zeros((b, hk, cap, d), np.float32)
+    k_all, v_all, q_all = rand(rng, b, hk, 13, d), rand(rng, b, hk, 13, d), rand(rng, b, h, 13, d)
+    seqlens = np.zeros(b, np.int32)
+    o = tileattn.attention_with_kvcache(q_all[:, :, :10], kc, vc, k_all[:, :, :10], v_all[:, :, :10],
+                                        cache_seqlens=seqlens)
+    assert np.all(seqlens == 0)  # the caller's lengths are not modified (FlashAttention-2)
+    check_close(o, q_all[:, :, :10], k_all[:, :, :10], v_all[:, :, :10], "float32", causal=True)
+    for t in range(10, 13):
+        o, lse = tileattn.attention_with_kvcache(q_all[:, :, t:t + 1], kc, vc, k_all[:, :, t:t + 1],
+                                                 v_all[:, :, t:t + 1], cache_seqlens=t, return_lse=True)
+        check_close(o, q_all[:, :, t:t + 1], k_all[:, :, :t + 1], v_all[:, :, :t + 1], "float32",
+                    got_lse=lse, causal=True)
+    np.testing.assert_array_equal(kc[:, :, :13], k_all)
+    assert np.all(kc[:, :, 13:] == 0)
+
+
+def test_paged_cache_equals_contiguous(rng):
+    b, h, hk, d, page = 2, 4, 2, 16, 4
+    q, k, v = rand(rng, b, h, 3, d), rand(rng, b, hk, 11, d), rand(rng, b, hk, 11, d)
+    pages_k, pages_v = np.zeros((8, hk, page, d), np.float32), np.zeros((8, hk, page, d), np.float32)
+    table = np.array([[5, 0, 7], [2, 6, 1]], np.int32)  # pages in any order
+    o = tileattn.attention_with_kvcache(q, pages_k, pages_v, k, v, cache_seqlens=np.zeros(b, np.int64),
+                                        block_table=table)
+    check_close(o, q, k, v, "float32", causal=True)
+    np.testing.assert_array_equal(pages_k[0, :, :, :], k[0, :, 4:8])  # table[0][1] = page 0 holds tokens 4..7
+
+
+def test_rotary_in_the_kernel_equals_rotating_first():
+    g = torch.Generator().manual_seed(4)
+    b, h, hk, d, cap = 1, 4, 2, 32, 16
+    q, k, v = torch.randn(b, h, 6, d, generator=g), torch.randn(b, hk, 6, d, generator=g), torch.randn(b, hk, 6, d, generator=g)
+    cos, sin = rope_tables(10000.0, cap, d)
+    kc, vc = torch.zeros(b, hk, cap, d), torch.zeros(b, hk, cap, d)
+    o = tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=torch.tensor([0], dtype=torch.int32),
+                                        rotary_cos=cos, rotary_sin=sin)
+    qr, kr = apply_rope(q, cos[:6], sin[:6]), apply_rope(k, cos[:6], sin[:6])
+    torch.testing.assert_close(kc[:, :, :6], kr, atol=1e-6, rtol=0)
+    torch.testing.assert_close(o, tileattn.flash_attention(qr, kr, v, is_causal=True), atol=2e-6, rtol=0)
+
+
+def test_kvcache_errors_leave_the_cache_unchanged(rng):
+    kc, vc = np.zeros((1, 2, 4, 8), np.float32), np.zeros((1, 2, 4, 8), np.float32)
+    q, k, v = rand(rng, 1, 2, 1, 8), rand(rng, 1, 2, 2, 8), rand(rng, 1, 2, 2, 8)
+    with pytest.raises(ValueError):
+        tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=3)  # 3 + 2 > capacity 4
+    assert np.all(kc == 0)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        tileattn.attention_with_kvcache(q, kc, vc, k, v)
+    with pytest.raises(ValueError, match="k, v"):
+        tileattn.attention_with_kvcache(q, kc, vc, k)
+    with pytest.raises(TypeError, match="k_cache: dtype"):
+        tileattn.attention_with_kvcache(q, kc.astype(np.float16), vc.astype(np.float16))
+    with pytest.raises(ValueError, match="rotary_cos, rotary_sin"):
+        tileattn.attention_with_kvcache(q, kc, vc, rotary_cos=np.zeros((4, 4), np.float32))
