@@ -188,6 +188,85 @@ typedef struct tileattn_merge_args {
   int64_t lse_out_stride[3];
 } tileattn_merge_args;
 
+/**
+ * Arguments of tileattn_backward(): dQ, dK, dV of attention, recomputing the
+ * probabilities tile by tile from the forward's log-sum-exp. Mirrors
+ * tileattn::BackwardArgs (tileattn/backward.hpp). The forward arguments are
+ * referenced, not embedded, so that each struct can grow on its own.
+ */
+typedef struct tileattn_backward_args {
+  size_t struct_size;  /**< sizeof(tileattn_backward_args); set by the init function */
+  /** The forward call's arguments (shape, dtype, q, k, v, mask, scale, dropout
+      and seed -- the forward's, so that the dropout mask is the same). Its o and
+      lse are not used; KV-cache sources are refused. */
+  const tileattn_forward_args* forward;
+  tileattn_tensor o;    /**< the forward's output, [batch, heads, seqlen_q, head_dim] */
+  tileattn_tensor d_o;  /**< gradient of the loss with respect to O, same shape and dtype */
+  const float* lse;     /**< the forward's log-sum-exp, fp32, [batch, heads, seqlen_q] */
+  int64_t lse_stride[3];
+  tileattn_out_tensor dq;  /**< [batch, heads, seqlen_q, head_dim] */
+  tileattn_out_tensor dk;  /**< [batch, kv_heads, seqlen_k, head_dim] (GQA: summed over the group) */
+  tileattn_out_tensor dv;  /**< [batch, kv_heads, seqlen_k, head_dim] */
+} tileattn_backward_args;
+
+/**
+ * Arguments of tileattn_kv_cache_append() and tileattn_attention_with_kvcache():
+ * a KV cache the caller owns, in the manner of FlashAttention-2's
+ * flash_attn_with_kvcache. Mirrors tileattn::KvCacheArgs (tileattn/kv_cache.hpp).
+ * Contiguous cache: k_cache/v_cache [batch, kv_heads, capacity, head_dim].
+ * Paged cache (block_table set): pages [num_pages, kv_heads, page_size, head_dim];
+ * key j of sequence b is row j % page_size of page
+ * block_table[b * block_table_stride + j / page_size].
+ */
+typedef struct tileattn_kv_cache_args {
+  size_t struct_size;  /**< sizeof(tileattn_kv_cache_args); set by the init function */
+  int64_t batch;
+  int64_t heads;     /**< query heads */
+  int64_t kv_heads;  /**< divides heads */
+  int64_t head_dim;  /**< 1..256 */
+  int32_t dtype;     /**< ::tileattn_dtype of q, o, k_new, v_new and the cache */
+  int32_t reserved0; /**< must be 0 */
+
+  /** New queries, [batch, heads, seqlen_q, head_dim]; query t of sequence b sits
+      at position L_b - seqlen_q + t, L_b = the length after the append. */
+  int64_t seqlen_q;
+  tileattn_tensor q;
+  tileattn_out_tensor o;  /**< [batch, heads, seqlen_q, head_dim] */
+  float* lse;             /**< optional, fp32 natural log, [batch, heads, seqlen_q] */
+  int64_t lse_stride[3];
+
+  tileattn_out_tensor k_cache;  /**< contiguous or paged, see above */
+  tileattn_out_tensor v_cache;
+  int64_t capacity;             /**< contiguous only: rows per sequence */
+  int32_t* cache_seqlens;       /**< [batch]: tokens held; advanced on success */
+  const int32_t* block_table;   /**< [batch, block_table_stride]; NULL: contiguous */
+  int64_t block_table_stride;
+  int64_t page_size;
+  int64_t num_pages;
+
+  /** New keys/values, [batch, kv_heads, seqlen_new, head_dim]; 0 rows: no append. */
+  int64_t seqlen_new;
+  tileattn_tensor k_new;
+  tileattn_tensor v_new;
+  const int32_t* new_counts;  /**< optional [batch]: rows each sequence appends */
+
+  /** Optional rotary embedding: fp32 tables [rotary_positions, rotary_dim / 2],
+      applied to new keys (as they are cached) and new queries. */
+  const float* rotary_cos;
+  const float* rotary_sin;
+  int64_t rotary_dim;
+  int64_t rotary_positions;
+  int32_t rotary_interleaved;  /**< 0: NeoX half rotation; 1: GPT-J pairs */
+
+  int32_t causal;         /**< default 1: bottom-right aligned with the updated length */
+  int64_t window_left;    /**< inclusive; -1 = unbounded */
+  int64_t window_right;
+  float scale;            /**< NaN (the default): 1/sqrt(head_dim) */
+  int32_t threads;        /**< 0: every hardware thread */
+  int32_t isa;            /**< ::tileattn_isa */
+  int32_t reserved1;      /**< must be 0 */
+} tileattn_kv_cache_args;
+
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */
 typedef struct tileattn_cpu_info {
   size_t struct_size;  /**< sizeof(tileattn_cpu_info); set by the init function */
@@ -251,6 +330,34 @@ tileattn_status tileattn_merge_args_init(tileattn_merge_args* args);
 /** Combines two partial results over disjoint key sets:
     lse = log(exp(lse_a) + exp(lse_b)), o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b. */
 tileattn_status tileattn_merge_states(const tileattn_merge_args* args);
+
+/* ---- training ----------------------------------------------------------- */
+
+/** Sets struct_size and defaults (null pointers, lse strides {0, 0, 1}). */
+tileattn_status tileattn_backward_args_init(tileattn_backward_args* args);
+/** Validates (nothing written when bad) and writes dQ, dK and dV. The result is
+    the same bits run after run and for any number of threads. */
+tileattn_status tileattn_backward(const tileattn_backward_args* args);
+/** Only the validation step of tileattn_backward(). */
+tileattn_status tileattn_backward_validate(const tileattn_backward_args* args);
+/** The attention probabilities after dropout, fp32, written at
+    probs + b*stride[0] + h*stride[1] + i*stride[2] + j*stride[3]; for small
+    shapes and debugging (refuses more than 2^28 entries). */
+tileattn_status tileattn_attention_probabilities(const tileattn_forward_args* args, float* probs,
+                                                 const int64_t stride[4]);
+
+/* ---- inference: KV cache ------------------------------------------------ */
+
+/** Sets struct_size and defaults: causal 1, windows -1, scale NaN, dtype fp32,
+    strides with a unit last dimension, everything else 0 / NULL. */
+tileattn_status tileattn_kv_cache_args_init(tileattn_kv_cache_args* args);
+/** Appends k_new/v_new (rotating keys when rotary tables are given) into the
+    cache and advances cache_seqlens. q, o, lse and the mask fields are ignored.
+    On error the cache and cache_seqlens are left exactly as they were. */
+tileattn_status tileattn_kv_cache_append(const tileattn_kv_cache_args* args);
+/** Appends (when seqlen_new > 0), then attends the new queries to everything
+    cached -- contiguous or paged -- and advances cache_seqlens. */
+tileattn_status tileattn_attention_with_kvcache(const tileattn_kv_cache_args* args);
 
 /* ---- tuning configuration ----------------------------------------------- */
 

@@ -1,0 +1,59 @@
+// Training through C: tileattn_backward and tileattn_attention_probabilities.
+#include "capi/convert.hpp"
+#include "capi/guard.hpp"
+#include "tileattn/backward.hpp"
+
+using namespace tileattn;
+
+namespace {
+
+BackwardArgs to_backward_args(const tileattn_backward_args* user) {
+  tileattn_backward_args c;
+  tileattn_backward_args_init(&c);
+  capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_backward_args, dv), c);
+  capi::require(c.forward, "args->forward");
+  BackwardArgs b;
+  b.forward = capi::to_forward_args(c.forward);
+  b.o = capi::to_view(c.o);
+  b.d_o = capi::to_view(c.d_o);
+  b.lse = c.lse;
+  b.lse_stride = capi::to_array(c.lse_stride);
+  b.dq = capi::to_view(c.dq);
+  b.dk = capi::to_view(c.dk);
+  b.dv = capi::to_view(c.dv);
+  return b;
+}
+
+}  // namespace
+
+extern "C" {
+
+tileattn_status tileattn_backward_args_init(tileattn_backward_args* args) {
+  return capi::guarded(__func__, [&] {
+    capi::require(args, "args");
+    std::memset(static_cast<void*>(args), 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->o.stride[3] = args->d_o.stride[3] = 1;
+    args->dq.stride[3] = args->dk.stride[3] = args->dv.stride[3] = 1;
+    args->lse_stride[2] = 1;
+  });
+}
+
+tileattn_status tileattn_backward(const tileattn_backward_args* args) {
+  return capi::guarded(__func__, [&] { attention_backward(to_backward_args(args)); });
+}
+
+tileattn_status tileattn_backward_validate(const tileattn_backward_args* args) {
+  return capi::guarded(__func__, [&] { validate(to_backward_args(args)); });
+}
+
+tileattn_status tileattn_attention_probabilities(const tileattn_forward_args* args, float* probs,
+                                                 const int64_t stride[4]) {
+  return capi::guarded(__func__, [&] {
+    const ForwardArgs forward = capi::to_forward_args(args);
+    capi::require(stride, "stride");
+    attention_probabilities(forward, probs, {stride[0], stride[1], stride[2], stride[3]});
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,178 @@
+// Inference through the C API: append + attend on contiguous and paged
+// caches gives the same bits (cache, lengths, O, LSE) as the C++ API, and a
+// rejected call leaves the cache as it was.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "tileattn/kv_cache.hpp"
+#include "tileattn/tileattn.h"
+
+namespace tileattn {
+namespace {
+
+constexpr int64_t kBatch = 2, kHeads = 4, kKvHeads = 2, kDim = 64, kNew = 3;
+
+// One decode step's buffers; `paged` stores the cache as 8-row pages given to
+// the sequences in scrambled order.
+struct Decode {
+  bool paged;
+  int64_t capacity = 40, page_size = 8, pages_per_seq = 5;
+  std::vector<float> k_cache, v_cache, q, o, lse, k_new, v_new;
+  std::vector<int32_t> seqlens{17, 30}, block_table;
+
+  explicit Decode(bool paged_cache) : paged(paged_cache) {
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    auto fill = [&](std::vector<float>& t, size_t n) {
+      t.resize(n);
+      for (float& x : t) x = u(rng);
+    };
+    fill(k_cache, size_t(kBatch * kKvHeads * capacity * kDim));
+    fill(v_cache, k_cache.size());
+    fill(q, size_t(kBatch * kHeads * kNew * kDim));
+    fill(k_new, size_t(kBatch * kKvHeads * kNew * kDim));
+    fill(v_new, k_new.size());
+    o.assign(q.size(), 0.0f);
+    lse.assign(size_t(kBatch * kHeads * kNew), 0.0f);
+    for (int64_t i = 0; i < kBatch * pages_per_seq; ++i) block_table.push_back(int32_t((i * 7) % 10));
+  }
+
+  KvCacheArgs cpp_args() {
+    KvCacheArgs a;
+    a.batch = kBatch;
+    a.heads = kHeads;
+    a.kv_heads = kKvHeads;
+    a.head_dim = kDim;
+    a.seqlen_q = kNew;
+    a.q = {q.data(), {kHeads * kNew * kDim, kNew * kDim, kDim, 1}};
+    a.o = {o.data(), a.q.stride};
+    a.lse = lse.data();
+    a.lse_stride = {kHeads * kNew, kNew, 1};
+    // Contiguous: [batch, kv_heads, capacity, dim]; paged: [10 pages, kv_heads, 8, dim].
+    const std::array<int64_t, 4> cache_stride =
+        paged ? std::array<int64_t, 4>{kKvHeads * page_size * kDim, page_size * kDim, kDim, 1}
+              : std::array<int64_t, 4>{kKvHeads * capacity * kDim, capacity * kDim, kDim, 1};
+    a.k_cache = {k_cache.data(), cache_stride};
+    a.v_cache = {v_cache.data(), cache_stride};
+    a.cache_seqlens = seqlens.data();
+    if (paged) {
+      a.block_table = block_table.data();
+      a.block_table_stride = pages_per_seq;
+      a.page_size = page_size;
+      a.num_pages = kBatch * pages_per_seq;
+    } else {
+      a.capacity = capacity;
+    }
+    a.seqlen_new = kNew;
+    a.k_new = {k_new.data(), {kKvHeads * kNew * kDim, kNew * kDim, kDim, 1}};
+    a.v_new = {v_new.data(), a.k_new.stride};
+    a.threads = 2;
+    return a;
+  }
+};
+
+void copy4(int64_t (&to)[4], const std::array<int64_t, 4>& from) {
+  for (int i = 0; i < 4; ++i) to[i] = from[i];
+}
+
+tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
+  tileattn_kv_cache_args c;
+  tileattn_kv_cache_args_init(&c);
+  c.batch = a.batch;
+  c.heads = a.heads;
+  c.kv_heads = a.kv_heads;
+  c.head_dim = a.head_dim;
+  c.dtype = int32_t(a.dtype);
+  c.seqlen_q = a.seqlen_q;
+  c.q.data = a.q.data;
+  copy4(c.q.stride, a.q.stride);
+  c.o.data = a.o.data;
+  copy4(c.o.stride, a.o.stride);
+  c.lse = a.lse;
+  for (int i = 0; i < 3; ++i) c.lse_stride[i] = a.lse_stride[i];
+  c.k_cache.data = a.k_cache.data;
+  copy4(c.k_cache.stride, a.k_cache.stride);
+  c.v_cache.data = a.v_cache.data;
+  copy4(c.v_cache.stride, a.v_cache.stride);
+  c.capacity = a.capacity;
+  c.cache_seqlens = a.cache_seqlens;
+  c.block_table = a.block_table;
+  c.block_table_stride = a.block_table_stride;
+  c.page_size = a.page_size;
+  c.num_pages = a.num_pages;
+  c.seqlen_new = a.seqlen_new;
+  c.k_new.data = a.k_new.data;
+  copy4(c.k_new.stride, a.k_new.stride);
+  c.v_new.data = a.v_new.data;
+  copy4(c.v_new.stride, a.v_new.stride);
+  c.causal = a.causal;
+  c.window_left = a.window_left;
+  c.window_right = a.window_right;
+  c.scale = a.scale;
+  c.threads = a.threads;
+  return c;
+}
+
+TEST(CApiKvCache, InitGivesTheCppDefaults) {
+  tileattn_kv_cache_args c;
+  ASSERT_EQ(tileattn_kv_cache_args_init(&c), TILEATTN_OK);
+  const KvCacheArgs defaults;
+  EXPECT_EQ(c.causal, int32_t(defaults.causal));
+  EXPECT_EQ(c.window_left, defaults.window_left);
+  EXPECT_TRUE(std::isnan(c.scale));
+  EXPECT_EQ(c.block_table, nullptr);
+}
+
+TEST(CApiKvCache, AppendAndAttendBitwiseEqualToCpp) {
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    Decode cpp(paged), via_c(paged);
+    attention_with_kvcache(cpp.cpp_args());
+    const tileattn_kv_cache_args c = to_c(via_c.cpp_args());
+    ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+    EXPECT_EQ(via_c.seqlens, (std::vector<int32_t>{17 + kNew, 30 + kNew}));
+    EXPECT_EQ(via_c.seqlens, cpp.seqlens);
+    EXPECT_EQ(via_c.k_cache, cpp.k_cache);
+    EXPECT_EQ(via_c.v_cache, cpp.v_cache);
+    EXPECT_EQ(via_c.o, cpp.o);
+    EXPECT_EQ(via_c.lse, cpp.lse);
+  }
+}
+
+TEST(CApiKvCache, AppendOnlyThenAttend) {
+  Decode cpp(true), via_c(true);
+  kv_cache_append(cpp.cpp_args());
+  tileattn_kv_cache_args c = to_c(via_c.cpp_args());
+  ASSERT_EQ(tileattn_kv_cache_append(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(via_c.seqlens, cpp.seqlens);
+  EXPECT_EQ(via_c.k_cache, cpp.k_cache);
+  EXPECT_EQ(via_c.o, std::vector<float>(via_c.o.size(), 0.0f)) << "append must not write O";
+  // Attend to what is cached, without appending.
+  KvCacheArgs attend = cpp.cpp_args();
+  attend.seqlen_new = 0;
+  attention_with_kvcache(attend);
+  c.seqlen_new = 0;
+  ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(via_c.o, cpp.o);
+}
+
+TEST(CApiKvCache, OverflowLeavesTheCacheAsItWas) {
+  Decode d(false);
+  d.seqlens = {17, 39};  // 39 + 3 new rows > capacity 40
+  const std::vector<float> k_before = d.k_cache;
+  tileattn_kv_cache_args c = to_c(d.cpp_args());
+  EXPECT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("capacity"), std::string::npos) << tileattn_last_error();
+  EXPECT_EQ(d.seqlens, (std::vector<int32_t>{17, 39}));
+  EXPECT_EQ(d.k_cache, k_before);
+  EXPECT_EQ(d.o, std::vector<float>(d.o.size(), 0.0f));
+  c.reserved1 = 1;
+  EXPECT_EQ(tileattn_kv_cache_append(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(tileattn_kv_cache_append(nullptr), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_STREQ(tileattn_last_error(), "tileattn_kv_cache_append: args is null");
+}
+
+}  // namespace
+}  // namespace tileattn
