@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libopenblas-dev                              # the naive GEMM+softmax+GEMM baseline of `bench`
   python3 python3-venv python3-dev              # the Python package and its tests
   libopenmpi-dev openmpi-bin                    # ring attention across processes (tileattn-ring)
+  doxygen                                      # the API reference (`cmake --build build --target docs`)
 )
 
 missing=()
