@@ -55,7 +55,8 @@ void validate(const BackwardArgs& args);
 // positions inside the sequence, the batch index is the sequence). Entries
 // outside the mask are 0; rows that see no key are all 0. For small shapes
 // and debugging: refuses (Error) more than kMaxProbabilityElements entries.
-// `args.o` and `args.lse` are not used.
+// `args` is validated as attention_forward validates it; its O and LSE are
+// not written. Each row is computed in float64 and rounded to fp32.
 constexpr int64_t kMaxProbabilityElements = int64_t{1} << 28;
 void attention_probabilities(const ForwardArgs& args, float* probs,
                              const std::array<int64_t, 4>& stride);

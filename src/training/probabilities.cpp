@@ -1,8 +1,8 @@
 // attention_probabilities: the P (after dropout) that the forward multiplies V
-// with, for small shapes and debugging. The forward supplies the LSE; each
-// entry is then exp(score - LSE) times the dropout factor of the same
-// generator the main loops use, so it matches what the forward and the
-// backward saw.
+// with, for small shapes and debugging. Each row's softmax is computed here
+// in float64 from the same inputs and mask, times the dropout factor of the
+// same generator the main loops use, so the mask matches what the forward and
+// the backward saw.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,10 +19,22 @@ namespace tileattn {
 
 void attention_probabilities(const ForwardArgs& args, float* probs,
                              const std::array<int64_t, 4>& stride) {
+  const AttentionShape& s = args.shape;
+  // The size guard comes first (for varlen, again once the lengths are known).
+  auto guarded_elements = [&](int64_t max_nq, int64_t max_nk) {
+    const int64_t sizes[4] = {s.batch, s.heads, max_nq, max_nk};
+    int64_t elements = 1;
+    for (int64_t size : sizes)
+      if (__builtin_mul_overflow(elements, size, &elements) || elements > kMaxProbabilityElements)
+        throw Error("probs: batch x heads x seqlen_q x seqlen_k exceeds " +
+                    std::to_string(kMaxProbabilityElements) +
+                    " entries; attention_probabilities is for small shapes");
+    return elements;
+  };
+  if (!args.cu_seqlens_q && !args.cu_seqlens_k) guarded_elements(s.seqlen_q, s.seqlen_k);
   detail::validate(args);
   if (args.kv.seqlens || args.kv.block_table)
     throw NotSupported("attention_probabilities: KV-cache sources are not supported");
-  const AttentionShape& s = args.shape;
   auto longest = [&](const int32_t* cu, int64_t rows) {
     if (!cu) return rows;
     int64_t m = 0;
@@ -32,12 +44,7 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
   const int64_t max_nq = longest(args.cu_seqlens_q, s.seqlen_q);
   const int64_t max_nk = longest(args.cu_seqlens_k, s.seqlen_k);
   const int64_t sizes[4] = {s.batch, s.heads, max_nq, max_nk};
-  int64_t elements = 1;
-  for (int64_t size : sizes)
-    if (__builtin_mul_overflow(elements, size, &elements) || elements > kMaxProbabilityElements)
-      throw Error("probs: batch x heads x seqlen_q x seqlen_k exceeds " +
-                  std::to_string(kMaxProbabilityElements) +
-                  " entries; attention_probabilities is for small shapes");
+  const int64_t elements = guarded_elements(max_nq, max_nk);
   if (elements == 0) return;
   if (!probs) throw Error("probs: data is null");
   detail::check_injective("probs", sizes, stride.data(), 4);
@@ -52,19 +59,10 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
         std::pair{"v", detail::view_range("v", args.v.data, esize, k_sizes, args.v.stride.data(), 4)}})
     if (detail::ranges_overlap(out, range)) throw Error(std::string("probs: output overlaps input ") + name);
 
-  // The forward, for the LSE of every row (O goes to a scratch buffer).
-  ForwardArgs fwd = args;
-  // Room for O in any dtype (4 bytes per element covers them all).
-  std::vector<float> o(size_t(q_batches * s.heads * s.seqlen_q * s.head_dim));
-  std::vector<float> lse(size_t(q_batches * s.heads * s.seqlen_q));
-  fwd.o = OutputView{o.data(), dense_strides(Layout::bhsd, q_batches, s.heads, s.seqlen_q, s.head_dim)};
-  fwd.lse = lse.data();
-  fwd.lse_stride = {s.heads * s.seqlen_q, s.seqlen_q, 1};
-  attention_forward(fwd);
-
   const detail::Problem p = detail::describe(args);
   const detail::DropoutSpec dropout = detail::make_dropout(args.dropout_p, args.seed);
-  const float scale = p.score_scale / detail::kLog2e;
+  const double scale = std::isnan(args.scale) ? 1.0 / std::sqrt(double(s.head_dim)) : double(args.scale);
+  std::vector<double> scores;
   const int dt = int(args.dtype);
   for (int64_t b = 0; b < s.batch; ++b) {
     const detail::Sequence seq = detail::sequence_of(p, b);
@@ -75,12 +73,13 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
         for (int64_t j = 0; j < max_nk; ++j) out_row[j * stride[3]] = 0.0f;
         if (i >= seq.nq) continue;
         const int64_t row = seq.q_row0 + i;
-        const float row_lse = lse[size_t((seq.q_batch * s.heads + h) * s.seqlen_q + row)];
-        if (row_lse == -std::numeric_limits<float>::infinity()) continue;
         const int64_t q_off = seq.q_batch * args.q.stride[0] + h * args.q.stride[1] + row * args.q.stride[2];
+        // Scores of the visible keys (float64), then exp(score - LSE) x dropout.
         const detail::KeyRange keys = detail::visible_keys(p.band, seq, i, i + 1);
+        scores.assign(size_t(max_nk), -std::numeric_limits<double>::infinity());
+        double max_score = -std::numeric_limits<double>::infinity();
         for (int64_t j = keys.first; j < keys.last; ++j) {
-          float bias = 0.0f;
+          double bias = 0.0;
           if (args.mask.kind != MaskSpec::Kind::none) {
             const auto& ms = args.mask.stride;
             const int64_t m_off = b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
@@ -92,13 +91,20 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
           }
           const int64_t k_off = seq.k_batch * args.k.stride[0] + kvh * args.k.stride[1] +
                                 (seq.k_row0 + j) * args.k.stride[2];
-          float dot = 0.0f;
+          double dot = 0.0;
           for (int64_t c = 0; c < s.head_dim; ++c)
-            dot += detail::load_element(args.q.data, dt, q_off + c * args.q.stride[3]) *
+            dot += double(detail::load_element(args.q.data, dt, q_off + c * args.q.stride[3])) *
                    detail::load_element(args.k.data, dt, k_off + c * args.k.stride[3]);
-          float prob = std::exp(dot * scale + bias - row_lse);
+          scores[size_t(j)] = dot * scale + bias;
+          if (!(scores[size_t(j)] <= max_score)) max_score = scores[size_t(j)];  // NaN propagates
+        }
+        if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no visible key
+        double sum = 0.0;
+        for (int64_t j = keys.first; j < keys.last; ++j) sum += std::exp(scores[size_t(j)] - max_score);
+        for (int64_t j = keys.first; j < keys.last; ++j) {
+          double prob = std::exp(scores[size_t(j)] - max_score) / sum;
           if (dropout.active) prob *= detail::dropout_factor(dropout, b, h, i, j);
-          out_row[j * stride[3]] = prob;
+          out_row[j * stride[3]] = float(prob);
         }
       }
     }

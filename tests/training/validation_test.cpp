@@ -1,0 +1,146 @@
+// Bad backward / probabilities arguments give an Error naming the argument
+// and write nothing; the reference path; bitwise determinism run after run.
+#include "backward_support.hpp"
+
+namespace tileattn::testing {
+namespace {
+
+BackwardCase plain_case() {
+  BackwardCase bc;
+  bc.c.heads = 4;
+  bc.c.kv_heads = 2;
+  bc.c.seqlen_q = 30;
+  bc.c.seqlen_k = 40;
+  bc.c.head_dim = 16;
+  return bc;
+}
+
+// Expects attention_backward(args) to throw E mentioning `needle`, with dQ,
+// dK and dV untouched (they hold a sentinel).
+template <class E>
+void expect_rejected(BackwardData& data, const BackwardArgs& args, const std::string& needle) {
+  std::fill(data.dq.f32.begin(), data.dq.f32.end(), 123.0f);
+  std::fill(data.dk.f32.begin(), data.dk.f32.end(), 123.0f);
+  std::fill(data.dv.f32.begin(), data.dv.f32.end(), 123.0f);
+  try {
+    attention_backward(args);
+    ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  for (const auto* buffer : {&data.dq.f32, &data.dk.f32, &data.dv.f32})
+    for (float x : *buffer) ASSERT_EQ(x, 123.0f) << "written despite the error";
+}
+
+TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
+  BackwardData data(plain_case(), best_isa());
+  {
+    BackwardArgs a = data.args;
+    a.d_o.data = nullptr;
+    expect_rejected<Error>(data, a, "d_o");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.lse = nullptr;
+    expect_rejected<Error>(data, a, "lse");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.dq.data = const_cast<float*>(data.fwd.q32.data());
+    expect_rejected<Error>(data, a, "dq: output overlaps input q");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.dv.data = a.dk.data;
+    expect_rejected<Error>(data, a, "dk: overlaps output dv");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.dk.data = const_cast<float*>(data.d_o.f32.data());
+    expect_rejected<Error>(data, a, "dk: output overlaps input d_o");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.dq.stride[2] = 1;  // rows on top of each other
+    expect_rejected<Error>(data, a, "dq: output strides overlap");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.forward.shape.kv_heads = 3;
+    expect_rejected<Error>(data, a, "kv_heads");
+  }
+  {
+    BackwardArgs a = data.args;
+    const int32_t seqlens[1] = {40};
+    a.forward.kv.seqlens = seqlens;
+    expect_rejected<NotSupported>(data, a, "KV-cache");
+  }
+}
+
+TEST(BackwardValidation, ProbabilitiesRefuseLargeShapes) {
+  CaseData data(plain_case().c);
+  ForwardArgs a = data.args;
+  a.shape.seqlen_q = a.shape.seqlen_k = 1 << 14;  // 4 heads x 2^28 entries: refused before any read
+  a.shape.batch = 1;
+  const auto q_stride = dense_strides(Layout::bhsd, 1, 4, 1 << 14, 16);
+  const auto k_stride = dense_strides(Layout::bhsd, 1, 2, 1 << 14, 16);
+  a.q.stride = a.o.stride = q_stride;  // views of the bigger shape (never read)
+  a.k.stride = a.v.stride = k_stride;
+  a.lse = nullptr;
+  float probe = 0.0f;
+  try {
+    attention_probabilities(a, &probe, {0, 0, 0, 1});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("small shapes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BackwardReferencePath, IsaReferenceWritesTheFloat64Gradients) {
+  BackwardData data(plain_case(), best_isa());
+  data.args.forward.isa = Isa::reference;
+  attention_backward(data.args);
+  const training::BackwardReference ref = training::reference_backward(data.args);
+  const std::vector<double> dq = dense(data.dq.f32.data(), DType::f32, data.args.dq.stride, 1, 4, 30, 16);
+  for (size_t e = 0; e < dq.size(); ++e) ASSERT_EQ(float(dq[e]), float(ref.dq[e]));
+}
+
+// Forward and backward, with dropout and key chunks, three runs each with 1
+// and 2 threads: every bit the same.
+TEST(BackwardDeterminism, BitwiseIdenticalAcrossRunsAndThreadCounts) {
+  for (Isa isa : {Isa::generic, Isa::avx2}) {
+    if (!isa_available(isa)) continue;
+    BackwardCase bc;
+    bc.c.heads = 4;
+    bc.c.kv_heads = 1;
+    bc.c.seqlen_q = 150;
+    bc.c.seqlen_k = 1200;  // few (sequence, KV head) pairs: keys are cut into chunks
+    bc.c.head_dim = 24;
+    bc.c.mask = MaskCase::causal;
+    bc.dropout_p = 0.2f;
+    std::vector<float> first_o, first_dq, first_dk, first_dv;
+    for (int run = 0; run < 3; ++run)
+      for (int threads : {1, 2}) {
+        BackwardCase with_threads = bc;
+        BackwardData data(with_threads, isa);
+        data.fwd.args.threads = threads;
+        attention_forward(data.fwd.args);
+        data.args.forward.threads = threads;
+        attention_backward(data.args);
+        if (first_o.empty()) {
+          first_o = data.fwd.o32;
+          first_dq = data.dq.f32;
+          first_dk = data.dk.f32;
+          first_dv = data.dv.f32;
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(first_o.data(), data.fwd.o32.data(), first_o.size() * 4), 0) << "O";
+        EXPECT_EQ(std::memcmp(first_dq.data(), data.dq.f32.data(), first_dq.size() * 4), 0) << "dQ";
+        EXPECT_EQ(std::memcmp(first_dk.data(), data.dk.f32.data(), first_dk.size() * 4), 0) << "dK";
+        EXPECT_EQ(std::memcmp(first_dv.data(), data.dv.f32.data(), first_dv.size() * 4), 0) << "dV";
+      }
+  }
+}
+
+}  // namespace
+}  // namespace tileattn::testing
