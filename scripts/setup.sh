@@ -33,3 +33,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q "${PIP_PACKAGES[@]}"
+# PyTorch for the Python package (its tests must run): a lighter install when the
+# machine has a CUDA runtime, see scripts/install_torch.sh and docs/python.md.
+scripts/install_torch.sh
