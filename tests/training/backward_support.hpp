@@ -32,6 +32,9 @@ struct BackwardCase {
   }
 };
 
+// GoogleTest prints parameters with this (instead of their bytes).
+inline void PrintTo(const BackwardCase& c, std::ostream* os) { *os << c.name(); }
+
 // 16-bit or 32-bit storage of one tensor, same element count as a model buffer.
 struct Buffer {
   std::vector<float> f32;

@@ -158,14 +158,29 @@ TEST(Dropout, ProbabilitiesForwardAndBackwardAgreeOnTheMask) {
 }
 
 // The forward with dropout against the float64 reference applying the same
-// mask, by the tolerance rule, on every ISA path.
+// mask, by the tolerance rule, on every ISA path: prefill tiles, split-KV
+// (few rows, long keys) and decode (one row, the GQA group stacked).
 TEST(Dropout, ForwardMatchesReferenceWithTheSameMask) {
+  std::vector<BackwardCase> cases;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    BackwardCase bc = small_case(0.3f, 5);
+    bc.c.dtype = dt;
+    bc.c.mask = MaskCase::boolean;
+    cases.push_back(bc);
+  }
+  for (int64_t nq : {1, 60}) {
+    BackwardCase bc = small_case(0.2f, 9);
+    bc.c.batch = 1;
+    bc.c.heads = 8;
+    bc.c.kv_heads = 2;
+    bc.c.seqlen_q = nq;
+    bc.c.seqlen_k = 1100;
+    cases.push_back(bc);
+  }
   for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;  // counted by the ISA-parameterized backward tests
-    for (DType dt : {DType::f32, DType::bf16}) {
-      BackwardCase bc = small_case(0.3f, 5);
-      bc.c.dtype = dt;
-      bc.c.mask = MaskCase::boolean;
+    for (const BackwardCase& bc : cases) {
+      const DType dt = bc.c.dtype;
       BackwardData data(bc, isa);
       const training::BackwardReference ref = training::reference_forward_with_dropout(data.fwd.args);
       const training::BackwardReference naive = training::naive_backward(data.args);
@@ -173,7 +188,7 @@ TEST(Dropout, ForwardMatchesReferenceWithTheSameMask) {
       const std::vector<double> got = dense(data.fwd.args.o.data, dt, data.fwd.args.o.stride, s.batch,
                                             s.heads, s.seqlen_q, s.head_dim);
       const GradientCheck g = check_gradient(got, ref.o, naive.o, dt, 1.0);
-      EXPECT_TRUE(g.ok()) << isa_name(isa) << " " << dtype_name(dt) << ": " << describe("O", g);
+      EXPECT_TRUE(g.ok()) << isa_name(isa) << " " << bc.name() << ": " << describe("O", g);
     }
   }
 }
