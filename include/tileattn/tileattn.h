@@ -32,8 +32,10 @@
  *    does not know; a library that receives a longer (newer) struct accepts it
  *    when every byte it does not know is zero, and otherwise fails with
  *    #TILEATTN_NOT_SUPPORTED (the scheme Linux uses for openat2 and clone3).
- *  - State lives behind opaque handles (::tileattn_tune_config), created and
- *    destroyed by the library, so its layout is free to change.
+ *  - State the library keeps lives behind opaque handles (::tileattn_tune_config),
+ *    created and destroyed by the library, so its layout is free to change.
+ *    A KV cache is memory the caller owns and describes (::tileattn_kv_cache_args),
+ *    as with FlashAttention-2's flash_attn_with_kvcache.
  *  - Tensors are described by a data pointer plus int64 element strides; no C++
  *    type appears in this header.
  *
