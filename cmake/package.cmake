@@ -30,7 +30,9 @@ if(NOT SKBUILD)
           RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
           INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tileattn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-          FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
+          FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp"
+          # Ring attention lives in tileattn_mpi (MPI), which is not installed.
+          PATTERN "mpi.hpp" EXCLUDE)
   if(TARGET tileattn_cli)
     install(TARGETS tileattn_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   endif()
