@@ -6,8 +6,10 @@ namespace tileattn::detail {
 
 Band make_band(const MaskSpec& mask) {
   Band band;
-  band.left = mask.window_left < 0 ? kUnbounded : mask.window_left;
-  band.right = mask.window_right < 0 ? kUnbounded : mask.window_right;
+  // A side wider than any sequence (validation allows up to INT64_MAX) is
+  // unbounded; clamping keeps i + offset -/+ side inside int64.
+  band.left = mask.window_left < 0 || mask.window_left > kUnbounded ? kUnbounded : mask.window_left;
+  band.right = mask.window_right < 0 || mask.window_right > kUnbounded ? kUnbounded : mask.window_right;
   if (mask.causal && band.right > 0) band.right = 0;
   return band;
 }
