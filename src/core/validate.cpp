@@ -205,6 +205,7 @@ void validate(const ForwardArgs& a) {
     if (ranges_overlap(lse, o)) fail("lse: overlaps output o");
     if (ranges_overlap(lse, q) || ranges_overlap(lse, k) || ranges_overlap(lse, v))
       fail("lse: overlaps an input");
+    if (ranges_overlap(lse, mask)) fail("lse: overlaps the mask");
   }
 }
 
