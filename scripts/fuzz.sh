@@ -15,11 +15,15 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_forward fuzz_npy)
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
+# FUZZ_ALSO_BUILD: more targets of this ASan+UBSan build (scripts/sanitize.sh ci
+# builds its test executables here, so CI compiles the library once for both).
 CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTILEATTN_BUILD_FUZZERS=ON -DTILEATTN_SANITIZE=address,undefined -DTILEATTN_BUILD_TESTS=OFF \
+  -DTILEATTN_BUILD_FUZZERS=ON -DTILEATTN_SANITIZE=address,undefined -DTILEATTN_BUILD_TESTS=ON \
   -DTILEATTN_BUILD_CLI=OFF -DTILEATTN_BUILD_PYTHON=OFF -DTILEATTN_BUILD_MPI=OFF \
   -DTILEATTN_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build-fuzz -j "$jobs" --target "${targets[@]}"
+read -r -a also <<<"${FUZZ_ALSO_BUILD:-}"
+cmake --build build-fuzz -j "$jobs" --target "${targets[@]}" "${also[@]}"
+[ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}

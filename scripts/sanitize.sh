@@ -4,9 +4,9 @@
 #   scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer (build-asan):
 #                              the library and every C++ test executable, all run
 #   scripts/sanitize.sh tsan   ThreadSanitizer (build-tsan): the threaded tests
-#   scripts/sanitize.sh ci     the CI-sized pair: ASan+UBSan over core, io, inference,
-#                              capi and reliability tests (TILEATTN_TEST_QUICK=1), then
-#                              TSan over the concurrency tests
+#   scripts/sanitize.sh ci     the CI-sized run: ASan+UBSan (clang, build-fuzz) over core, io,
+#                              inference, capi and reliability tests (TILEATTN_TEST_QUICK=1),
+#                              20 s of each fuzzer, then TSan over the concurrency tests
 #
 # Any sanitizer report fails the run: UBSan halts on its first finding.
 set -euo pipefail
@@ -54,8 +54,11 @@ case "$mode" in
     run_tests build-tsan '*Thread*:*thread*' core_tests
     ;;
   ci)
-    build build-asan address,undefined OFF "${asan_targets_ci[@]}"
-    TILEATTN_TEST_QUICK=1 run_tests build-asan '*' "${asan_targets_ci[@]}"
+    # One clang ASan+UBSan build (build-fuzz) serves these tests and the
+    # fuzzers, so CI compiles the library once for both.
+    FUZZ_BUILD_ONLY=1 FUZZ_ALSO_BUILD="${asan_targets_ci[*]}" scripts/fuzz.sh
+    TILEATTN_TEST_QUICK=1 run_tests build-fuzz '*' "${asan_targets_ci[@]}"
+    scripts/fuzz.sh 20
     build build-tsan thread OFF reliability_tests capi_tests
     run_tests build-tsan "$tsan_filter" reliability_tests capi_tests
     ;;

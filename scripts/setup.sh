@@ -12,6 +12,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev              # the Python package and its tests
   libopenmpi-dev openmpi-bin                    # ring attention across processes (tileattn-ring)
   doxygen                                      # the API reference (`cmake --build build --target docs`)
+  clang-14 libclang-rt-14-dev                  # libFuzzer targets (scripts/fuzz.sh)
 )
 
 missing=()
