@@ -66,14 +66,16 @@
 
 namespace tileattn::avx512_emulation {
 
-struct alignas(64) __m512 {
+struct __m512 {
   float f32[16];
 };
-struct alignas(64) __m512i {
+struct __m512i {
   int32_t i32[16];
 };
+// Plain arrays (no alignas: values are passed by value everywhere, and the
+// real registers' alignment only matters for memory, checked by the loads).
 // The kernels use 256-bit integer vectors only as 16 fp16/bf16 values.
-struct alignas(32) __m256i {
+struct __m256i {
   uint16_t u16[16];
 };
 using __mmask16 = uint16_t;

@@ -69,20 +69,20 @@ inline float round_to_integer(float x, int imm) {
   return std::copysign(r, x);  // -0.3 rounds to -0, as the hardware does
 }
 
-// VSCALEFPS: a * 2^floor(b), with Table 5-31 of the SDM for the specials.
+// VSCALEFPS: a * 2^floor(b), with the SDM's special-case table (as the Bochs
+// simulator also implements it): NaNs propagate (a's first), except that a
+// quiet NaN scaled by 2^+-inf gives +inf / +0; 0 * 2^+inf and inf * 2^-inf
+// are invalid; otherwise zeros and infinities of a come back unchanged.
 inline float scalef(float a, float b) {
-  if (is_nan(a)) return quiet(a);
-  if (is_nan(b)) return quiet(b);
-  const bool a_zero = a == 0.0f, a_inf = std::isinf(a);
-  if (std::isinf(b)) {
-    if (b > 0) {
-      if (a_zero) return indefinite();  // 0 * 2^+inf
-      return std::copysign(INFINITY, a);
-    }
-    if (a_inf) return indefinite();  // inf * 2^-inf
-    return std::copysign(0.0f, a);
+  if (is_nan(b)) return is_nan(a) ? quiet(a) : quiet(b);
+  if (is_nan(a)) {
+    const bool signalling = (bits(a) & 0x00400000u) == 0;
+    if (signalling || !std::isinf(b)) return quiet(a);
+    return b > 0 ? INFINITY : 0.0f;
   }
-  if (a_zero || a_inf) return a;
+  if (std::isinf(a)) return (std::isinf(b) && b < 0) ? indefinite() : a;
+  if (a == 0.0f) return (std::isinf(b) && b > 0) ? indefinite() : a;
+  if (std::isinf(b)) return b > 0 ? std::copysign(INFINITY, a) : std::copysign(0.0f, a);
   // floor(b) is an integer; beyond +-400 the result has over/underflowed
   // anyway, and scalbn rounds once, as the instruction does.
   const float e = std::floor(b);
