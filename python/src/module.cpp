@@ -22,5 +22,6 @@ NB_MODULE(_tileattn, m) {
   tileattn::python::bind_merge(m);
   tileattn::python::bind_kvcache(m);
   tileattn::python::bind_backward(m);
+  tileattn::python::bind_buffer(m);
   tileattn::python::bind_machine(m);
 }

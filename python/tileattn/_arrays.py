@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from ._tileattn import buffer_address
+
 # DType codes of include/tileattn/types.hpp.
 F32, F16, BF16 = 0, 1, 2
 DTYPE_NAMES = {F32: "float32", F16: "float16", BF16: "bfloat16"}
@@ -29,16 +31,21 @@ def is_torch(x):
 
 def framework(name, x):
     """'numpy' or 'torch' for an array argument; TypeError otherwise."""
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray or isinstance(x, np.ndarray):
         return "numpy"
     if is_torch(x):
         return "torch"
     raise TypeError(f"{name}: expected a numpy.ndarray or torch.Tensor, got {type(x).__name__}")
 
 
+_torch_dtypes = {}  # torch dtype -> code, filled on first use (torch is imported by then)
+
+
 def torch_dtype_code(name, t):
-    torch = torch_module()
-    code = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}.get(t.dtype)
+    if not _torch_dtypes:
+        torch = torch_module()
+        _torch_dtypes.update({torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16})
+    code = _torch_dtypes.get(t.dtype)
     if code is None:
         raise TypeError(f"{name}: dtype {t.dtype} is not supported "
                         "(expected torch.float32, torch.float16 or torch.bfloat16)")
@@ -54,7 +61,7 @@ def numpy_dtype_code(name, a):
 
 
 def check_torch_device(name, t):
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"{name}: tensor is on device '{t.device}'; tileattn runs on the CPU "
                          "(move it with .cpu())")
 
@@ -62,7 +69,7 @@ def check_torch_device(name, t):
 def address(x):
     """Data address of an array or tensor (what element [0, ..., 0] is at)."""
     if isinstance(x, np.ndarray):
-        return x.__array_interface__["data"][0]
+        return buffer_address(x)  # __array_interface__ would build a dict per call (~3 us)
     return x.data_ptr()
 
 

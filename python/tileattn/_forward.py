@@ -64,6 +64,5 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     seed = int(np.random.randint(0, 2**62)) if p.dropout_p > 0 else 0
     o = np.empty(p.output_shape(), dtype=q.dtype)
     lse = np.empty((p.batch, p.heads, p.seqlen_q), dtype=np.float32)
-    _kernel.forward_into(q, k, v, o, lse, p.mask, p.causal, p.window_left, p.window_right,
-                         p.scale, p.dropout_p, seed, p.layout)
+    _kernel.run_problem(p, q, k, v, o, lse, seed)
     return (o, lse) if return_lse else o

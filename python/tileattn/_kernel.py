@@ -63,6 +63,19 @@ def forward_into(q, k, v, o, lse, mask, causal, window_left, window_right, scale
                int(window_right), float(scale), float(dropout_p), int(seed), _settings["threads"])
 
 
+def run_problem(p, q, k, v, o, lse, seed):
+    """forward_into for a checked Problem `p` (its sizes, mask strides and options)."""
+    addr, es, layout = _arrays.address, _arrays.element_strides, p.layout
+    _C.forward(p.dtype, (p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim),
+               addr(q), to_kernel_order(es("q", q), layout),
+               addr(k), to_kernel_order(es("k", k), layout),
+               addr(v), to_kernel_order(es("v", v), layout),
+               addr(o), to_kernel_order(es("o", o), layout),
+               addr(lse), es("lse", lse), p.mask_kind, addr(p.mask) if p.mask is not None else 0,
+               p.mask_stride, p.causal, p.window_left, p.window_right, p.scale, p.dropout_p, seed,
+               _settings["threads"])
+
+
 def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
     """merge_states on [B, H, N, D] outputs and [B, H, N] fp32 log-sum-exps."""
     addr, es = _arrays.address, _arrays.element_strides

@@ -134,10 +134,6 @@ class FlashAttention(nn.Module):
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.config.hidden_size:
             raise ValueError(f"x: expected [B, N, {self.config.hidden_size}], got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        if self.cache_length + x.shape[1] > self.config.max_position_embeddings and x.shape[1]:
-            if self.k_cache is not None:
-                raise ValueError(f"x: {x.shape[1]} new tokens overflow the KV cache "
-                                 f"({self.cache_length} of {self.config.max_position_embeddings} used)")
 
     def _project(self, x, proj, heads):
         b, n, _ = x.shape
@@ -164,7 +160,9 @@ class FlashAttention(nn.Module):
             with torch.no_grad():
                 self.k_cache[:, :, start:start + n] = k
                 self.v_cache[:, :, start:start + n] = v
-            if start > 0:  # attend to the cached prefix too
+            if not needs_grad:  # the cache holds everything: attend to views of it, no copies
+                k, v = self.k_cache[:, :, :start + n], self.v_cache[:, :, :start + n]
+            elif start > 0:  # keep the new keys/values in the autograd graph
                 k = torch.cat([self.k_cache[:, :, :start], k], dim=2)
                 v = torch.cat([self.v_cache[:, :, :start], v], dim=2)
             if self.backend == "tileattn":

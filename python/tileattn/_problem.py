@@ -78,7 +78,7 @@ class Problem:
 
     __slots__ = ("framework", "dtype", "layout", "batch", "heads", "kv_heads", "seqlen_q",
                  "seqlen_k", "head_dim", "causal", "window_left", "window_right",
-                 "mask_kind", "mask", "scale", "dropout_p")
+                 "mask_kind", "mask", "mask_stride", "scale", "dropout_p")
 
     def __init__(self, q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window, layout):
         fw = _arrays.framework("q", q)
@@ -121,7 +121,7 @@ class Problem:
         else:
             raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
         self.window_left, self.window_right = parse_window("window", window)
-        self.mask_kind, self.mask = MASK_NONE, None
+        self.mask_kind, self.mask, self.mask_stride = MASK_NONE, None, (0, 0, 0, 1)
         if isinstance(attn_mask, (tuple, list)):
             if window is not None:
                 raise ValueError("attn_mask: a (left, right) window was given both as attn_mask and as window")
@@ -156,7 +156,7 @@ class Problem:
             else:
                 raise TypeError(f"attn_mask: dtype {m.dtype} is not supported (bool = keep, or float = added)")
         # Shape check now, so a bad mask fails before anything runs.
-        self.mask_strides(m)
+        self.mask_stride = self.mask_strides(m)
         self.mask_kind, self.mask = kind, m
 
     def mask_strides(self, m):

@@ -84,11 +84,35 @@ def _backward(ctx, grad_o, grad_lse):
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _dispatch_is_a_no_op(q, k, v, mask):
+    """True when calling the op's implementation directly is indistinguishable from calling
+    the op: plain CPU tensors, no gradient to record, nothing tracing or intercepting calls
+    (torch.compile, torch.jit.trace, make_fx and other dispatch or function modes).
+
+    The op's dispatch costs far more than the C++ call for decode-sized inputs (see
+    docs/python.md), so the common inference call skips it; anything that could observe the
+    op goes through it.
+    """
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    plain = torch.Tensor
+    if type(q) is not plain or type(k) is not plain or type(v) is not plain or \
+            (mask is not None and type(mask) is not plain):
+        return False
+    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None or
+                torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled())
+
+
 def flash_attention(p, q, k, v, return_lse):
     """flash_attention for torch tensors, given the checked Problem `p`."""
     seed = int(torch.randint(0, 2**62, ()).item()) if p.dropout_p > 0 else 0
-    o, lse = flash_attention_op(q, k, v, p.mask, p.dropout_p, p.scale, p.causal,
-                                p.window_left, p.window_right, p.layout, seed)
+    if _dispatch_is_a_no_op(q, k, v, p.mask):
+        o = torch.empty(p.output_shape(), dtype=q.dtype)
+        lse = torch.empty((p.batch, p.heads, p.seqlen_q), dtype=torch.float32)
+        _kernel.run_problem(p, q, k, v, o, lse, seed)
+    else:
+        o, lse = flash_attention_op(q, k, v, p.mask, p.dropout_p, p.scale, p.causal,
+                                    p.window_left, p.window_right, p.layout, seed)
     return (o, lse) if return_lse else o
 
 

@@ -54,3 +54,12 @@ def test_merge_states_op_under_compile():
     o_b, l_b = tileattn.flash_attention(q, k[:, :, 4:], v[:, :, 4:], return_lse=True)
     merged = torch.compile(tileattn.merge_states, backend="aot_eager", fullgraph=True)(o_a, l_a, o_b, l_b)
     torch.testing.assert_close(merged[0], tileattn.flash_attention(q, k, v), atol=1e-6, rtol=1e-5)
+
+
+def test_direct_call_without_autograd_equals_the_op():
+    """Plain inference calls skip the op's dispatch (for speed); the result must be the op's."""
+    q, k, v = inputs()
+    mask = torch.rand(6, 9, generator=torch.Generator().manual_seed(4)) > 0.2
+    o, lse = tileattn.flash_attention(q, k, v, attn_mask=mask, is_causal=True, return_lse=True)
+    o2, lse2 = torch.ops.tileattn.flash_attention(q, k, v, mask, 0.0, 16 ** -0.5, True, -1, -1, 0, 0)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)

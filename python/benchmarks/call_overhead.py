@@ -1,0 +1,63 @@
+"""Python call overhead of tileattn.flash_attention: the time of a call minus the time of the
+C++ binding alone on the same prepared arguments (both measured here, same run, one thread).
+
+    .venv/bin/python python/benchmarks/call_overhead.py
+"""
+import time
+
+import numpy as np
+import torch
+
+import tileattn
+from tileattn import _arrays, _kernel
+from tileattn import _tileattn as _C
+from tileattn._problem import to_kernel_order
+
+
+def per_call_us(fn, seconds=0.5):
+    for _ in range(20):
+        fn()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(50):
+            fn()
+        n += 50
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def median_us(fn, repeats=5):
+    return float(np.median([per_call_us(fn) for _ in range(repeats)]))
+
+
+def raw_call(q, k, v, o, lse):
+    """The binding alone, arguments prepared once (what any caller must at least pay)."""
+    addr, es = _arrays.address, _arrays.element_strides
+    b, h, nq, d = q.shape
+    args = (_kernel.dtype_code(q), (b, h, k.shape[1], nq, k.shape[2], d),
+            addr(q), to_kernel_order(es("q", q), 0), addr(k), to_kernel_order(es("k", k), 0),
+            addr(v), to_kernel_order(es("v", v), 0), addr(o), to_kernel_order(es("o", o), 0),
+            addr(lse), es("lse", lse), 0, 0, (0, 0, 0, 1), True, -1, -1, d ** -0.5, 0.0, 0, 1)
+    return lambda: _C.forward(*args)
+
+
+def main():
+    tileattn.set_num_threads(1)
+    torch.set_num_threads(1)
+    print(f"{'case':34s} {'call us':>9s} {'binding us':>11s} {'overhead us':>12s}")
+    for label, (h, hk, nk) in (("decode B=1 H=32/8 Nq=1 Nk=1024 D=128", (32, 8, 1024)),
+                               ("tiny B=1 H=1 Nq=1 Nk=1 D=128", (1, 1, 1))):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, h, 1, 128, generator=g)
+        k = torch.randn(1, hk, nk, 128, generator=g)
+        v = torch.randn(1, hk, nk, 128, generator=g)
+        o, lse = torch.empty_like(q), torch.empty(1, h, 1)
+        raw = median_us(raw_call(q, k, v, o, lse))
+        for fw, (qq, kk, vv) in (("torch", (q, k, v)), ("numpy", (q.numpy(), k.numpy(), v.numpy()))):
+            call = median_us(lambda: tileattn.flash_attention(qq, kk, vv, is_causal=True))
+            print(f"{label + ' ' + fw:34s} {call:9.1f} {raw:11.1f} {call - raw:12.1f}")
+        sdpa = median_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        print(f"{label + ' torch SDPA':34s} {sdpa:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
