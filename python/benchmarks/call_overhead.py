@@ -1,6 +1,9 @@
 """Python call overhead of tileattn.flash_attention: the time of a call minus the time of the
 C++ binding alone on the same prepared arguments (both measured here, same run, one thread).
 
+Times are the calling thread's CPU time (time.thread_time), so that waiting for a core on a
+shared, loaded machine does not count; the kernel runs on the calling thread (threads = 1).
+
     .venv/bin/python python/benchmarks/call_overhead.py
 """
 import time
@@ -17,12 +20,12 @@ from tileattn._problem import to_kernel_order
 def per_call_us(fn, seconds=0.5):
     for _ in range(20):
         fn()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    n, start = 0, time.thread_time()
+    while time.thread_time() - start < seconds:
         for _ in range(50):
             fn()
         n += 50
-    return (time.perf_counter() - start) / n * 1e6
+    return (time.thread_time() - start) / n * 1e6
 
 
 def median_us(fn, repeats=5):
