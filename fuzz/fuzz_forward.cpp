@@ -268,7 +268,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < 4; ++i) {
       const int mode = in.ConsumeIntegralInRange<int>(0, 2);
       int64_t dense = 1;
-      for (size_t j = i + 1; j < 4; ++j) dense *= std::max<int64_t>(1, m_sizes[j]);
+      for (size_t j = i + 1; j < 4; ++j)  // corrupt cu_seqlens may make sizes huge
+        if (__builtin_mul_overflow(dense, std::max<int64_t>(1, m_sizes[j]), &dense)) dense = 1;
       a.mask.stride[i] = mode == 0 ? 0 : mode == 1 ? dense : in.ConsumeIntegralInRange<int64_t>(-30, 30);
     }
     const int64_t mask_esize = a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4;
