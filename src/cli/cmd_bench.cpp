@@ -1,6 +1,9 @@
 // `tileattn bench`: times attention_forward (a warm-up run, then the median of
 // --reps runs) and a naive OpenBLAS attention on the same inputs, and reports
 // both as ratios: to the FMA peak measured in the same run, and to each other.
+// --impl times only one of the two (a sweep runs each in its own process so
+// that each one's peak memory is its own); --decode times one new query token
+// against a KV cache; --sweep runs a grid of cases (sweep.cpp).
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -11,10 +14,12 @@
 #include "cli/naive_baseline.hpp"
 #include "cli/openblas.hpp"
 #include "cli/report.hpp"
+#include "cli/sweep.hpp"
 #include "cli/timing.hpp"
 #include "core/thread_pool.hpp"
 #include "tileattn/attention.hpp"
 #include "tileattn/backward.hpp"
+#include "tileattn/kv_cache.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::cli {
@@ -24,16 +29,51 @@ namespace {
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
     "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
-    "                      [--threads T] [--reps R] [--backward] [--no-baseline] [--json]\n"
+    "                      [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
+    "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
+    "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
+    "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
+    "                      [--impls tileattn,openblas] [--max-naive-mb MB] [--out FILE.json|.csv]\n"
+    "                      [--batch B] [--heads H] [--kv-heads HKV] [--window L,R] [--threads T]\n"
+    "                      [--reps R] [--peak-gflops G] [--json]\n"
     "Defaults: B=1 H=8 HKV=H N=M=1024 D=128 fp32, every hardware thread, R=5.\n"
     "Reports ms (median of R after a warm-up), gflops (4*D flops per visible (query, key)\n"
     "pair), fraction_of_peak (of the FMA peak measured now with the same threads),\n"
     "peak_rss_mb (before the baseline runs), and for the naive OpenBLAS baseline (S = Q K^T\n"
     "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n"
     "--backward times attention_backward instead (10*D flops per visible pair; the baseline\n"
-    "is the same sgemm formulation of dQ, dK, dV).\n";
+    "is the same sgemm formulation of dQ, dK, dV).\n"
+    "--decode times one new query token per (batch, head) against a KV cache holding M keys\n"
+    "(attention_with_kvcache; the baseline is the naive attention of that one row).\n"
+    "--impl tileattn (same as --no-baseline) or openblas times only that one.\n"
+    "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once).\n"
+    "\n"
+    "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
+    "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
+    "(implementation, case) to --out (JSON or CSV by extension; columns in docs/benchmarks.md).\n"
+    "Sweep defaults: seqs 512,1024,2048,4096,8192,16384, dims 64,128, masks none,causal,window,\n"
+    "dtypes fp32, passes forward, impls tileattn,openblas, H=4, window 256,0, R adaptive\n"
+    "(fewer at large N), naive baseline skipped where its N x N matrices exceed 4096 MB.\n"
+    "A progress bar (stage, case i/n, elapsed, time left) is drawn on stderr when it is a\n"
+    "terminal and --json is not given; --json prints the result document on stdout.\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
+
+enum class Impl { both, tileattn, openblas };
+
+Impl parse_impl(const Args& args) {
+  const std::string text = args.text("--impl", "both");
+  Impl impl;
+  if (text == "both") impl = Impl::both;
+  else if (text == "tileattn") impl = Impl::tileattn;
+  else if (text == "openblas") impl = Impl::openblas;
+  else throw UsageError("--impl: expected both, tileattn or openblas, got '" + text + "'");
+  if (args.has("--no-baseline")) {
+    if (impl == Impl::openblas) throw UsageError("--no-baseline: contradicts --impl openblas");
+    impl = Impl::tileattn;
+  }
+  return impl;
+}
 
 }  // namespace
 
@@ -42,21 +82,33 @@ int cmd_bench(int argc, char** argv) {
             {{"--batch", true}, {"--heads", true}, {"--kv-heads", true}, {"--seq", true},
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
              {"--window", true}, {"--threads", true}, {"--reps", true}, {"--backward", false},
-             {"--no-baseline", false}, {"--json", false}});
+             {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
+             {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
+             {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
+             {"--out", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
+  if (args.has("--sweep")) return run_sweep(parse_sweep_plan(args), argc, argv);
+  for (const char* flag : {"--seqs", "--dims", "--masks", "--dtypes", "--passes", "--impls", "--max-naive-mb", "--out"})
+    if (args.has(flag)) throw UsageError(std::string(flag) + ": only with --sweep");
   const bool json = args.has("--json");
+  const Impl impl = parse_impl(args);
+  const bool backward = args.has("--backward");
+  const bool decode = args.has("--decode");
+  if (backward && decode) throw UsageError("--decode: cannot be combined with --backward");
   const int64_t batch = args.integer("--batch", 1, 1, kMaxSize);
   const int64_t heads = args.integer("--heads", 8, 1, kMaxSize);
   const int64_t kv_heads = args.integer("--kv-heads", heads, 1, kMaxSize);
-  const int64_t seq = args.integer("--seq", 1024, 1, kMaxSize);
-  const int64_t kv_seq = args.integer("--kv-seq", seq, 1, kMaxSize);
+  const int64_t seq_flag = args.integer("--seq", 1024, 1, kMaxSize);
+  const int64_t kv_seq = args.integer("--kv-seq", seq_flag, 1, kMaxSize);
+  // Decode: one new query token per sequence, attending to a cache of kv_seq keys.
+  const int64_t seq = decode ? 1 : seq_flag;
   const int64_t dim = args.integer("--dim", 128, 1, 256);
   const DType dtype = parse_dtype(args.text("--dtype", "fp32"));
   const bool causal = args.has("--causal");
   const auto [window_left, window_right] = args.window("--window");
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const int reps = int(args.integer("--reps", 5, 1, 1000));
-  const bool backward = args.has("--backward");
+  const double given_peak = args.number("--peak-gflops", 0, 1e-3, 1e9);
   if (heads % kv_heads != 0)
     throw UsageError("--kv-heads: " + std::to_string(kv_heads) + " must divide --heads " + std::to_string(heads));
   int64_t q_elems = 0, k_elems = 0;
@@ -102,23 +154,37 @@ int cmd_bench(int argc, char** argv) {
     ba.dk = {dk.data(), fa.k.stride};
     ba.dv = {dv.data(), fa.k.stride};
   }
+  // Decode: k and v are a full contiguous cache [B, HKV, M, D]; nothing is
+  // appended, so every rep attends the same cache.
+  KvCacheArgs ca;
+  std::vector<int32_t> cache_seqlens;
+  if (decode) {
+    if (kv_seq > INT32_MAX) throw UsageError("--kv-seq: a KV cache holds at most 2^31-1 tokens");
+    cache_seqlens.assign(size_t(batch), int32_t(kv_seq));
+    ca.batch = batch;
+    ca.heads = heads;
+    ca.kv_heads = kv_heads;
+    ca.head_dim = dim;
+    ca.dtype = dtype;
+    ca.seqlen_q = 1;
+    ca.q = fa.q;
+    ca.o = fa.o;
+    ca.k_cache = {const_cast<void*>(k.data()), fa.k.stride};
+    ca.v_cache = {const_cast<void*>(v.data()), fa.k.stride};
+    ca.capacity = kv_seq;
+    ca.cache_seqlens = cache_seqlens.data();
+    ca.causal = causal;
+    ca.window_left = window_left;
+    ca.window_right = window_right;
+    ca.threads = threads;
+  }
 
   const BandMask band = BandMask::from(causal, window_left, window_right);
   const double flops_per_pair = (backward ? 10.0 : 4.0) * double(dim);
   const double flops = flops_per_pair * double(band.pairs(seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
   const TileShape tiles = choose_tiles(isa, dim, dtype);
-  const double peak = measure_fma_peak_gflops(threads, isa);
-
-  // Warm-up: page in the buffers, start the thread pool (and O, LSE for the backward).
-  attention_forward(fa);
-  if (backward) attention_backward(ba);
-  std::vector<double> rep_ms;
-  for (int r = 0; r < reps; ++r)
-    rep_ms.push_back(time_ms([&] { backward ? attention_backward(ba) : attention_forward(fa); }));
-  const double ms = median(rep_ms);
-  const double gflops = flops / (ms * 1e-3) * 1e-9;
-  const double rss = peak_rss_mb();
+  const double peak = given_peak > 0 ? given_peak : measure_fma_peak_gflops(threads, isa);
 
   Report rep;
   rep.integer("batch", batch);
@@ -132,23 +198,44 @@ int cmd_bench(int argc, char** argv) {
   rep.integer("window_left", window_left);
   rep.integer("window_right", window_right);
   rep.boolean("backward", backward);
+  rep.boolean("decode", decode);
+  rep.text("impl", impl == Impl::both ? "both" : impl == Impl::tileattn ? "tileattn" : "openblas");
   rep.text("isa", isa_name(isa));
   rep.integer("threads", threads);
-  rep.integer("block_q", tiles.block_q);
-  rep.integer("block_kv", tiles.block_kv);
-  rep.text("tile_reason", tiles.reason);
-  rep.integer("reps", reps);
-  std::string reps_human;
-  for (double t : rep_ms) reps_human += (reps_human.empty() ? "" : " ") + json_number(t);
-  rep.raw("rep_ms", json_number_array(rep_ms), reps_human);
-  rep.number("flops", flops);
-  rep.number("ms", ms);
-  rep.number("gflops", gflops);
-  rep.number("peak_gflops", peak);
-  rep.number("fraction_of_peak", gflops / peak);
-  rep.number("peak_rss_mb", rss);
 
-  if (args.has("--no-baseline")) {
+  double ms = NAN;
+  if (impl == Impl::openblas) {
+    rep.number("flops", flops);
+    rep.number("peak_gflops", peak);
+  } else {
+    auto run_kernel = [&] {
+      if (decode) attention_with_kvcache(ca);
+      else if (backward) attention_backward(ba);
+      else attention_forward(fa);
+    };
+    // Warm-up: page in the buffers, start the thread pool (and O, LSE for the backward).
+    if (backward) attention_forward(fa);
+    run_kernel();
+    std::vector<double> rep_ms;
+    for (int r = 0; r < reps; ++r) rep_ms.push_back(time_ms(run_kernel));
+    ms = median(rep_ms);
+    const double gflops = flops / (ms * 1e-3) * 1e-9;
+    rep.integer("block_q", tiles.block_q);
+    rep.integer("block_kv", tiles.block_kv);
+    rep.text("tile_reason", tiles.reason);
+    rep.integer("reps", reps);
+    std::string reps_human;
+    for (double t : rep_ms) reps_human += (reps_human.empty() ? "" : " ") + json_number(t);
+    rep.raw("rep_ms", json_number_array(rep_ms), reps_human);
+    rep.number("flops", flops);
+    rep.number("ms", ms);
+    rep.number("gflops", gflops);
+    rep.number("peak_gflops", peak);
+    rep.number("fraction_of_peak", gflops / peak);
+    rep.number("peak_rss_mb", peak_rss_mb());
+  }
+
+  if (impl == Impl::tileattn) {
     rep.boolean("baseline", false);
     rep.print(json);
     return 0;
@@ -192,7 +279,7 @@ int cmd_bench(int argc, char** argv) {
   const double baseline_ms = median(baseline_rep_ms);
   rep.number("baseline_ms", baseline_ms);
   rep.number("baseline_gflops", flops / (baseline_ms * 1e-3) * 1e-9);
-  rep.number("speedup_vs_baseline", baseline_ms / ms);
+  if (impl == Impl::both) rep.number("speedup_vs_baseline", baseline_ms / ms);
   rep.text("baseline_core", blas.core);
   rep.number("baseline_peak_rss_mb", peak_rss_mb());
   rep.integer("baseline_reps", baseline_reps);
