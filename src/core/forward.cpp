@@ -10,6 +10,7 @@
 #include <new>
 
 #include "core/half.hpp"
+#include "core/forward_plan.hpp"
 #include "core/isa_entry.hpp"
 #include "core/problem.hpp"
 #include "core/thread_pool.hpp"

@@ -8,27 +8,27 @@
 
 namespace tileattn::detail {
 
-inline float bits_to_float(uint32_t bits) {
+static inline float bits_to_float(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
-inline uint32_t float_to_bits(float f) {
+static inline uint32_t float_to_bits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
   return bits;
 }
 
-inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+static inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
-inline uint16_t float_to_bf16(float f) {
+static inline uint16_t float_to_bf16(float f) {
   uint32_t bits = float_to_bits(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
   uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-inline float f16_to_float(uint16_t h) {
+static inline float f16_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu;
   uint32_t mantissa = h & 0x3ffu;
@@ -42,7 +42,7 @@ inline float f16_to_float(uint16_t h) {
   return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-inline uint16_t float_to_f16(float f) {
+static inline uint16_t float_to_f16(float f) {
   uint32_t bits = float_to_bits(f);
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   uint32_t abs = bits & 0x7fffffffu;
