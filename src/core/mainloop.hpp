@@ -104,47 +104,52 @@ class ForwardMainloop {
     }
   }
 
-  const char* key_row(const char* base, const InputView& view, const Sequence& seq,
-                      int64_t batch, int64_t kv_head, int64_t j) const {
+  // rows[c] = address of key row j0 + c (c < n) of `view` for this sequence
+  // and KV head. A paged cache is walked page by page: one table lookup per
+  // page, not a division per row.
+  void fill_key_rows(const InputView& view, const Sequence& seq, const WorkItem& w, int64_t j0,
+                     int64_t n, const void** rows) const {
     const int64_t esize = int64_t(dtype_size(a_.dtype));
-    if (a_.kv.block_table) {
-      const int64_t page = a_.kv.block_table[batch * a_.kv.block_table_stride + j / a_.kv.page_size];
-      return base + (page * view.stride[0] + kv_head * view.stride[1] +
-                     (j % a_.kv.page_size) * view.stride[2]) * esize;
+    const char* base = static_cast<const char*>(view.data);
+    const int64_t row_step = view.stride[2] * esize;
+    if (!a_.kv.block_table) {
+      const char* first = base + (seq.k_batch * view.stride[0] + w.kv_head * view.stride[1] +
+                                  (seq.k_row0 + j0) * view.stride[2]) * esize;
+      for (int64_t c = 0; c < n; ++c) rows[c] = first + c * row_step;
+      return;
     }
-    return base + (seq.k_batch * view.stride[0] + kv_head * view.stride[1] +
-                   (seq.k_row0 + j) * view.stride[2]) * esize;
+    const int32_t* table = a_.kv.block_table + w.batch * a_.kv.block_table_stride;
+    const int64_t page_size = a_.kv.page_size;
+    int64_t page_index = j0 / page_size, in_page = j0 % page_size;
+    for (int64_t c = 0; c < n; ++page_index, in_page = 0) {
+      const char* page = base + (table[page_index] * view.stride[0] + w.kv_head * view.stride[1]) * esize;
+      const int64_t take = min64(page_size - in_page, n - c);
+      for (int64_t t = 0; t < take; ++t, ++c) rows[c] = page + (in_page + t) * row_step;
+    }
   }
 
   // K^T (D, BLOCK_KV_pad) and V (BLOCK_KV_pad, D_pad), converted to fp32 once
   // and shared by every query head of the KV group. Pages are gathered here.
   void load_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
     const int64_t d = a_.shape.head_dim, dp = p_.head_dim_padded;
-    const char* k_base = static_cast<const char*>(a_.k.data);
-    const char* v_base = static_cast<const char*>(a_.v.data);
-    for (int64_t c = 0; c < n; ++c) key_rows_[c] = key_row(k_base, a_.k, seq, w.batch, w.kv_head, j0 + c);
+    fill_key_rows(a_.k, seq, w, j0, n, key_rows_);
     K::pack_transposed(key_rows_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
-    for (int64_t c = 0; c < n; ++c) {
-      const char* src = key_row(v_base, a_.v, seq, w.batch, w.kv_head, j0 + c);
-      K::load_row(src, a_.dtype, d, a_.v.stride[3], 1.0f, v_tile_ + c * dp);
-    }
+    fill_key_rows(a_.v, seq, w, j0, n, key_rows_);
+    for (int64_t c = 0; c < n; ++c)
+      K::load_row(key_rows_[c], a_.dtype, d, a_.v.stride[3], 1.0f, v_tile_ + c * dp);
   }
 
   // Asks for the next K/V tile's rows (toward L2) while this tile computes:
   // the software half of double buffering, which matters most for paged and
   // strided sources that the hardware prefetcher cannot follow.
-  void prefetch_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) const {
-    const int64_t row_bytes = a_.shape.head_dim * int64_t(dtype_size(a_.dtype));
+  void prefetch_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
     if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
-    const char* k_base = static_cast<const char*>(a_.k.data);
-    const char* v_base = static_cast<const char*>(a_.v.data);
-    for (int64_t c = 0; c < n; ++c) {
-      const char* k_row = key_row(k_base, a_.k, seq, w.batch, w.kv_head, j0 + c);
-      const char* v_row = key_row(v_base, a_.v, seq, w.batch, w.kv_head, j0 + c);
-      for (int64_t off = 0; off < row_bytes; off += 64) {
-        __builtin_prefetch(k_row + off, 0, 2);
-        __builtin_prefetch(v_row + off, 0, 2);
-      }
+    const int64_t row_bytes = a_.shape.head_dim * int64_t(dtype_size(a_.dtype));
+    for (const InputView* view : {&a_.k, &a_.v}) {
+      fill_key_rows(*view, seq, w, j0, n, key_rows_);
+      for (int64_t c = 0; c < n; ++c)
+        for (int64_t off = 0; off < row_bytes; off += 64)
+          __builtin_prefetch(static_cast<const char*>(key_rows_[c]) + off, 0, 2);
     }
   }
 
