@@ -49,6 +49,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
     for (int64_t b = 0; b < args.shape.batch; ++b)
       max_nq = max64(max_nq, args.cu_seqlens_q[b + 1] - args.cu_seqlens_q[b]);
   }
+  p.stack_rows = p.block_q;
   if (max_nq > 0 && max_nq < p.block_q) p.block_q = int(max_nq);
   // Query heads of one KV group share each packed K/V tile; cap the group's
   // Q and accumulator tiles at half of L2.

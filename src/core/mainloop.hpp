@@ -44,7 +44,7 @@ class ForwardMainloop {
     row_sum_ = take(hc * bq);        // (heads * rows)
     k_t_ = take(dp * kv_pad_);       // (D, BLOCK_KV_pad)
     v_tile_ = take(kv_pad_ * dp);    // (BLOCK_KV_pad, D_pad)
-    s_tile_ = take(bq * kv_pad_);    // (BLOCK_Q, BLOCK_KV_pad): scores, then P
+    s_tile_ = take(score_tile_rows(p) * kv_pad_);  // (stacked rows, BLOCK_KV_pad): scores, then P
     key_rows_ = reinterpret_cast<const void**>(take(2 * kv_pad_));  // (BLOCK_KV,)
   }
 
@@ -61,7 +61,7 @@ class ForwardMainloop {
     }
     // Heads per product: as many as fit the S tile (BLOCK_Q rows). Prefill
     // tiles (rows = BLOCK_Q) go one head at a time; decode stacks the group.
-    const int64_t heads_per_gemm = max64(1, p_.block_q / rows_);
+    const int64_t heads_per_gemm = max64(1, score_tile_rows(p_) / rows_);
 
     KeyRange keys = visible_keys(p_.band, seq, w.q_begin, w.q_end);
     keys.first = max64(keys.first, w.key_begin);

@@ -37,6 +37,10 @@ struct Problem {
   int block_q = 0;              // query rows per tile
   int block_kv = 0;             // keys per tile
   int heads_per_item = 1;       // query heads of one KV group handled together
+  // Rows of the score tile: stacked (head, query) rows of one product. At
+  // least block_q; a decode step keeps the prefill tile's rows here so that
+  // a whole GQA group of single queries stacks into one product. 0 = block_q.
+  int stack_rows = 0;
   // Split-KV: each sequence's keys are cut into kv_splits ranges of
   // split_keys keys (a multiple of block_kv); each range's normalized O and
   // LSE go to the partial buffers, [split, batch, heads, max_rows_q, D_pad]
@@ -49,6 +53,10 @@ struct Problem {
   float* partial_o = nullptr;
   float* partial_lse = nullptr;
 };
+
+static inline int64_t score_tile_rows(const Problem& p) {
+  return p.stack_rows > p.block_q ? p.stack_rows : p.block_q;
+}
 
 static inline int64_t partial_slot(const Problem& p, int64_t split, int64_t batch, int64_t head,
                                    int64_t i) {

@@ -57,7 +57,7 @@ int64_t forward_scratch_floats(const Problem& p) {
          + 2 * aligned(hc * bq)         // row_max, row_sum (heads, BLOCK_Q)
          + aligned(dp * bkv)            // k_t      (D, BLOCK_KV_pad), K transposed
          + aligned(bkv * dp)            // v_tile   (BLOCK_KV_pad, D_pad)
-         + aligned(bq * bkv)            // s_tile   (BLOCK_Q, BLOCK_KV_pad), scores then P
+         + aligned(score_tile_rows(p) * bkv)  // s_tile (stacked rows, BLOCK_KV_pad), scores then P
          + aligned(bkv)                 // key-row pointer table (as 8-byte slots, 2 floats each)
          + aligned(bkv);
 }
