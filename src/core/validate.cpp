@@ -45,8 +45,11 @@ ByteRange view_range(const char* name, const void* data, int64_t element_size,
   r.hi = checked_add(checked_mul(hi, element_size, name), element_size, name);
   const auto base = reinterpret_cast<uintptr_t>(data);
   // Byte addresses must stay inside the address space.
-  if (r.lo < 0 && uintptr_t(-r.lo) > base) fail(std::string(name) + ": strides reach below address 0");
-  if (uintptr_t(r.hi) > UINTPTR_MAX - base) fail(std::string(name) + ": strides overflow the address space");
+  // (unsigned negation: r.lo may be INT64_MIN, whose signed negation overflows)
+  if (r.lo < 0 && uintptr_t(0) - uintptr_t(r.lo) > base) fail(std::string(name) + ": strides reach below address 0");
+  // Addresses are compared as int64 below: base + hi must stay below 2^63.
+  if (uintptr_t(r.hi) > uintptr_t(INT64_MAX) - base)
+    fail(std::string(name) + ": strides overflow the address space");
   r.lo = int64_t(base) + r.lo;  // as addresses (fits: user-space addresses < 2^63)
   r.hi = int64_t(base) + r.hi;
   r.empty = false;

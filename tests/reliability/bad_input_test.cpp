@@ -76,8 +76,13 @@ TEST(BadInput, StridesThatOverflowOrLeaveTheAddressSpace) {
   data.args.q.stride[0] = std::numeric_limits<int64_t>::min() / 2;
   expect_forward_refused(data, {"q"});
   data.args = good;
-  data.args.v.stride[1] = -(int64_t{1} << 61);  // reaches below address 0
-  expect_forward_refused(data, {"v", "address"});
+  data.args.v.stride[1] = -(int64_t{1} << 61);  // exactly INT64_MIN bytes below v
+  expect_forward_refused(data, {"v", "reach below address 0"});
+  data.args = good;
+  // The second batch ends just below INT64_MAX bytes past q: in int64, but
+  // q's address plus that is not.
+  data.args.q.stride[0] = std::numeric_limits<int64_t>::max() / 4 - 1024;
+  expect_forward_refused(data, {"q", "overflow the address space"});
 }
 
 TEST(BadInput, SizeProductsOverflowBeforeAnyAllocation) {
