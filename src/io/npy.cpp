@@ -143,7 +143,8 @@ int64_t NpyArray::elements() const {
 
 NpyArray parse_npy(const unsigned char* data, std::size_t size, const std::string& name) {
   if (size < 10 || std::memcmp(data, kMagic, sizeof kMagic) != 0) {
-    if (size < sizeof kMagic && std::memcmp(data, kMagic, size) == 0)
+    // size 0 may come with a null pointer, which memcmp must not see.
+    if (size < sizeof kMagic && (size == 0 || std::memcmp(data, kMagic, size) == 0))
       fail(name, "truncated .npy file (" + std::to_string(size) + " bytes)");
     fail(name, "not a .npy file (bad magic string)");
   }
