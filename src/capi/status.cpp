@@ -1,4 +1,5 @@
 // Status codes, the per-thread last-error message and the version queries.
+#include <cstring>
 #include <cstdio>
 
 #include "capi/guard.hpp"
@@ -33,7 +34,12 @@ extern "C" {
 const char* tileattn_last_error(void) { return tileattn::capi::last_error_message; }
 
 const char* tileattn_status_string(tileattn_status status) {
-  switch (status) {
+  // A C caller may pass any int; loading it as the C++ enum is undefined for
+  // values outside the enumerators' range (UBSan), so read its bytes as an int.
+  static_assert(sizeof(tileattn_status) == sizeof(int));
+  int value;
+  std::memcpy(&value, &status, sizeof value);
+  switch (value) {
     case TILEATTN_OK: return "ok";
     case TILEATTN_INVALID_ARGUMENT: return "invalid argument";
     case TILEATTN_NOT_SUPPORTED: return "not supported";
