@@ -5,6 +5,7 @@
 // run under ThreadSanitizer (scripts/sanitize.sh).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -92,8 +93,8 @@ TEST(Concurrency, ThreadsCallingAtOnceGetTheResultOfACallAlone) {
           continue;
         }
         if (output_bytes(*data) != expected[which]) ++mismatches;
-        std::memset(data->o32.data(), 0, data->o32.size() * 4);
-        std::memset(data->o16.data(), 0, data->o16.size() * 2);
+        std::fill(data->o32.begin(), data->o32.end(), 0.0f);
+        std::fill(data->o16.begin(), data->o16.end(), uint16_t{0});
       }
     });
   }
