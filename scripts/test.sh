@@ -7,6 +7,7 @@ scripts/setup.sh
 scripts/build.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 ctest --test-dir build --output-on-failure -j "$jobs"
+scripts/sanitize.sh ci  # ASan+UBSan tests, 20 s per fuzzer, TSan (docs/reliability.md)
 if [ -x scripts/test_python.sh ]; then
   scripts/test_python.sh
 fi
