@@ -196,6 +196,8 @@ def markdown(machine, rows, commands=None):
     if load_start is not None:
         out.append(f"Load average during the run: {load_start:.2f} at the start, {load_end:.2f} at the end "
                    "(other work on the machine makes every number slower).")
+    if machine.get("report_seconds"):
+        out.append(f"Measuring everything below took {common.duration(machine['report_seconds'])}.")
     if commands:
         out.append("Commands: " + "; ".join(f"`{c}`" for c in commands) + ".")
     out.append("")

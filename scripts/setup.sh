@@ -28,7 +28,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Python packages (PyPI), into .venv.
-PIP_PACKAGES=(numpy pytest nanobind scikit-build-core safetensors)
+PIP_PACKAGES=(numpy pytest nanobind scikit-build-core safetensors
+              matplotlib onnx onnxruntime)  # bench/report.py plots (~100 MB installed); ONNX Runtime peer of the benchmarks (~115 MB)
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
