@@ -153,27 +153,51 @@ struct Kernels {
   }
 
   // 8 elements of `dtype` at src (contiguous) as fp32.
+  template <DType kType>
+  static inline __m256 load8(const void* src) {
+    if constexpr (kType == DType::f32) {
+      return _mm256_loadu_ps(static_cast<const float*>(src));
+    } else if constexpr (kType == DType::f16) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+    } else {
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    }
+  }
   static inline __m256 load8(const void* src, DType dtype) {
     switch (dtype) {
-      case DType::f32: return _mm256_loadu_ps(static_cast<const float*>(src));
-      case DType::f16:
-        return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
-      case DType::bf16: {
-        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-      }
+      case DType::f32: return load8<DType::f32>(src);
+      case DType::f16: return load8<DType::f16>(src);
+      case DType::bf16: return load8<DType::bf16>(src);
     }
     return _mm256_setzero_ps();
   }
 
+  // The contiguous body of load_row for one dtype: the switch stays out of the
+  // loop, and an exact scale of 1 (V tiles) costs no multiply.
+  template <DType kType>
+  static inline int64_t load_contiguous(const void* src, int64_t n, float scale, float* dst) {
+    const char* bytes = static_cast<const char*>(src);
+    constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+    int64_t j = 0;
+    if (scale == 1.0f) {
+      for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, load8<kType>(bytes + j * kSize));
+    } else {
+      const __m256 s = _mm256_set1_ps(scale);
+      for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_mul_ps(s, load8<kType>(bytes + j * kSize)));
+    }
+    return j;
+  }
+
   static void load_row(const void* src, DType dtype, int64_t n, int64_t stride, float scale,
                        float* dst) {
-    const int64_t esize = int64_t(dtype_size(dtype));
     int64_t j = 0;
     if (stride == 1) {
-      const __m256 s = _mm256_set1_ps(scale);
-      for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(dst + j, _mm256_mul_ps(s, load8(static_cast<const char*>(src) + j * esize, dtype)));
+      switch (dtype) {
+        case DType::f32: j = load_contiguous<DType::f32>(src, n, scale, dst); break;
+        case DType::f16: j = load_contiguous<DType::f16>(src, n, scale, dst); break;
+        case DType::bf16: j = load_contiguous<DType::bf16>(src, n, scale, dst); break;
+      }
     }
     for (; j < n; ++j) dst[j] = scale * load_element(src, int(dtype), j * stride);
     for (; j % 16 != 0; ++j) dst[j] = 0.0f;
@@ -209,27 +233,43 @@ struct Kernels {
   // dst[c * ld + r] = rows[r][c * stride]: K^T, 8x8 blocks transposed in registers.
   static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
                               int64_t stride, float* dst, int64_t ld) {
-    const int64_t n_pad = (n_rows + 15) / 16 * 16;
-    const int64_t esize = int64_t(dtype_size(dtype));
     int64_t r0 = 0;
     if (stride == 1) {
-      for (; r0 + 8 <= n_rows; r0 += 8) {
-        int64_t c0 = 0;
-        for (; c0 + 8 <= d; c0 += 8) {
-          __m256 v[8];
-          for (int i = 0; i < 8; ++i) v[i] = load8(static_cast<const char*>(rows[r0 + i]) + c0 * esize, dtype);
-          transpose8(v);
-          for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + (c0 + i) * ld + r0, v[i]);
-        }
-        for (; c0 < d; ++c0)
-          for (int64_t r = r0; r < r0 + 8; ++r) dst[c0 * ld + r] = load_element(rows[r], int(dtype), c0);
+      switch (dtype) {
+        case DType::f32: r0 = transpose_blocks<DType::f32>(rows, n_rows, d, dst, ld); break;
+        case DType::f16: r0 = transpose_blocks<DType::f16>(rows, n_rows, d, dst, ld); break;
+        case DType::bf16: r0 = transpose_blocks<DType::bf16>(rows, n_rows, d, dst, ld); break;
       }
     }
+    // Rows left over from the 8-row blocks (all rows when strided), and the
+    // zero padding up to the next multiple of 16 columns.
+    const int64_t n_pad = (n_rows + 15) / 16 * 16;
+    if (r0 == n_pad) return;
     for (int64_t c = 0; c < d; ++c) {
       float* out = dst + c * ld;
       for (int64_t r = r0; r < n_rows; ++r) out[r] = load_element(rows[r], int(dtype), c * stride);
       for (int64_t r = n_rows; r < n_pad; ++r) out[r] = 0.0f;
     }
+  }
+
+  // Full 8-row blocks of K^T for contiguous rows; returns the rows done.
+  template <DType kType>
+  static inline int64_t transpose_blocks(const void* const* rows, int64_t n_rows, int64_t d,
+                                         float* dst, int64_t ld) {
+    constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+    int64_t r0 = 0;
+    for (; r0 + 8 <= n_rows; r0 += 8) {
+      int64_t c0 = 0;
+      for (; c0 + 8 <= d; c0 += 8) {
+        __m256 v[8];
+        for (int i = 0; i < 8; ++i) v[i] = load8<kType>(static_cast<const char*>(rows[r0 + i]) + c0 * kSize);
+        transpose8(v);
+        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + (c0 + i) * ld + r0, v[i]);
+      }
+      for (; c0 < d; ++c0)
+        for (int64_t r = r0; r < r0 + 8; ++r) dst[c0 * ld + r] = load_element(rows[r], int(kType), c0);
+    }
+    return r0;
   }
 
   static inline void transpose8(__m256* v) {
