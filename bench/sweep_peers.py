@@ -209,8 +209,12 @@ def onnxruntime_run(case, reps, want_output=False):
                           "(training needs the separate onnxruntime-training build)")
     np_dtype = {"fp32": np.float32, "fp16": np.float16}.get(case["dtype"])
     if np_dtype is None:
-        raise Unsupported("ONNX Runtime: NumPy has no bfloat16 to feed the session")
-    onnx_dtype = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}[case["dtype"]]
+        try:  # NumPy has no bfloat16; onnx depends on ml_dtypes, which has one
+            import ml_dtypes
+            np_dtype = ml_dtypes.bfloat16
+        except ImportError:
+            raise Unsupported("ONNX Runtime: no bfloat16 NumPy type (ml_dtypes) to feed the session")
+    onnx_dtype = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[case["dtype"]]
     left, right = case_band(case)
     nq, nk = common.q_len(case), case["seq"]
     keep = None
