@@ -149,32 +149,11 @@ class BackwardMainloop {
     K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.v.stride[3], v_t_, kv_pad_);
   }
 
-  // Same semantics as the forward's mask step (band interval per row, then
-  // the boolean or additive tensor), on rows [i_begin, i_begin + rows) of head h.
+  // The forward's mask step (core/mask_row.hpp) on rows [i_begin, i_begin + rows) of head h.
   void apply_mask(const Sequence& seq, int64_t batch, int64_t h, int64_t i_begin, int64_t rows,
                   int64_t j0, int64_t n, bool band_partial) {
-    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < rows; ++t) {
-      float* s = s_ + t * kv_pad_;
-      const int64_t i = i_begin + t;
-      if (band_partial) {
-        const int64_t lo = min64(n, max64(0, i + seq.offset - p_.fwd.band.left - j0));
-        const int64_t hi = max64(lo, min64(n, i + seq.offset + p_.fwd.band.right + 1 - j0));
-        for (int64_t c = 0; c < lo; ++c) s[c] = kMinusInf;
-        for (int64_t c = hi; c < n; ++c) s[c] = kMinusInf;
-      }
-      if (a_.mask.kind == MaskSpec::Kind::none) continue;
-      const auto& ms = a_.mask.stride;
-      const int64_t row_offset = batch * ms[0] + h * ms[1] + i * ms[2];
-      if (a_.mask.kind == MaskSpec::Kind::boolean) {
-        const uint8_t* keep = static_cast<const uint8_t*>(a_.mask.data) + row_offset;
-        for (int64_t c = 0; c < n; ++c)
-          if (!keep[(j0 + c) * ms[3]]) s[c] = kMinusInf;
-      } else {
-        const float* bias = static_cast<const float*>(a_.mask.data) + row_offset;
-        for (int64_t c = 0; c < n; ++c) s[c] += bias[(j0 + c) * ms[3]] * kLog2e;
-      }
-    }
+    for (int64_t t = 0; t < rows; ++t)
+      mask_score_row(s_ + t * kv_pad_, n, p_.fwd, seq, batch, h, i_begin + t, j0, band_partial);
   }
 
   // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q; dV as accumulated.

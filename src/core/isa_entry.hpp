@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/dropout.hpp"  // the main loops apply dropout (forward: online_softmax)
+#include "core/mask_row.hpp"  // the mask step both main loops share
 #include "core/problem.hpp"
 
 namespace tileattn::detail {

@@ -23,7 +23,7 @@
 //
 // This file has no includes of its own because it is included inside a
 // namespace: the including file first includes <cmath>, <cstring>, <limits>
-// and "core/problem.hpp".
+// and "core/mask_row.hpp" (which brings "core/problem.hpp").
 
 template <class K>
 class ForwardMainloop {
@@ -156,29 +156,9 @@ class ForwardMainloop {
   // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
   void apply_mask(const Sequence& seq, const WorkItem& w, int64_t s0, int64_t m, int64_t j0,
                   int64_t n, bool band_partial) {
-    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < m; ++t) {
-      float* s = s_tile_ + t * kv_pad_;
-      const int64_t i = query_of(w, s0 + t);
-      if (band_partial) {
-        // Visible columns of this row form one interval [lo, hi).
-        const int64_t lo = min64(n, max64(0, i + seq.offset - p_.band.left - j0));
-        const int64_t hi = max64(lo, min64(n, i + seq.offset + p_.band.right + 1 - j0));
-        for (int64_t c = 0; c < lo; ++c) s[c] = kMinusInf;
-        for (int64_t c = hi; c < n; ++c) s[c] = kMinusInf;
-      }
-      if (a_.mask.kind == MaskSpec::Kind::none) continue;
-      const auto& ms = a_.mask.stride;
-      const int64_t row_offset = w.batch * ms[0] + head_of(w, s0 + t) * ms[1] + i * ms[2];
-      if (a_.mask.kind == MaskSpec::Kind::boolean) {
-        const uint8_t* keep = static_cast<const uint8_t*>(a_.mask.data) + row_offset;
-        for (int64_t c = 0; c < n; ++c)
-          if (!keep[(j0 + c) * ms[3]]) s[c] = kMinusInf;
-      } else {
-        const float* bias = static_cast<const float*>(a_.mask.data) + row_offset;
-        for (int64_t c = 0; c < n; ++c) s[c] += bias[(j0 + c) * ms[3]] * kLog2e;
-      }
-    }
+    for (int64_t t = 0; t < m; ++t)
+      mask_score_row(s_tile_ + t * kv_pad_, n, p_, seq, w.batch, head_of(w, s0 + t),
+                     query_of(w, s0 + t), j0, band_partial);
   }
 
   // Online softmax over stacked rows [s0, s0 + m) of one score tile: S becomes
