@@ -105,13 +105,16 @@ def plot_pass(plt, rows, pass_name, path, machine_line):
     cols = min(3, len(panels))
     nrows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.9 * nrows), squeeze=False)
-    peak = peak_of(rows)
+    # Decode is bound by reading the cache, far below the FMA peak: its plot
+    # shows the time of one step instead (lower is better).
+    metric = "ms" if pass_name == "decode" else "gflops"
+    peak = peak_of(rows) if metric == "gflops" else None
     for ax, (dim, mask) in zip(axes.flat, panels):
         panel = [r for r in rows if r["pass"] == pass_name and int(r["dim"]) == dim and r["mask"] == mask]
         for impl in impl_order(panel):
             for dtype in OrderedDict.fromkeys(r["dtype"] for r in panel):
-                pts = sorted((r["seq"], r["gflops"]) for r in panel
-                             if r["impl"] == impl and r["dtype"] == dtype and r["status"] == "ok" and r["gflops"])
+                pts = sorted((r["seq"], r[metric]) for r in panel
+                             if r["impl"] == impl and r["dtype"] == dtype and r["status"] == "ok" and r[metric])
                 if not pts:
                     continue
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], DTYPE_STYLE.get(dtype, "-"), marker="o",
@@ -119,18 +122,22 @@ def plot_pass(plt, rows, pass_name, path, machine_line):
         if peak:
             ax.axhline(peak, color="black", linestyle="--", linewidth=1, label=f"FMA peak ({peak:.0f} GFLOP/s)")
         sequence_axis(ax, panel, pass_name)
-        ax.set_ylabel("GFLOP/s")
+        ax.set_ylabel("GFLOP/s" if metric == "gflops" else "ms per step (1 token per head)")
         ax.set_title(f"D={dim}, {mask_title(mask, panel)}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.set_ylim(bottom=0)
+        if metric == "gflops":  # head room above the peak line for the notes in the top-left corner
+            ax.set_ylim(0, max([peak or 0] + [r["gflops"] or 0 for r in panel if r["status"] == "ok"]) * 1.2 or 1)
+        else:
+            ax.set_yscale("log")
         notes = not_ok_note(panel)
         if notes:
             ax.text(0.02, 0.98, "\n".join(notes), transform=ax.transAxes, fontsize=7, va="top")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    finish_figure(fig, list(axes.flat)[:len(panels)],
-                  f"{PASS_TITLE.get(pass_name, pass_name)}: useful GFLOP/s ({'10' if pass_name == 'backward' else '4'}"
-                  f"·D FLOPs per visible (query, key) pair)\n{machine_line}", path)
+    what = ("time per decode step, lower is better" if metric == "ms" else
+            f"useful GFLOP/s ({'10' if pass_name == 'backward' else '4'}·D FLOPs per visible (query, key) pair)")
+    finish_figure(fig, list(axes.flat)[:len(panels)], f"{PASS_TITLE.get(pass_name, pass_name)}: {what}\n{machine_line}",
+                  path)
     plt.close(fig)
     return path
 
@@ -219,7 +226,7 @@ def markdown(machine, rows, commands=None):
         for key in shown:
             details = [d for d in labels[key] if d]
             more = f" (and {len(details) - 2} more)" if len(details) > 2 else ""
-            out.append(f"- **{impl}**: {key[1]}" + (f" — {'; '.join(details[:2])}{more}" if details else ""))
+            out.append(f"- **{impl}**: {key[1]}" + (f" — {' / '.join(details[:2])}{more}" if details else ""))
     reasons = OrderedDict()
     for pass_name in OrderedDict.fromkeys(r["pass"] for r in rows):
         out.append("")
