@@ -1,9 +1,11 @@
 // Pieces of the extension module tileattn._tileattn, one file per operator.
 //
-// The bindings take raw data addresses (Python ints) and element strides, not
+// Most bindings take raw data addresses (Python ints) and element strides, not
 // array objects: the Python layer (python/tileattn/_arrays.py) reads them
 // from NumPy arrays and torch tensors without copying and keeps the objects
-// alive for the duration of the call. Every size, stride and overlap is then
+// alive for the duration of the call. forward_arrays (flash_attention's path)
+// takes the arrays themselves and reads them in C++ (array_view.hpp), which
+// is much cheaper per call. Every size, stride and overlap is then
 // validated by the C++ library before anything is read or written, so a bad
 // address/stride combination is an Error (ValueError), never a crash.
 #pragma once
@@ -25,6 +27,7 @@ inline T* from_address(Address a) {
 }
 
 void bind_forward(nb::module_& m);
+void bind_forward_arrays(nb::module_& m);
 void bind_merge(nb::module_& m);
 void bind_kvcache(nb::module_& m);
 void bind_backward(nb::module_& m);

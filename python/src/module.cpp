@@ -19,6 +19,7 @@ NB_MODULE(_tileattn, m) {
     }
   });
   tileattn::python::bind_forward(m);
+  tileattn::python::bind_forward_arrays(m);
   tileattn::python::bind_merge(m);
   tileattn::python::bind_kvcache(m);
   tileattn::python::bind_backward(m);

@@ -1,8 +1,11 @@
 """tileattn.flash_attention: the public forward entry point for NumPy and torch."""
 import numpy as np
 
-from . import _kernel
-from ._problem import Problem
+from . import _arrays, _kernel
+from . import _tileattn as _C
+from ._problem import parse_options
+
+_torch_flash_attention = None  # _torch_ops.flash_attention, bound at the first torch call
 
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
@@ -57,12 +60,17 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     Errors: wrong shapes, dtypes, devices or layouts raise ValueError or TypeError naming the
     argument; features not built raise NotImplementedError.
     """
-    p = Problem(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
-    if p.framework == "torch":
-        from . import _torch_ops
-        return _torch_ops.flash_attention(p, q, k, v, return_lse)
-    seed = int(np.random.randint(0, 2**62)) if p.dropout_p > 0 else 0
-    o = np.empty(p.output_shape(), dtype=q.dtype)
-    lse = np.empty((p.batch, p.heads, p.seqlen_q), dtype=np.float32)
-    _kernel.run_problem(p, q, k, v, o, lse, seed)
+    # Python checks the scalar options; one C++ call checks the arrays (frameworks, ranks,
+    # dtypes, devices, shapes, strides), allocates the outputs and runs the kernel.
+    mask, dropout_p, scale, causal, left, right, code = parse_options(
+        attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
+    if type(q) is not np.ndarray and _arrays.is_torch(q):
+        global _torch_flash_attention
+        if _torch_flash_attention is None:
+            from ._torch_ops import flash_attention as _torch_flash_attention
+        return _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
+                                      return_lse)
+    seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
+    o, lse = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
+                               _kernel.get_num_threads(), return_lse)
     return (o, lse) if return_lse else o

@@ -34,48 +34,6 @@ def mask_kind(mask):
     return MASK_BOOLEAN if dt in ("bool", "torch.bool") else MASK_ADDITIVE
 
 
-def forward_into(q, k, v, o, lse, mask, causal, window_left, window_right, scale, dropout_p,
-                 seed, layout):
-    """Runs attention_forward writing o (layout like q) and lse ([B, H, Nq] fp32, or None).
-
-    The mask, if any, is bool (True = keep) or fp32 (added), broadcastable to
-    [B, H, Nq, Nk]. Sizes and strides are validated by the C++ side.
-    """
-    addr, es = _arrays.address, _arrays.element_strides
-    b, h, nq, d = heads_rows(tuple(q.shape), layout)
-    _, hk, nk, _ = heads_rows(tuple(k.shape), layout)
-    kind = mask_kind(mask)
-    if kind != MASK_NONE:
-        m_addr = addr(mask)
-        m_strides = _arrays.broadcast_strides("attn_mask", mask, (b, h, nq, nk), ("B", "H", "Nq", "Nk"))
-    else:
-        m_addr, m_strides = 0, (0, 0, 0, 1)
-    if lse is not None:
-        l_addr, l_strides = addr(lse), es("lse", lse)
-    else:
-        l_addr, l_strides = 0, (0, 0, 1)
-    _C.forward(dtype_code(q), (b, h, hk, nq, nk, d),
-               addr(q), to_kernel_order(es("q", q), layout),
-               addr(k), to_kernel_order(es("k", k), layout),
-               addr(v), to_kernel_order(es("v", v), layout),
-               addr(o), to_kernel_order(es("o", o), layout),
-               l_addr, l_strides, kind, m_addr, m_strides, bool(causal), int(window_left),
-               int(window_right), float(scale), float(dropout_p), int(seed), _settings["threads"])
-
-
-def run_problem(p, q, k, v, o, lse, seed):
-    """forward_into for a checked Problem `p` (its sizes, mask strides and options)."""
-    addr, es, layout = _arrays.address, _arrays.element_strides, p.layout
-    _C.forward(p.dtype, (p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim),
-               addr(q), to_kernel_order(es("q", q), layout),
-               addr(k), to_kernel_order(es("k", k), layout),
-               addr(v), to_kernel_order(es("v", v), layout),
-               addr(o), to_kernel_order(es("o", o), layout),
-               addr(lse), es("lse", lse), p.mask_kind, addr(p.mask) if p.mask is not None else 0,
-               p.mask_stride, p.causal, p.window_left, p.window_right, p.scale, p.dropout_p, seed,
-               _settings["threads"])
-
-
 def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
     """merge_states on [B, H, N, D] outputs and [B, H, N] fp32 log-sum-exps."""
     addr, es = _arrays.address, _arrays.element_strides

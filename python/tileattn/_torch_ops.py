@@ -4,11 +4,13 @@
 torch.compile, torch.export and make_fx see one opaque op with known output
 shapes instead of tracing into the C++ call.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
 
 from . import _kernel, _torch_backward
+from . import _tileattn as _C
 from ._problem import heads_rows
 
 
@@ -23,11 +25,8 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        is_causal: bool, window_left: int, window_right: int, layout: int,
                        seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd."""
-    o = torch.empty(q.shape, dtype=q.dtype)
-    lse = torch.empty(_output_shapes(q, layout), dtype=torch.float32)
-    _kernel.forward_into(q, k, v, o, lse, attn_mask, is_causal, window_left, window_right,
-                         softmax_scale, dropout_p, seed, layout)
-    return o, lse
+    return _C.forward_arrays(q, k, v, attn_mask, layout, is_causal, window_left, window_right,
+                             softmax_scale, dropout_p, seed, _kernel.get_num_threads(), True)
 
 
 @flash_attention_op.register_fake
@@ -93,26 +92,45 @@ def _dispatch_is_a_no_op(q, k, v, mask):
     docs/python.md), so the common inference call skips it; anything that could observe the
     op goes through it.
     """
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return False
     plain = torch.Tensor
     if type(q) is not plain or type(k) is not plain or type(v) is not plain or \
             (mask is not None and type(mask) is not plain):
+        return False
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         return False
     return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None or
                 torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled())
 
 
-def flash_attention(p, q, k, v, return_lse):
-    """flash_attention for torch tensors, given the checked Problem `p`."""
-    seed = int(torch.randint(0, 2**62, ()).item()) if p.dropout_p > 0 else 0
-    if _dispatch_is_a_no_op(q, k, v, p.mask):
-        o = torch.empty(p.output_shape(), dtype=q.dtype)
-        lse = torch.empty((p.batch, p.heads, p.seqlen_q), dtype=torch.float32)
-        _kernel.run_problem(p, q, k, v, o, lse, seed)
+def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p):
+    """(mask, scale) as the op takes them: the scale as a float, the mask as the kernel reads
+    it (float32 if it was another float type), which is also what autograd saves.
+
+    Checked in C++ on the tensors' metadata, which works on fake tensors (make_fx). Dynamo
+    cannot trace into that call, so under torch.compile the checks wait for the op's
+    implementation, which makes them on the real tensors when the compiled code runs.
+    """
+    if not torch.compiler.is_compiling():
+        return _C.check_forward(q, k, v, mask, layout, causal, window_left, window_right, scale,
+                                dropout_p)
+    if mask is not None and mask.dtype not in (torch.bool, torch.float32) and mask.is_floating_point():
+        mask = mask.float()
+    return mask, (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window_right, layout,
+                    return_lse):
+    """flash_attention for torch tensors, given its checked scalar options (scale None:
+    1/sqrt(D)); the arrays are checked in C++."""
+    seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
+    if _dispatch_is_a_no_op(q, k, v, mask):
+        o, lse = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right,
+                                   scale, dropout_p, seed, _kernel.get_num_threads(), return_lse)
     else:
-        o, lse = flash_attention_op(q, k, v, p.mask, p.dropout_p, p.scale, p.causal,
-                                    p.window_left, p.window_right, p.layout, seed)
+        mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right,
+                                    scale, dropout_p)
+        o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
+                                    window_right, layout, seed)
     return (o, lse) if return_lse else o
 
 

@@ -95,8 +95,7 @@ def test_library_errors_become_value_errors():
                           False, -1, -1, float("nan"), 0.0, 0, 1)
     with pytest.raises(ValueError, match="o: output overlaps"):
         q, k, v = qkv()
-        from tileattn._kernel import forward_into
-        forward_into(q, k, v, q, None, None, False, -1, -1, 0.5, 0.0, 0, 0)
+        _tileattn.forward_arrays(q, k, v, None, 0, False, -1, -1, 0.5, 0.0, 0, 0, False, o=q)
 
 
 def test_not_supported_becomes_not_implemented(monkeypatch):

@@ -1,0 +1,292 @@
+// See array_view.hpp. The module-level caches below hold strong references
+// that are never released on purpose: they live as long as the interpreter,
+// and releasing them from static destructors would run after it is gone.
+#include "array_view.hpp"
+
+#include <bit>
+#include <cstring>
+
+#include "dlpack_exchange.hpp"
+
+namespace tileattn::python {
+
+namespace {
+
+bool g_use_exchange = true;
+
+// A strong reference kept for the life of the process (see the top of the file).
+PyObject* keep(nb::object o) { return o.release().ptr(); }
+
+PyTypeObject* numpy_ndarray_type() {
+  static PyTypeObject* type = reinterpret_cast<PyTypeObject*>(
+      keep(nb::module_::import_("numpy").attr("ndarray")));
+  return type;
+}
+
+// torch's objects, looked up once torch has been imported by someone (this
+// package never imports it for NumPy callers).
+struct TorchObjects {
+  PyTypeObject* tensor = nullptr;
+  PyObject* float32 = nullptr;
+  PyObject* float16 = nullptr;
+  PyObject* bfloat16 = nullptr;
+  PyObject* boolean = nullptr;
+};
+
+const TorchObjects* torch_objects() {
+  static TorchObjects objects;
+  if (objects.tensor != nullptr) return &objects;
+  PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());  // new reference or null
+  if (torch == nullptr) {
+    if (PyErr_Occurred()) throw nb::python_error();
+    return nullptr;
+  }
+  nb::handle t(torch);
+  objects.float32 = keep(t.attr("float32"));
+  objects.float16 = keep(t.attr("float16"));
+  objects.bfloat16 = keep(t.attr("bfloat16"));
+  objects.boolean = keep(t.attr("bool"));
+  objects.tensor = reinterpret_cast<PyTypeObject*>(keep(t.attr("Tensor")));
+  Py_DECREF(torch);
+  return &objects;
+}
+
+// str(obj), for messages.
+std::string text(nb::handle obj) {
+  const nb::object s = nb::steal(PyObject_Str(obj.ptr()));
+  if (!s.is_valid()) throw nb::python_error();
+  const char* utf8 = PyUnicode_AsUTF8(s.ptr());
+  if (utf8 == nullptr) throw nb::python_error();
+  return utf8;
+}
+
+std::string python_type_name(nb::handle obj) {
+  return text(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__name__"));
+}
+
+void check_rank_fits(const char* name, int rank) {
+  if (rank > kMaxRank) {
+    throw nb::value_error((std::string(name) + ": has " + std::to_string(rank) +
+                           " dims; at most " + std::to_string(kMaxRank) + " are supported").c_str());
+  }
+}
+
+// NumPy ------------------------------------------------------------------
+
+// A buffer format of one element ("f", "<f", ">e", "?") as an element type.
+ElementType buffer_element_type(const char* format, Py_ssize_t itemsize) {
+  if (format == nullptr) return ElementType::other;
+  bool native = true;
+  const char order = format[0];
+  if (order == '@' || order == '=' || order == '<' || order == '>' || order == '!') {
+    const bool little = std::endian::native == std::endian::little;
+    native = order == '@' || order == '=' || (order == '<') == little;
+    ++format;
+  }
+  if (format[0] == '\0' || format[1] != '\0') return ElementType::other;
+  switch (format[0]) {
+    case 'f':
+      return native && itemsize == 4 ? ElementType::f32 : ElementType::other_float;
+    case 'e':
+      return native && itemsize == 2 ? ElementType::f16 : ElementType::other_float;
+    case 'd':
+    case 'g':
+      return ElementType::other_float;
+    case '?':
+      return itemsize == 1 ? ElementType::boolean : ElementType::other;
+    default:
+      return ElementType::other;
+  }
+}
+
+struct BufferRelease {
+  Py_buffer* view;
+  ~BufferRelease() { PyBuffer_Release(view); }
+};
+
+ArrayView read_numpy(const char* name, nb::handle obj, Access access) {
+  Py_buffer buffer;
+  // STRIDES: any layout, nothing copied; FORMAT: the element type.
+  const int flags = PyBUF_RECORDS_RO | (access == Access::write ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &buffer, flags) != 0) {
+    if (access == Access::write && PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS_RO) == 0) {
+      PyBuffer_Release(&buffer);
+      PyErr_Clear();
+      throw nb::value_error((std::string(name) + ": array is read-only; the output must be writable").c_str());
+    }
+    throw nb::python_error();
+  }
+  BufferRelease release{&buffer};
+  check_rank_fits(name, buffer.ndim);
+  ArrayView a;
+  a.framework = Framework::numpy;
+  a.type = buffer_element_type(buffer.format, buffer.itemsize);
+  a.data = buffer.buf;  // NumPy's data pointer: the first logical element, also for negative strides
+  a.rank = buffer.ndim;
+  const int64_t item = buffer.itemsize;
+  for (int i = 0; i < a.rank; ++i) {
+    a.shape[i] = buffer.shape[i];
+    const int64_t bytes = buffer.strides[i];
+    if (bytes % item != 0) {
+      throw nb::value_error((std::string(name) + ": byte stride " + std::to_string(bytes) +
+                             " is not a multiple of the element size " + std::to_string(item))
+                                .c_str());
+    }
+    a.stride[i] = bytes / item;
+  }
+  return a;
+}
+
+// torch ------------------------------------------------------------------
+
+// The exchange table of a tensor type, or null where the type has none (torch
+// before 2.10) or it is of a version this file does not know.
+const DlpackExchangeApi* exchange_api(PyTypeObject* type) {
+  // One entry: nearly every call sees torch.Tensor itself.
+  static PyTypeObject* cached_type = nullptr;
+  static const DlpackExchangeApi* cached_api = nullptr;
+  if (type == cached_type) return cached_api;
+  const DlpackExchangeApi* api = nullptr;
+  PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+  if (capsule == nullptr) {
+    PyErr_Clear();
+  } else {
+    api = static_cast<const DlpackExchangeApi*>(PyCapsule_GetPointer(capsule, kDlpackExchangeCapsule));
+    if (api == nullptr) PyErr_Clear();
+    // The table is static in the producer; keep its capsule anyway (never released).
+    if (api != nullptr && (api->version_major != 1 || api->version_minor < 3 ||
+                           api->dltensor_from_py_object_no_sync == nullptr)) {
+      api = nullptr;
+    }
+  }
+  cached_type = type;
+  cached_api = api;
+  return api;
+}
+
+ElementType dlpack_element_type(const nb::dlpack::dtype& t) {
+  using Code = nb::dlpack::dtype_code;
+  if (t.lanes != 1) return ElementType::other;
+  switch (static_cast<Code>(t.code)) {
+    case Code::Float:
+      if (t.bits == 32) return ElementType::f32;
+      if (t.bits == 16) return ElementType::f16;
+      return ElementType::other_float;
+    case Code::Bfloat:
+      return t.bits == 16 ? ElementType::bf16 : ElementType::other_float;
+    case Code::Bool:
+      return t.bits == 8 ? ElementType::boolean : ElementType::other;
+    case Code::Int:
+    case Code::UInt:
+    case Code::Complex:
+    case Code::Bcomplex:
+      return ElementType::other;
+    default:
+      return ElementType::other_float;  // the 8-, 6- and 4-bit float formats
+  }
+}
+
+// A DLPack view, or false where the exchange API is absent or refuses the
+// tensor (then the attributes say why, e.g. its device).
+bool read_torch_dlpack(const char* name, nb::handle obj, ArrayView& a) {
+  if (!g_use_exchange) return false;
+  const DlpackExchangeApi* api = exchange_api(Py_TYPE(obj.ptr()));
+  if (api == nullptr) return false;
+  nb::dlpack::dltensor t;
+  if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  if (t.device.device_type != kDlpackCpu) return false;
+  check_rank_fits(name, t.ndim);
+  a.framework = Framework::torch;
+  a.type = dlpack_element_type(t.dtype);
+  a.data = static_cast<char*>(t.data) + t.byte_offset;
+  a.rank = t.ndim;
+  int64_t row_major = 1;
+  for (int i = a.rank - 1; i >= 0; --i) {
+    a.shape[i] = t.shape[i];
+    a.stride[i] = t.strides != nullptr ? t.strides[i] : row_major;
+    row_major *= t.shape[i];
+  }
+  return true;
+}
+
+int64_t index_value(nb::handle value) {
+  // operator.index: ints, and torch.SymInt under tracing.
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) throw nb::python_error();
+  const long long v = PyLong_AsLongLong(index);
+  Py_DECREF(index);
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
+ElementType torch_element_type(const TorchObjects& torch, nb::handle dtype) {
+  PyObject* d = dtype.ptr();
+  if (d == torch.float32) return ElementType::f32;
+  if (d == torch.float16) return ElementType::f16;
+  if (d == torch.bfloat16) return ElementType::bf16;
+  if (d == torch.boolean) return ElementType::boolean;
+  return nb::cast<bool>(dtype.attr("is_floating_point")) ? ElementType::other_float : ElementType::other;
+}
+
+ArrayView read_torch_attributes(const char* name, nb::handle obj, Access access) {
+  if (!nb::cast<bool>(obj.attr("is_cpu"))) {
+    throw nb::value_error((std::string(name) + ": tensor is on device '" +
+                           text(obj.attr("device")) +
+                           "'; tileattn runs on the CPU (move it with .cpu())")
+                              .c_str());
+  }
+  ArrayView a;
+  a.framework = Framework::torch;
+  a.type = torch_element_type(*torch_objects(), obj.attr("dtype"));
+  const nb::object shape = obj.attr("shape");
+  a.rank = static_cast<int>(nb::len(shape));
+  check_rank_fits(name, a.rank);
+  for (int i = 0; i < a.rank; ++i) a.shape[i] = index_value(shape[i]);
+  if (access != Access::metadata) {
+    a.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(obj.attr("data_ptr")()));
+    const nb::object stride = obj.attr("stride")();
+    for (int i = 0; i < a.rank; ++i) a.stride[i] = index_value(stride[i]);
+  }
+  return a;
+}
+
+}  // namespace
+
+const char* framework_name(Framework f) { return f == Framework::numpy ? "numpy" : "torch"; }
+
+Framework framework_of(const char* name, nb::handle obj) {
+  if (PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type())) return Framework::numpy;
+  const TorchObjects* torch = torch_objects();
+  if (torch != nullptr && PyObject_TypeCheck(obj.ptr(), torch->tensor)) return Framework::torch;
+  throw nb::type_error((std::string(name) + ": expected a numpy.ndarray or torch.Tensor, got " +
+                        python_type_name(obj)).c_str());
+}
+
+ArrayView read_array(const char* name, nb::handle obj, Access access) {
+  if (framework_of(name, obj) == Framework::numpy) return read_numpy(name, obj, access);
+  ArrayView a;
+  if (access != Access::metadata && read_torch_dlpack(name, obj, a)) return a;
+  return read_torch_attributes(name, obj, access);
+}
+
+std::string shape_text(const ArrayView& a) {
+  std::string s = "(";
+  for (int i = 0; i < a.rank; ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(a.shape[i]);
+  }
+  return s + (a.rank == 1 ? ",)" : ")");
+}
+
+std::string dtype_text(nb::handle obj) { return text(obj.attr("dtype")); }
+
+bool use_dlpack_exchange(bool enabled) {
+  const bool previous = g_use_exchange;
+  g_use_exchange = enabled;
+  return previous;
+}
+
+}  // namespace tileattn::python

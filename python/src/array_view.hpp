@@ -1,0 +1,65 @@
+// Reading a NumPy array or a torch tensor as (data, shape, element strides,
+// element type) from C++, without copying and without Python-level attribute
+// calls on the common path:
+//   - NumPy arrays through the buffer protocol;
+//   - torch tensors through the DLPack C exchange API (the capsule
+//     type(t).__dlpack_c_exchange_api__, torch >= 2.10), which fills a DLTensor
+//     in a C call; older torch, tensors the API refuses (meta, fake tensors
+//     under tracing) and calls that need no data go through the tensor's
+//     attributes (shape, dtype, is_cpu, data_ptr(), stride()).
+// Every error names the argument: TypeError for wrong types and dtypes,
+// ValueError for wrong ranks, devices and strides.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include <nanobind/nanobind.h>
+
+namespace tileattn::python {
+
+namespace nb = nanobind;
+
+enum class Framework { numpy, torch };
+
+// What the kernels can read; other_float is a float type they cannot read
+// (an additive mask of that type is converted to float32 first).
+enum class ElementType { f32, f16, bf16, boolean, other_float, other };
+
+// What a caller needs of an array: its metadata only (shape, type, device;
+// enough to validate a call, works on torch's fake tensors), its data for
+// reading, or its data for writing.
+enum class Access { metadata, read, write };
+
+inline constexpr int kMaxRank = 8;
+
+struct ArrayView {
+  Framework framework = Framework::numpy;
+  ElementType type = ElementType::other;
+  void* data = nullptr;  // first logical element; null with Access::metadata
+  int rank = 0;
+  std::array<int64_t, kMaxRank> shape{};
+  std::array<int64_t, kMaxRank> stride{};  // in elements; unset with Access::metadata
+};
+
+// Framework of `obj`; TypeError naming `name` when it is neither.
+Framework framework_of(const char* name, nb::handle obj);
+const char* framework_name(Framework f);
+
+// Reads `obj`. Errors: TypeError (not an array), ValueError (rank above
+// kMaxRank, a tensor not on the CPU, a NumPy byte stride that is not a
+// multiple of the element size, a read-only array with Access::write).
+ArrayView read_array(const char* name, nb::handle obj, Access access);
+
+// The shape as Python prints a tuple: "(1, 2, 3)", "(4,)".
+std::string shape_text(const ArrayView& a);
+
+// str(obj.dtype), for messages.
+std::string dtype_text(nb::handle obj);
+
+// Test hook: false makes torch tensors go through their attributes even where
+// the DLPack C exchange API is available (returns the previous setting).
+bool use_dlpack_exchange(bool enabled);
+
+}  // namespace tileattn::python

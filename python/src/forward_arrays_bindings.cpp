@@ -1,0 +1,336 @@
+// tileattn._tileattn.forward_arrays / check_forward: flash_attention's array
+// work in one C++ call -- frameworks, ranks, dtypes, devices, shapes, mask
+// broadcasting, strides, output allocation and the kernel call -- so that a
+// small call costs little more than the kernel (docs/python.md, "Call
+// overhead"). The Python layer (tileattn/_forward.py) parses the scalar
+// options first; each message here names the argument it is about, in the
+// words of the Python API.
+#include <time.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <nanobind/stl/optional.h>
+
+#include "array_view.hpp"
+#include "bindings.hpp"
+#include "tileattn/attention.hpp"
+
+namespace tileattn::python {
+
+namespace {
+
+using namespace nb::literals;
+
+// Benchmark aid (python/benchmarks/call_overhead.py): when on, forward_arrays
+// adds the calling thread's CPU time spent in attention_forward to
+// g_kernel_seconds, so the cost of everything around the kernel can be told
+// apart from the kernel's in the very same calls. Off by default: reading a
+// thread's CPU clock is a system call.
+bool g_time_kernel = false;
+double g_kernel_seconds = 0.0;
+
+double thread_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+[[noreturn]] void fail_value(const std::string& message) { throw nb::value_error(message.c_str()); }
+[[noreturn]] void fail_type(const std::string& message) { throw nb::type_error(message.c_str()); }
+
+// layout 0: [B, H, N, D] ("bhsd"); 1: [B, N, H, D] ("bshd").
+const char* layout_name(int layout) { return layout == 1 ? "'bshd'" : "'bhsd'"; }
+
+// [batch, head, row, dim] order of a 4-D view in `layout`.
+std::array<int64_t, 4> kernel_order(const std::array<int64_t, kMaxRank>& x, int layout) {
+  if (layout == 1) return {x[0], x[2], x[1], x[3]};
+  return {x[0], x[1], x[2], x[3]};
+}
+
+DType kernel_dtype(ElementType t) {
+  return t == ElementType::f16 ? DType::f16 : t == ElementType::bf16 ? DType::bf16 : DType::f32;
+}
+
+bool is_attention_dtype(const ArrayView& a) {
+  return a.type == ElementType::f32 || a.type == ElementType::f16 || a.type == ElementType::bf16;
+}
+
+void check_dtype(const char* name, nb::handle obj, const ArrayView& a) {
+  if (is_attention_dtype(a)) return;
+  const char* expected = a.framework == Framework::torch
+                             ? "(expected torch.float32, torch.float16 or torch.bfloat16)"
+                             : "(expected native-endian float32 or float16; bfloat16 needs torch)";
+  fail_type(std::string(name) + ": dtype " + dtype_text(obj) + " is not supported " + expected);
+}
+
+ArrayView read_qkv(const char* name, nb::handle obj, Access access, int layout) {
+  ArrayView a = read_array(name, obj, access);
+  if (a.rank != 4) {
+    fail_value(std::string(name) + ": expected a 4-D array " +
+               (layout == 1 ? "[B, N, H, D]" : "[B, H, N, D]") + " (layout=" + layout_name(layout) +
+               "), got shape " + shape_text(a));
+  }
+  return a;
+}
+
+// Element strides of the mask broadcast (NumPy rules) to [B, H, Nq, Nk]:
+// missing leading dims and dims of size 1 get stride 0, so a [Nq, Nk] mask
+// serves every batch and head without being expanded in memory.
+std::array<int64_t, 4> broadcast_mask(const ArrayView& m, const std::array<int64_t, 4>& target) {
+  auto target_text = [&] {
+    return "[B, H, Nq, Nk] = (" + std::to_string(target[0]) + ", " + std::to_string(target[1]) +
+           ", " + std::to_string(target[2]) + ", " + std::to_string(target[3]) + ")";
+  };
+  if (m.rank < 1 || m.rank > 4) {
+    fail_value("attn_mask: expected 1 to 4 dims broadcastable to " + target_text() +
+               ", got shape " + shape_text(m));
+  }
+  std::array<int64_t, 4> stride{0, 0, 0, 0};
+  const int pad = 4 - m.rank;
+  for (int i = 0; i < m.rank; ++i) {
+    const int64_t size = m.shape[i];
+    const int64_t want = target[pad + i];
+    if (size == want) {
+      stride[pad + i] = size != 1 ? m.stride[i] : 0;
+    } else if (size != 1) {
+      fail_value("attn_mask: shape " + shape_text(m) + " does not broadcast to " + target_text() +
+                 " (dim " + std::to_string(i) + " is " + std::to_string(size) + ")");
+    }
+  }
+  return stride;
+}
+
+// One flash_attention call, checked: ForwardArgs without the output, and the
+// mask object the kernel reads (a float32 copy when it was another float type).
+struct ForwardCall {
+  ForwardArgs args;
+  Framework framework = Framework::numpy;
+  ArrayView q;
+  nb::object mask;
+};
+
+ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
+                    bool causal, int64_t window_left, int64_t window_right,
+                    std::optional<double> scale, double dropout_p, Access access) {
+  if (layout != 0 && layout != 1) fail_value("layout: unknown code " + std::to_string(layout));
+  ForwardCall call;
+  const Framework fw = framework_of("q", q);
+  for (auto [name, x] : {std::pair{"k", k}, std::pair{"v", v}}) {
+    const Framework fx = framework_of(name, x);
+    if (fx != fw) {
+      fail_type(std::string(name) + ": is a " + framework_name(fx) + " array but q is " +
+                framework_name(fw) + "; pass all of q, k, v from one framework");
+    }
+  }
+  const ArrayView qa = read_qkv("q", q, access, layout);
+  const ArrayView ka = read_qkv("k", k, access, layout);
+  const ArrayView va = read_qkv("v", v, access, layout);
+  check_dtype("q", q, qa);
+  auto check_dtype_like_q = [&](const char* name, nb::handle x, const ArrayView& a) {
+    check_dtype(name, x, a);
+    if (a.type != qa.type) {
+      fail_type(std::string(name) + ": dtype " + dtype_text(x) + " differs from q's " + dtype_text(q));
+    }
+  };
+  check_dtype_like_q("k", k, ka);
+  check_dtype_like_q("v", v, va);
+  const auto qs = kernel_order(qa.shape, layout);  // b, h, nq, d
+  const auto ks = kernel_order(ka.shape, layout);  // b, hk, nk, d
+  if (va.shape != ka.shape) fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka));
+  if (ks[0] != qs[0]) {
+    fail_value("k: batch " + std::to_string(ks[0]) + " differs from q's " + std::to_string(qs[0]));
+  }
+  if (ks[3] != qs[3]) {
+    fail_value("k: head_dim " + std::to_string(ks[3]) + " differs from q's " + std::to_string(qs[3]));
+  }
+  if (ks[1] < 1 || qs[1] % ks[1] != 0) {
+    fail_value("k: " + std::to_string(ks[1]) + " heads must divide q's " + std::to_string(qs[1]) +
+               " heads (GQA/MQA)");
+  }
+  if (qs[3] < 1 || qs[3] > 256) fail_value("q: head_dim must be in 1..256, got " + std::to_string(qs[3]));
+
+  ForwardArgs& a = call.args;
+  a.dtype = kernel_dtype(qa.type);
+  a.shape = AttentionShape{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]};
+  a.q = InputView{qa.data, kernel_order(qa.stride, layout)};
+  a.k = InputView{ka.data, kernel_order(ka.stride, layout)};
+  a.v = InputView{va.data, kernel_order(va.stride, layout)};
+  a.mask.causal = causal;
+  a.mask.window_left = window_left;
+  a.mask.window_right = window_right;
+  // The same value on every path (the custom op takes the scale as a float).
+  a.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(qs[3])));
+  a.dropout_p = static_cast<float>(dropout_p);
+
+  call.mask = nb::borrow(mask);
+  if (!mask.is_none()) {
+    if (framework_of("attn_mask", mask) != fw) {
+      fail_type(std::string("attn_mask: must be a ") + framework_name(fw) + " array like q");
+    }
+    ArrayView m = read_array("attn_mask", mask, access);
+    if (m.type == ElementType::f16 || m.type == ElementType::bf16 || m.type == ElementType::other_float) {
+      // The kernel adds float32; another float type is converted (one copy of the mask).
+      call.mask = fw == Framework::torch ? mask.attr("float")() : mask.attr("astype")("float32");
+      m = read_array("attn_mask", call.mask, access);
+    } else if (m.type != ElementType::boolean && m.type != ElementType::f32) {
+      fail_type("attn_mask: dtype " + dtype_text(mask) +
+                " is not supported (bool = keep, or float = added)");
+    }
+    a.mask.kind = m.type == ElementType::boolean ? MaskSpec::Kind::boolean : MaskSpec::Kind::additive;
+    a.mask.data = m.data;
+    a.mask.stride = broadcast_mask(m, {qs[0], qs[1], qs[2], ks[2]});
+  }
+  call.framework = fw;
+  call.q = qa;
+  return call;
+}
+
+// Cached allocators (never released, see array_view.cpp).
+nb::handle numpy_empty() {
+  static nb::handle f = nb::object(nb::module_::import_("numpy").attr("empty")).release();
+  return f;
+}
+nb::handle torch_empty() {
+  static nb::handle f = nb::object(nb::module_::import_("torch").attr("empty")).release();
+  return f;
+}
+nb::handle torch_empty_like() {
+  static nb::handle f = nb::object(nb::module_::import_("torch").attr("empty_like")).release();
+  return f;
+}
+nb::handle float32_dtype(Framework fw) {
+  if (fw == Framework::numpy) {
+    static nb::handle f = nb::module_::import_("numpy").attr("dtype")("float32").release();
+    return f;
+  }
+  static nb::handle f = nb::object(nb::module_::import_("torch").attr("float32")).release();
+  return f;
+}
+
+// Row-major without gaps (the strides of size-1 dims do not matter).
+bool is_contiguous(const ArrayView& a) {
+  int64_t expected = 1;
+  for (int i = a.rank - 1; i >= 0; --i) {
+    if (a.shape[i] != 1 && a.stride[i] != expected) return false;
+    expected *= a.shape[i];
+  }
+  return true;
+}
+
+nb::object empty(Framework fw, nb::handle shape, nb::handle dtype) {
+  if (fw == Framework::numpy) return numpy_empty()(shape, dtype);
+  return torch_empty()(shape, "dtype"_a = dtype);
+}
+
+// A new contiguous array of q's shape, dtype and framework. For a contiguous
+// torch q that is torch.empty_like(q), which costs half of torch.empty(shape,
+// dtype=...) (no keyword parsing).
+nb::object empty_like_q(const ForwardCall& call, nb::handle q) {
+  if (call.framework == Framework::torch && is_contiguous(call.q)) return torch_empty_like()(q);
+  const ArrayView& a = call.q;
+  return empty(call.framework, nb::make_tuple(a.shape[0], a.shape[1], a.shape[2], a.shape[3]),
+               q.attr("dtype"));
+}
+
+// Checks a caller-supplied output: `expected` is its shape, `type` its element type.
+ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type,
+                      const int64_t* expected, int rank) {
+  if (framework_of(name, obj) != fw) {
+    fail_type(std::string(name) + ": must be a " + framework_name(fw) + " array like q");
+  }
+  ArrayView a = read_array(name, obj, Access::write);
+  if (a.type != type) fail_type(std::string(name) + ": dtype " + dtype_text(obj) + " is not q's");
+  bool same = a.rank == rank;
+  for (int i = 0; same && i < rank; ++i) same = a.shape[i] == expected[i];
+  if (!same) {
+    ArrayView want;
+    want.rank = rank;
+    for (int i = 0; i < rank; ++i) want.shape[i] = expected[i];
+    fail_value(std::string(name) + ": expected shape " + shape_text(want) + ", got " + shape_text(a));
+  }
+  return a;
+}
+
+// flash_attention on arrays. o (q's shape, dtype and framework, contiguous)
+// is allocated when none is given; lse (float32 [B, H, Nq]) is written into
+// the given array, else allocated when with_lse, else not computed. Returns
+// (o, lse or None).
+nb::tuple forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
+                         bool causal, int64_t window_left, int64_t window_right,
+                         std::optional<double> scale, double dropout_p, uint64_t seed, int threads,
+                         bool with_lse, nb::handle o, nb::handle lse) {
+  ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
+                             dropout_p, Access::read);
+  ForwardArgs& a = call.args;
+  const AttentionShape& s = a.shape;
+  const int64_t lse_shape[3] = {s.batch, s.heads, s.seqlen_q};
+  const nb::object o_obj = o.is_none() ? empty_like_q(call, q) : nb::borrow(o);
+  nb::object lse_obj = nb::borrow(lse);
+  if (lse.is_none() && with_lse) {
+    lse_obj = empty(call.framework, nb::make_tuple(s.batch, s.heads, s.seqlen_q), float32_dtype(call.framework));
+  }
+  const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, call.q.shape.data(), 4);
+  a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};
+  if (!lse_obj.is_none()) {
+    const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, lse_shape, 3);
+    a.lse = static_cast<float*>(lv.data);
+    a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
+  }
+  a.seed = seed;
+  a.threads = threads;
+  {
+    // q, k, v and the mask stay referenced by the caller (and `call`), the outputs by o_obj/lse_obj.
+    nb::gil_scoped_release release;
+    if (g_time_kernel) {
+      const double start = thread_seconds();
+      attention_forward(a);
+      g_kernel_seconds += thread_seconds() - start;
+    } else {
+      attention_forward(a);
+    }
+  }
+  return nb::make_tuple(o_obj, lse_obj);
+}
+
+// The checks of forward_arrays on metadata alone (shapes, dtypes, devices:
+// also works on torch's fake tensors while tracing). Returns (mask, scale):
+// the mask as the kernel reads it and the softmax scale in use.
+nb::tuple check_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
+                        bool causal, int64_t window_left, int64_t window_right,
+                        std::optional<double> scale, double dropout_p) {
+  ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
+                             dropout_p, Access::metadata);
+  const double used = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(call.args.shape.head_dim));
+  return nb::make_tuple(call.mask, used);
+}
+
+}  // namespace
+
+void bind_forward_arrays(nb::module_& m) {
+  m.def("forward_arrays", &forward_arrays, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
+        "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
+        "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(),
+        "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None)");
+  m.def("check_forward", &check_forward, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
+        "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
+        "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
+  m.def(
+      "time_kernel",
+      [](bool enabled) {
+        g_time_kernel = enabled;
+        const double seconds = g_kernel_seconds;
+        g_kernel_seconds = 0.0;
+        return seconds;
+      },
+      "enabled"_a,
+      "benchmark aid: turns timing of attention_forward in forward_arrays on or off; returns "
+      "the thread CPU seconds it took since the last call and resets them");
+  m.def("use_dlpack_exchange", &use_dlpack_exchange, "enabled"_a,
+        "test hook: read torch tensors through their attributes when False; returns the old setting");
+}
+
+}  // namespace tileattn::python
