@@ -5,8 +5,6 @@
 // overhead"). The Python layer (tileattn/_forward.py) parses the scalar
 // options first; each message here names the argument it is about, in the
 // words of the Python API.
-#include <time.h>
-
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -17,6 +15,7 @@
 
 #include "array_view.hpp"
 #include "bindings.hpp"
+#include "kernel_timer.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn::python {
@@ -24,20 +23,6 @@ namespace tileattn::python {
 namespace {
 
 using namespace nb::literals;
-
-// Benchmark aid (python/benchmarks/call_overhead.py): when on, forward_arrays
-// adds the calling thread's CPU time spent in attention_forward to
-// g_kernel_seconds, so the cost of everything around the kernel can be told
-// apart from the kernel's in the very same calls. Off by default: reading a
-// thread's CPU clock is a system call.
-bool g_time_kernel = false;
-double g_kernel_seconds = 0.0;
-
-double thread_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
 
 [[noreturn]] void fail_value(const std::string& message) { throw nb::value_error(message.c_str()); }
 [[noreturn]] void fail_type(const std::string& message) { throw nb::type_error(message.c_str()); }
@@ -236,14 +221,15 @@ nb::object empty_like_q(const ForwardCall& call, nb::handle q) {
                q.attr("dtype"));
 }
 
-// Checks a caller-supplied output: `expected` is its shape, `type` its element type.
+// Checks an output array: `expected` is its shape, `type` its element type
+// (`type_text` in words, for the message).
 ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type,
-                      const int64_t* expected, int rank) {
+                      const std::string& type_text, const int64_t* expected, int rank) {
   if (framework_of(name, obj) != fw) {
     fail_type(std::string(name) + ": must be a " + framework_name(fw) + " array like q");
   }
   ArrayView a = read_array(name, obj, Access::write);
-  if (a.type != type) fail_type(std::string(name) + ": dtype " + dtype_text(obj) + " is not q's");
+  if (a.type != type) fail_type(std::string(name) + ": dtype " + dtype_text(obj) + ", expected " + type_text);
   bool same = a.rank == rank;
   for (int i = 0; same && i < rank; ++i) same = a.shape[i] == expected[i];
   if (!same) {
@@ -273,10 +259,11 @@ nb::tuple forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle ma
   if (lse.is_none() && with_lse) {
     lse_obj = empty(call.framework, nb::make_tuple(s.batch, s.heads, s.seqlen_q), float32_dtype(call.framework));
   }
-  const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, call.q.shape.data(), 4);
+  const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, "q's " + dtype_text(q),
+                                     call.q.shape.data(), 4);
   a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};
   if (!lse_obj.is_none()) {
-    const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, lse_shape, 3);
+    const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, "float32", lse_shape, 3);
     a.lse = static_cast<float*>(lv.data);
     a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
   }
@@ -285,13 +272,7 @@ nb::tuple forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle ma
   {
     // q, k, v and the mask stay referenced by the caller (and `call`), the outputs by o_obj/lse_obj.
     nb::gil_scoped_release release;
-    if (g_time_kernel) {
-      const double start = thread_seconds();
-      attention_forward(a);
-      g_kernel_seconds += thread_seconds() - start;
-    } else {
-      attention_forward(a);
-    }
+    run_forward(a);
   }
   return nb::make_tuple(o_obj, lse_obj);
 }
@@ -318,17 +299,6 @@ void bind_forward_arrays(nb::module_& m) {
   m.def("check_forward", &check_forward, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
         "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
         "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
-  m.def(
-      "time_kernel",
-      [](bool enabled) {
-        g_time_kernel = enabled;
-        const double seconds = g_kernel_seconds;
-        g_kernel_seconds = 0.0;
-        return seconds;
-      },
-      "enabled"_a,
-      "benchmark aid: turns timing of attention_forward in forward_arrays on or off; returns "
-      "the thread CPU seconds it took since the last call and resets them");
   m.def("use_dlpack_exchange", &use_dlpack_exchange, "enabled"_a,
         "test hook: read torch tensors through their attributes when False; returns the old setting");
 }

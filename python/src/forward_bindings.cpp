@@ -6,6 +6,7 @@
 #include <nanobind/stl/array.h>
 
 #include "bindings.hpp"
+#include "kernel_timer.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn::python {
@@ -43,7 +44,7 @@ void forward(int dtype, const std::array<int64_t, 6>& shape, Address q, const St
   a.seed = seed;
   a.threads = threads;
   nb::gil_scoped_release release;  // the caller's objects stay referenced by its frame
-  attention_forward(a);
+  run_forward(a);
 }
 
 }  // namespace
@@ -56,6 +57,7 @@ void bind_forward(nb::module_& m) {
         nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale"),
         nb::arg("dropout_p"), nb::arg("seed"), nb::arg("threads"),
         "attention_forward on raw addresses; element strides in [batch, head, row, dim] order");
+  bind_kernel_timer(m);
 }
 
 }  // namespace tileattn::python

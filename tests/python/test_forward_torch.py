@@ -12,6 +12,16 @@ from reference import check_close
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
+@pytest.fixture(autouse=True, params=["dlpack", "attributes"])
+def tensor_reader(request):
+    """Every test runs with both ways the binding reads a tensor: the DLPack C exchange API
+    (torch >= 2.10) and the tensor's attributes (older torch, and the fallback)."""
+    from tileattn import _tileattn
+    previous = _tileattn.use_dlpack_exchange(request.param == "dlpack")
+    yield request.param
+    _tileattn.use_dlpack_exchange(previous)
+
+
 def make(b, h, hk, nq, nk, d, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, nq, d, generator=g).to(dtype)

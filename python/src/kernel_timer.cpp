@@ -1,0 +1,48 @@
+#include "kernel_timer.hpp"
+
+#include <time.h>
+
+#include <atomic>
+
+namespace tileattn::python {
+
+namespace {
+
+std::atomic<bool> g_enabled{false};
+// Written by whichever thread runs a kernel; the benchmark runs one thread.
+std::atomic<double> g_seconds{0.0};
+
+double thread_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+}  // namespace
+
+void run_forward(const ForwardArgs& args) {
+  if (!g_enabled.load(std::memory_order_relaxed)) {
+    attention_forward(args);
+    return;
+  }
+  const double start = thread_seconds();
+  attention_forward(args);
+  const double spent = thread_seconds() - start;
+  double seen = g_seconds.load();
+  while (!g_seconds.compare_exchange_weak(seen, seen + spent)) {
+  }
+}
+
+void bind_kernel_timer(nanobind::module_& m) {
+  m.def(
+      "time_kernel",
+      [](bool enabled) {
+        g_enabled = enabled;
+        return g_seconds.exchange(0.0);
+      },
+      nanobind::arg("enabled"),
+      "benchmark aid: turns on/off timing (thread CPU time) of attention_forward in the forward "
+      "bindings; returns the seconds counted since the last call and resets the count");
+}
+
+}  // namespace tileattn::python
