@@ -221,15 +221,18 @@ nb::object empty_like_q(const ForwardCall& call, nb::handle q) {
                q.attr("dtype"));
 }
 
-// Checks an output array: `expected` is its shape, `type` its element type
-// (`type_text` in words, for the message).
+// Checks an output array: `expected` is its shape, `type` its element type:
+// q's (`q` given) or float32 (`q` null).
 ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type,
-                      const std::string& type_text, const int64_t* expected, int rank) {
+                      nb::handle q, const int64_t* expected, int rank) {
   if (framework_of(name, obj) != fw) {
     fail_type(std::string(name) + ": must be a " + framework_name(fw) + " array like q");
   }
   ArrayView a = read_array(name, obj, Access::write);
-  if (a.type != type) fail_type(std::string(name) + ": dtype " + dtype_text(obj) + ", expected " + type_text);
+  if (a.type != type) {
+    fail_type(std::string(name) + ": dtype " + dtype_text(obj) + ", expected " +
+              (q.is_valid() ? "q's " + dtype_text(q) : std::string("float32")));
+  }
   bool same = a.rank == rank;
   for (int i = 0; same && i < rank; ++i) same = a.shape[i] == expected[i];
   if (!same) {
@@ -259,11 +262,10 @@ nb::tuple forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle ma
   if (lse.is_none() && with_lse) {
     lse_obj = empty(call.framework, nb::make_tuple(s.batch, s.heads, s.seqlen_q), float32_dtype(call.framework));
   }
-  const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, "q's " + dtype_text(q),
-                                     call.q.shape.data(), 4);
+  const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, q, call.q.shape.data(), 4);
   a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};
   if (!lse_obj.is_none()) {
-    const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, "float32", lse_shape, 3);
+    const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, nb::handle(), lse_shape, 3);
     a.lse = static_cast<float*>(lv.data);
     a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
   }
