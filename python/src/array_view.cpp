@@ -153,12 +153,16 @@ const DlpackExchangeApi* exchange_api(PyTypeObject* type) {
   } else {
     api = static_cast<const DlpackExchangeApi*>(PyCapsule_GetPointer(capsule, kDlpackExchangeCapsule));
     if (api == nullptr) PyErr_Clear();
-    // The table is static in the producer; keep its capsule anyway (never released).
+    // The specification has the table live as long as the process, not just the capsule.
+    Py_DECREF(capsule);
     if (api != nullptr && (api->version_major != 1 || api->version_minor < 3 ||
                            api->dltensor_from_py_object_no_sync == nullptr)) {
       api = nullptr;
     }
   }
+  // Hold the type, so that its address cannot be reused by another type while cached.
+  Py_INCREF(type);
+  Py_XDECREF(cached_type);
   cached_type = type;
   cached_api = api;
   return api;
@@ -282,6 +286,8 @@ std::string shape_text(const ArrayView& a) {
 }
 
 std::string dtype_text(nb::handle obj) { return text(obj.attr("dtype")); }
+
+bool dlpack_exchange_available(nb::handle obj) { return exchange_api(Py_TYPE(obj.ptr())) != nullptr; }
 
 bool use_dlpack_exchange(bool enabled) {
   const bool previous = g_use_exchange;

@@ -58,8 +58,11 @@ std::string shape_text(const ArrayView& a);
 // str(obj.dtype), for messages.
 std::string dtype_text(nb::handle obj);
 
-// Test hook: false makes torch tensors go through their attributes even where
-// the DLPack C exchange API is available (returns the previous setting).
+// Test hooks. use_dlpack_exchange(false) makes torch tensors go through their
+// attributes even where the DLPack C exchange API is available (returns the
+// previous setting); dlpack_exchange_available says whether this file can use
+// the API of obj's type (a version it knows, with the function it calls).
 bool use_dlpack_exchange(bool enabled);
+bool dlpack_exchange_available(nb::handle obj);
 
 }  // namespace tileattn::python

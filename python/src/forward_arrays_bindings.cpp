@@ -301,6 +301,8 @@ void bind_forward_arrays(nb::module_& m) {
   m.def("check_forward", &check_forward, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
         "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
         "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
+  m.def("dlpack_exchange_available", &dlpack_exchange_available, "array"_a,
+        "test hook: whether torch tensors of this type are read through the DLPack C exchange API");
   m.def("use_dlpack_exchange", &use_dlpack_exchange, "enabled"_a,
         "test hook: read torch tensors through their attributes when False; returns the old setting");
 }

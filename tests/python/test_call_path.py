@@ -130,3 +130,11 @@ def test_kernel_timer_counts_only_while_on():
     seconds = _tileattn.time_kernel(False)
     assert 0.0 < seconds < 1.0
     assert _tileattn.time_kernel(False) == 0.0
+
+
+def test_torch_tensors_are_read_through_the_dlpack_exchange_api_where_torch_has_it():
+    """torch >= 2.10 publishes the DLPack C exchange API; if this package stopped recognising
+    it (a new version, a layout change), every call would silently take the slower path."""
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch has no DLPack C exchange API (the attribute reader is used)")
+    assert _tileattn.dlpack_exchange_available(torch.zeros(1))
