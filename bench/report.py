@@ -86,7 +86,7 @@ def finish_figure(fig, axes, title, path):
     rows_of_legend = (len(handles) + 2) // 3
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.035 * rows_of_legend + 0.02, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keep titles and legends of narrow figures
 
 
 def sequence_axis(ax, panel, pass_name):
