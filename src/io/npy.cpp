@@ -1,5 +1,6 @@
 #include "io/npy.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -212,10 +213,17 @@ NpyArray parse_npy(const unsigned char* data, std::size_t size, const std::strin
 }
 
 NpyArray read_npy(const std::string& path) {
+  // Only regular files: a FIFO would block on open and /dev/zero would grow
+  // memory until it runs out, before the header could be checked.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
+  if (!S_ISREG(info.st_mode)) fail(path, "not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(path, "read error");
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(info.st_size));
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (in.gcount() != static_cast<std::streamsize>(bytes.size()) || in.bad())
+    fail(path, "read error (file shorter than its size, or changed while reading)");
   return parse_npy(bytes.data(), bytes.size(), path);
 }
 

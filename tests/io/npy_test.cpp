@@ -2,6 +2,7 @@
 // message naming the file, and interoperability with NumPy itself.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -155,6 +156,25 @@ TEST(ioNpy, MissingFileIsAnErrorNamingIt) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/q.npy: cannot open"), std::string::npos) << e.what();
   }
+}
+
+// Devices and FIFOs are refused before anything is read: /dev/zero would
+// otherwise grow memory until it ran out, and opening a FIFO would block.
+TEST(ioNpy, RefusesFilesThatAreNotRegular) {
+  char dir_template[] = "/tmp/tileattn_npy_fifoXXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string fifo = std::string(dir_template) + "/q.npy";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {std::string("/dev/zero"), fifo}) {
+    try {
+      read_npy(path);
+      ADD_FAILURE() << path << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  std::remove(fifo.c_str());
+  rmdir(dir_template);
 }
 
 TEST(ioNpy, WritesAtomicallyAndStagedFilesVanishUnlessCommitted) {
