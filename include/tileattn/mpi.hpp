@@ -101,4 +101,24 @@ struct RingStats {
 // MPI errors abort, as MPI's default error handler does.
 RingStats ring_attention_forward(const RingArgs& args);
 
+// The backward of ring_attention_forward: dQ, dK and dV of this rank's rows,
+// from its rows of O, dO and LSE (the forward's outputs). The K/V slices
+// travel the ring as in the forward, each with an fp32 dK/dV accumulator one
+// step behind; dQ stays. Equals single-process attention_backward up to
+// rounding. Collective and checked like the forward (every rank throws when
+// any rank's arguments are bad).
+struct RingBackwardArgs {
+  // The forward call's arguments: comm, layout, shape, dtype, q, k, v, mask,
+  // scale, threads, isa. forward.o and forward.lse are not used.
+  RingArgs forward;
+  InputView o;    // [batch, heads, rows, head_dim]: this rank's rows of the forward's O
+  InputView d_o;  // same shape: gradient of the loss with respect to O
+  const float* lse = nullptr;  // [batch, heads, rows], the forward's LSE (required)
+  std::array<int64_t, 3> lse_stride{0, 0, 1};
+  OutputView dq;  // [batch, heads, rows, head_dim]
+  OutputView dk;  // [batch, kv_heads, rows, head_dim]
+  OutputView dv;  // [batch, kv_heads, rows, head_dim]
+};
+RingStats ring_attention_backward(const RingBackwardArgs& args);
+
 }  // namespace tileattn::mpi

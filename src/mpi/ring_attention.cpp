@@ -3,13 +3,11 @@
 // right neighbour and the receive of the next one from the left, attends to
 // the slice it holds while both are in flight, then waits. Two buffers
 // alternate, so the slice being read is never the one being received into.
-#include <climits>
-#include <cstring>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "mpi/ring_block.hpp"
+#include "mpi/ring_common.hpp"
 #include "tileattn/mpi.hpp"
 
 namespace tileattn::mpi {
@@ -17,45 +15,6 @@ namespace tileattn::mpi {
 namespace {
 
 constexpr int kRingTag = 7411;
-
-std::string str(int64_t x) { return std::to_string(x); }
-
-// This rank's slices as a single-process problem, for the shared validation.
-ForwardArgs local_args(const RingArgs& a, int64_t rows) {
-  ForwardArgs f;
-  f.shape = a.shape;
-  f.shape.seqlen_q = f.shape.seqlen_k = rows;
-  f.dtype = a.dtype;
-  f.q = a.q;
-  f.k = a.k;
-  f.v = a.v;
-  f.o = a.o;
-  f.lse = a.lse;
-  f.lse_stride = a.lse_stride;
-  f.scale = a.scale;
-  f.threads = a.threads;
-  f.isa = a.isa;
-  return f;
-}
-
-void check_global(const RingArgs& a) {
-  if (a.shape.seqlen_q != a.shape.seqlen_k)
-    throw Error("shape.seqlen_k (" + str(a.shape.seqlen_k) + ") must equal shape.seqlen_q (" +
-                str(a.shape.seqlen_q) + "): ring attention is self-attention");
-  if (a.window_left < -1) throw Error("window_left must be >= -1, got " + str(a.window_left));
-  if (a.window_right < -1) throw Error("window_right must be >= -1, got " + str(a.window_right));
-  if (a.layout != ShardLayout::contiguous && a.layout != ShardLayout::zigzag)
-    throw Error("layout: expected zigzag or contiguous");
-}
-
-// Everything that must agree across ranks, compared with one MIN and one MAX reduction.
-constexpr int kFingerprint = 10;
-void fingerprint(const RingArgs& a, long long* out) {
-  const long long values[kFingerprint] = {
-      a.shape.batch, a.shape.heads, a.shape.kv_heads, a.shape.seqlen_q, a.shape.head_dim,
-      int(a.dtype), a.causal, a.window_left, a.window_right, int(a.layout)};
-  std::memcpy(out, values, sizeof values);
-}
 
 }  // namespace
 
@@ -67,34 +26,14 @@ RingStats ring_attention_forward(const RingArgs& a) {
 
   // Every rank checks its own arguments, then all learn whether any failed,
   // so that a bad rank cannot leave the others blocked in the ring.
-  std::string error;
   std::optional<ShardPlan> plan;
-  int64_t row_bytes = 0;
-  try {
-    check_global(a);
+  detail::agree_on_arguments(a, [&] {
+    detail::check_global(a);
     plan.emplace(a.shape.seqlen_q, ranks, a.layout);
-    validate(local_args(a, plan->rows(rank)));
-    row_bytes = a.shape.head_dim * int64_t(dtype_size(a.dtype));
-    const int64_t slice_rows = 2 * a.shape.batch * a.shape.kv_heads * plan->max_rows();
-    if (a.shape.batch > 0 && slice_rows / (2 * a.shape.batch) != a.shape.kv_heads * plan->max_rows())
-      throw Error("shape: the K/V slice size overflows");
-    if (slice_rows > INT_MAX)
-      throw Error("shape: a K/V slice of " + str(slice_rows) + " rows exceeds one MPI message (" +
-                  str(INT_MAX) + " rows); use more ranks");
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  const int ok = error.empty() ? 1 : 0;
-  int all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, a.comm);
-  if (!ok) throw Error(error);
-  if (!all_ok) throw Error("ring_attention_forward: invalid arguments on another rank");
-  long long mine[kFingerprint], lo[kFingerprint], hi[kFingerprint];
-  fingerprint(a, mine);
-  MPI_Allreduce(mine, lo, kFingerprint, MPI_LONG_LONG, MPI_MIN, a.comm);
-  MPI_Allreduce(mine, hi, kFingerprint, MPI_LONG_LONG, MPI_MAX, a.comm);
-  if (std::memcmp(lo, hi, sizeof lo) != 0)
-    throw Error("ring_attention_forward: ranks disagree on shape, dtype, mask or layout");
+    validate(detail::local_args(a, plan->rows(rank)));
+    detail::check_message_size(a, plan->max_rows());
+  }, "ring_attention_forward");
+  const int64_t row_bytes = a.shape.head_dim * int64_t(dtype_size(a.dtype));
 
   const AttentionShape& s = a.shape;
   const int64_t esize = int64_t(dtype_size(a.dtype));
@@ -106,35 +45,10 @@ RingStats ring_attention_forward(const RingArgs& a) {
   std::vector<unsigned char> buffers[2];
   for (auto& b : buffers) b.resize(size_t(2 * slice_elements(plan->max_rows()) * esize));
   const int64_t own_rows = plan->rows(rank);
-  for (int t = 0; t < 2; ++t) {
-    const InputView& src = t == 0 ? a.k : a.v;
-    unsigned char* dst = buffers[0].data() + t * slice_elements(own_rows) * esize;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.kv_heads; ++h)
-        for (int64_t r = 0; r < own_rows; ++r) {
-          const unsigned char* row = static_cast<const unsigned char*>(src.data) +
-                                     (b * src.stride[0] + h * src.stride[1] + r * src.stride[2]) * esize;
-          unsigned char* out = dst + ((b * s.kv_heads + h) * own_rows + r) * row_bytes;
-          if (src.stride[3] == 1) {
-            std::memcpy(out, row, size_t(row_bytes));
-          } else {
-            for (int64_t c = 0; c < s.head_dim; ++c)
-              std::memcpy(out + c * esize, row + c * src.stride[3] * esize, size_t(esize));
-          }
-        }
-  }
+  detail::pack_rows(a.k, s, s.kv_heads, own_rows, size_t(esize), buffers[0].data());
+  detail::pack_rows(a.v, s, s.kv_heads, own_rows, size_t(esize), buffers[0].data() + slice_elements(own_rows) * esize);
 
-  detail::RingAccumulator::Problem problem;
-  problem.batch = s.batch;
-  problem.heads = s.heads;
-  problem.kv_heads = s.kv_heads;
-  problem.head_dim = s.head_dim;
-  problem.dtype = a.dtype;
-  problem.scale = a.scale;
-  problem.threads = a.threads;
-  problem.isa = a.isa;
-  problem.band = detail::make_band(a.causal, a.window_left, a.window_right);
-  detail::RingAccumulator acc(problem, a.q, plan->segments(rank));
+  detail::RingAccumulator acc(detail::block_problem(a), a.q, plan->segments(rank));
 
   MPI_Datatype row_type;
   MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &row_type);

@@ -4,7 +4,10 @@
 //
 //   mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D
 //       [--batch B] [--causal] [--window L,R] [--layout zigzag|contiguous]
-//       [--dtype fp32|fp16|bf16] [--threads T] [--seed S] [--check]
+//       [--dtype fp32|fp16|bf16] [--threads T] [--seed S] [--check] [--backward]
+//
+// --backward also runs ring_attention_backward on a random dO (after the
+// forward, from its O and LSE) and reports it on lines prefixed "backward ".
 //
 // Every rank generates the full tensors from the seed and keeps its own rows:
 // simple, and fine for a test tool (a real job loads only its own slice).
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi/ring_cli.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/mpi.hpp"
 
@@ -25,19 +29,13 @@ namespace {
 using tileattn::Error;
 using tileattn::mpi::ShardPlan;
 
-struct Options {
-  tileattn::testing::Case c;
-  bool causal = false;
-  int64_t window_left = -1, window_right = -1;
-  tileattn::mpi::ShardLayout layout = tileattn::mpi::ShardLayout::zigzag;
-  int threads = 0;
-  bool check = false;
-};
+using tileattn::mpi::cli::copy_rows;
+using tileattn::mpi::cli::Options;
 
 const char* kUsage =
     "usage: mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D [--batch B] [--causal]\n"
     "       [--window L,R] [--layout zigzag|contiguous] [--dtype fp32|fp16|bf16] [--threads T]\n"
-    "       [--seed S] [--check]\n";
+    "       [--seed S] [--check] [--backward]\n";
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
   size_t used = 0;
@@ -72,6 +70,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--threads") o.threads = int(parse_int(flag, value(), 0));
     else if (flag == "--causal") o.causal = true;
     else if (flag == "--check") o.check = true;
+    else if (flag == "--backward") o.backward = true;
     else if (flag == "--dtype") o.c.dtype = tileattn::parse_dtype(value());
     else if (flag == "--layout") o.layout = tileattn::mpi::parse_shard_layout(value());
     else if (flag == "--window") {
@@ -91,21 +90,6 @@ Options parse(int argc, char** argv) {
   if (o.c.heads % o.c.kv_heads != 0) throw Error("--kv-heads must divide --heads");
   if (o.c.head_dim > 256) throw Error("--dim must be in 1..256, got " + std::to_string(o.c.head_dim));
   return o;
-}
-
-// Copies rows of a [batch, heads, rows, dim] tensor between a full view and a
-// rank's slice (dense bhsd both), in either direction.
-void copy_rows(const ShardPlan& plan, int rank, int64_t batch, int64_t heads, int64_t dim, size_t esize,
-               const unsigned char* from, unsigned char* to, bool full_to_local) {
-  const int64_t n = plan.seqlen(), rows = plan.rows(rank);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t global = ((b * heads + h) * n + plan.global_row(rank, r)) * dim;
-        const int64_t local = ((b * heads + h) * rows + r) * dim;
-        const int64_t src = full_to_local ? global : local, dst = full_to_local ? local : global;
-        std::memcpy(to + dst * int64_t(esize), from + src * int64_t(esize), size_t(dim) * esize);
-      }
 }
 
 int run(const Options& opt, int rank, int ranks) {
@@ -147,76 +131,61 @@ int run(const Options& opt, int rank, int ranks) {
   MPI_Barrier(MPI_COMM_WORLD);
   const mpi::RingStats st = mpi::ring_attention_forward(a);
 
-  // Per-rank report, gathered so that rank 0 prints it in order.
-  const double mine[9] = {double(rows), double(st.blocks_computed), double(st.blocks_skipped),
-                          st.compute_s, st.wait_s, st.total_s, double(st.bytes_sent),
-                          double(st.bytes_received), double(st.visible_pairs)};
-  std::vector<double> all(size_t(9 * ranks));
-  MPI_Gather(mine, 9, MPI_DOUBLE, all.data(), 9, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  double slowest = 0, pairs = 0;
-  if (rank == 0) {
+  if (rank == 0)
     std::printf("ring: ranks %d layout %s seq %lld heads %lld kv_heads %lld dim %lld dtype %s mask %s\n", ranks,
                 mpi::shard_layout_name(opt.layout), (long long)s.seqlen_q, (long long)s.heads,
                 (long long)s.kv_heads, (long long)s.head_dim, dtype_name(opt.c.dtype),
                 opt.causal ? "causal" : (opt.window_left >= 0 || opt.window_right >= 0 ? "window" : "none"));
-    for (int r = 0; r < ranks; ++r) {
-      const double* x = &all[size_t(9 * r)];
-      std::printf("rank %d rows %.0f blocks %.0f skipped %.0f compute_ms %.2f wait_ms %.2f total_ms %.2f "
-                  "bytes_sent %.0f bytes_received %.0f\n",
-                  r, x[0], x[1], x[2], 1e3 * x[3], 1e3 * x[4], 1e3 * x[5], x[6], x[7]);
-      slowest = std::max(slowest, x[5]);
-      pairs += x[8];
-    }
-    std::printf("ms %.2f gflops %.2f\n", 1e3 * slowest, pairs * 4.0 * double(s.head_dim) / slowest * 1e-9);
-  }
-  if (!opt.check) return 0;
-
-  // Gather O and LSE slices on rank 0 (plain int-counted messages: a test tool).
-  if (o.size() > size_t(INT_MAX)) throw NotSupported("--check: an output slice over 2 GiB cannot be gathered");
+  mpi::cli::print_report(st, rows, rank, ranks, "", 4.0 * double(s.head_dim));
   int ok = 1;
-  if (rank == 0) {
-    // The single-process operator first: it writes into full's output buffers.
-    attention_forward(full.args);
-    const testing::Comparison single = testing::compare_with_reference(full);
-    std::vector<float> single_o(size_t(s.batch * s.heads * s.seqlen_q * s.head_dim));
-    for (int64_t b = 0, i = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.heads; ++h)
-        for (int64_t r = 0; r < s.seqlen_q; ++r)
-          for (int64_t c = 0; c < s.head_dim; ++c) single_o[size_t(i++)] = full.o_at(b, h, r, c);
+  if (opt.check) {
+    // Gather O and LSE slices on rank 0 (plain int-counted messages: a test tool).
+    if (o.size() > size_t(INT_MAX)) throw NotSupported("--check: an output slice over 2 GiB cannot be gathered");
+    if (rank == 0) {
+      // The single-process operator first: it writes into full's output buffers.
+      attention_forward(full.args);
+      const testing::Comparison single = testing::compare_with_reference(full);
+      std::vector<float> single_o(size_t(s.batch * s.heads * s.seqlen_q * s.head_dim));
+      for (int64_t b = 0, i = 0; b < s.batch; ++b)
+        for (int64_t h = 0; h < s.heads; ++h)
+          for (int64_t r = 0; r < s.seqlen_q; ++r)
+            for (int64_t c = 0; c < s.head_dim; ++c) single_o[size_t(i++)] = full.o_at(b, h, r, c);
 
-    unsigned char* full_o = static_cast<unsigned char*>(full.args.o.data);
-    for (int r = 0; r < ranks; ++r) {
-      const int64_t n = plan.rows(r);
-      std::vector<unsigned char> o_r(size_t(s.batch * s.heads * n * s.head_dim) * esize);
-      std::vector<float> lse_r(size_t(s.batch * s.heads * n));
-      if (r == 0) {
-        o_r = o;
-        lse_r = lse;
-      } else {
-        MPI_Recv(o_r.data(), int(o_r.size()), MPI_BYTE, r, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Recv(lse_r.data(), int(lse_r.size()), MPI_FLOAT, r, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      unsigned char* full_o = static_cast<unsigned char*>(full.args.o.data);
+      for (int r = 0; r < ranks; ++r) {
+        const int64_t n = plan.rows(r);
+        std::vector<unsigned char> o_r(size_t(s.batch * s.heads * n * s.head_dim) * esize);
+        std::vector<float> lse_r(size_t(s.batch * s.heads * n));
+        if (r == 0) {
+          o_r = o;
+          lse_r = lse;
+        } else {
+          MPI_Recv(o_r.data(), int(o_r.size()), MPI_BYTE, r, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          MPI_Recv(lse_r.data(), int(lse_r.size()), MPI_FLOAT, r, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        copy_rows(plan, r, s.batch, s.heads, s.head_dim, esize, o_r.data(), full_o, false);
+        copy_rows(plan, r, s.batch, s.heads, 1, sizeof(float), reinterpret_cast<unsigned char*>(lse_r.data()),
+                  reinterpret_cast<unsigned char*>(full.lse.data()), false);
       }
-      copy_rows(plan, r, s.batch, s.heads, s.head_dim, esize, o_r.data(), full_o, false);
-      copy_rows(plan, r, s.batch, s.heads, 1, sizeof(float), reinterpret_cast<unsigned char*>(lse_r.data()),
-                reinterpret_cast<unsigned char*>(full.lse.data()), false);
+      const testing::Comparison ring = testing::compare_with_reference(full);
+      double diff = 0;
+      for (int64_t b = 0, i = 0; b < s.batch; ++b)
+        for (int64_t h = 0; h < s.heads; ++h)
+          for (int64_t r = 0; r < s.seqlen_q; ++r)
+            for (int64_t c = 0; c < s.head_dim; ++c)
+              diff = std::max(diff, double(std::abs(full.o_at(b, h, r, c) - single_o[size_t(i++)])));
+      std::printf("max_error %.3e\ntolerance %.3e\nnaive_error %.3e\nlse_error %.3e\nlse_tolerance %.3e\n",
+                  ring.max_error, ring.tolerance, ring.naive_error, ring.lse_error, ring.lse_tolerance);
+      std::printf("single_process_max_error %.3e\nmax_diff_vs_single_process %.3e\n", single.max_error, diff);
+      ok = ring.ok() ? 1 : 0;
+      std::printf("%s%s\n", ok ? "PASS" : "FAIL", ring.nan_mismatch ? " (NaN or -inf mismatch)" : "");
+    } else {
+      MPI_Send(o.data(), int(o.size()), MPI_BYTE, 0, 1, MPI_COMM_WORLD);
+      MPI_Send(lse.data(), int(lse.size()), MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
     }
-    const testing::Comparison ring = testing::compare_with_reference(full);
-    double diff = 0;
-    for (int64_t b = 0, i = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.heads; ++h)
-        for (int64_t r = 0; r < s.seqlen_q; ++r)
-          for (int64_t c = 0; c < s.head_dim; ++c)
-            diff = std::max(diff, double(std::abs(full.o_at(b, h, r, c) - single_o[size_t(i++)])));
-    std::printf("max_error %.3e\ntolerance %.3e\nnaive_error %.3e\nlse_error %.3e\nlse_tolerance %.3e\n",
-                ring.max_error, ring.tolerance, ring.naive_error, ring.lse_error, ring.lse_tolerance);
-    std::printf("single_process_max_error %.3e\nmax_diff_vs_single_process %.3e\n", single.max_error, diff);
-    ok = ring.ok() ? 1 : 0;
-    std::printf("%s%s\n", ok ? "PASS" : "FAIL", ring.nan_mismatch ? " (NaN or -inf mismatch)" : "");
-  } else {
-    MPI_Send(o.data(), int(o.size()), MPI_BYTE, 0, 1, MPI_COMM_WORLD);
-    MPI_Send(lse.data(), int(lse.size()), MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (opt.backward && !mpi::cli::run_backward(opt, full, a, rank, ranks)) ok = 0;
   return ok ? 0 : 1;
 }
 

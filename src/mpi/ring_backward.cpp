@@ -1,0 +1,175 @@
+// The transport half of the ring backward. K/V slices travel as in the
+// forward (double-buffered, posted before the step's compute). Each slice's
+// fp32 dK/dV accumulator follows it one step behind, because a rank can send
+// it on only after adding its own share:
+//
+//   step s on rank r (it holds the K/V slice of rank h = r - s):
+//     post K/V receive (next slice) from r-1 and K/V send (this slice) to r+1
+//     s >= 2: post the receive of slice h's accumulator from r-1 (sent there
+//             at the end of its step s-1, so it arrives during this compute)
+//     compute this rank's share of slice h into a zeroed fp32 buffer (dQ stays)
+//     s == 0: keep the buffer (the owner's own share, added at the very end)
+//     s >= 1: add the received accumulator (s >= 2), send the sum to r+1
+//   after the last step: receive the own slice's accumulator from r-1, add.
+//
+// So each accumulator makes P-1 hops (owner's right neighbour first, owner
+// last), and only the very last hop is not hidden behind compute.
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "mpi/ring_common.hpp"
+#include "mpi/ring_gradients.hpp"
+#include "tileattn/backward.hpp"
+#include "tileattn/mpi.hpp"
+
+namespace tileattn::mpi {
+
+namespace {
+
+constexpr int kKvTag = 7412, kGradientTag = 7413;
+
+// This rank's slices as a single-process backward problem, for the shared validation.
+BackwardArgs local_backward_args(const RingBackwardArgs& a, int64_t rows) {
+  BackwardArgs b;
+  b.forward = detail::local_args(a.forward, rows);
+  b.forward.o = {};
+  b.forward.lse = nullptr;
+  b.o = a.o;
+  b.d_o = a.d_o;
+  b.lse = a.lse;
+  b.lse_stride = a.lse_stride;
+  b.dq = a.dq;
+  b.dk = a.dk;
+  b.dv = a.dv;
+  return b;
+}
+
+}  // namespace
+
+RingStats ring_attention_backward(const RingBackwardArgs& args) {
+  const double start = MPI_Wtime();
+  const RingArgs& a = args.forward;
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(a.comm, &rank);
+  MPI_Comm_size(a.comm, &ranks);
+
+  std::optional<ShardPlan> plan;
+  detail::agree_on_arguments(a, [&] {
+    detail::check_global(a);
+    plan.emplace(a.shape.seqlen_q, ranks, a.layout);
+    validate(local_backward_args(args, plan->rows(rank)));
+    detail::check_message_size(a, plan->max_rows());
+  }, "ring_attention_backward");
+
+  const AttentionShape& s = a.shape;
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const int64_t kv_row_bytes = s.head_dim * esize, gradient_row_bytes = s.head_dim * int64_t(sizeof(float));
+  // Elements of one K (or V, dK, dV) slice of `rows` rows, packed [batch, kv_heads, rows, head_dim].
+  auto slice_elements = [&](int64_t rows) { return s.batch * s.kv_heads * rows * s.head_dim; };
+  // Rows of one message (K then V, or dK then dV) of `holder`'s slice.
+  auto message_rows = [&](int holder) { return int(2 * s.batch * s.kv_heads * plan->rows(holder)); };
+
+  std::vector<unsigned char> kv_buffers[2];
+  for (auto& b : kv_buffers) b.resize(size_t(2 * slice_elements(plan->max_rows()) * esize));
+  const int64_t own_rows = plan->rows(rank);
+  detail::pack_rows(a.k, s, s.kv_heads, own_rows, size_t(esize), kv_buffers[0].data());
+  detail::pack_rows(a.v, s, s.kv_heads, own_rows, size_t(esize),
+                    kv_buffers[0].data() + slice_elements(own_rows) * esize);
+
+  // fp32 (dK, dV) of one slice: this rank's share of its own slice, the share
+  // being computed, the accumulator coming in and the one going out.
+  const size_t gradient_elements = size_t(2 * slice_elements(plan->max_rows()));
+  std::vector<float> own(size_t(2 * slice_elements(own_rows))), share(gradient_elements),
+      incoming(gradient_elements), outgoing(gradient_elements);
+
+  detail::RingGradients gradients(detail::block_problem(a), a.q, args.o, args.d_o, args.lse, args.lse_stride,
+                                  plan->segments(rank));
+
+  MPI_Datatype kv_row, gradient_row;
+  MPI_Type_contiguous(int(kv_row_bytes), MPI_BYTE, &kv_row);
+  MPI_Type_commit(&kv_row);
+  MPI_Type_contiguous(int(s.head_dim), MPI_FLOAT, &gradient_row);
+  MPI_Type_commit(&gradient_row);
+
+  RingStats stats;
+  stats.steps = ranks;
+  const int left = (rank - 1 + ranks) % ranks, right = (rank + 1) % ranks;
+  // [0] K/V receive, [1] K/V send, [2] accumulator receive, [3] accumulator send.
+  MPI_Request requests[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  for (int step = 0; step < ranks; ++step) {
+    const int holder = (rank - step + ranks) % ranks;
+    unsigned char* current = kv_buffers[step % 2].data();
+    if (step + 1 < ranks) {
+      const int incoming_holder = (holder - 1 + ranks) % ranks;
+      MPI_Irecv(kv_buffers[(step + 1) % 2].data(), message_rows(incoming_holder), kv_row, left, kKvTag, a.comm,
+                &requests[0]);
+      MPI_Isend(current, message_rows(holder), kv_row, right, kKvTag, a.comm, &requests[1]);
+      stats.bytes_received += int64_t(message_rows(incoming_holder)) * kv_row_bytes;
+      stats.bytes_sent += int64_t(message_rows(holder)) * kv_row_bytes;
+    }
+    if (step >= 2) {
+      MPI_Irecv(incoming.data(), message_rows(holder), gradient_row, left, kGradientTag, a.comm, &requests[2]);
+      stats.bytes_received += int64_t(message_rows(holder)) * gradient_row_bytes;
+    }
+
+    const double compute_start = MPI_Wtime();
+    const int64_t n = plan->rows(holder);
+    const std::array<int64_t, 4> packed{s.kv_heads * n * s.head_dim, n * s.head_dim, s.head_dim, 1};
+    float* target = step == 0 ? own.data() : share.data();
+    std::fill(target, target + 2 * slice_elements(n), 0.0f);
+    gradients.absorb({current, packed}, {current + slice_elements(n) * esize, packed}, plan->segments(holder),
+                     target, target + slice_elements(n), [&] {
+                       // Without an asynchronous progress thread MPI moves
+                       // large messages only inside MPI calls.
+                       int done = 0;
+                       MPI_Testall(4, requests, &done, MPI_STATUSES_IGNORE);
+                     });
+    double wait_start = MPI_Wtime();
+    stats.compute_s += wait_start - compute_start;
+    if (step >= 1) {
+      if (step >= 2) {
+        MPI_Wait(&requests[2], MPI_STATUS_IGNORE);
+        const double add_start = MPI_Wtime();
+        stats.wait_s += add_start - wait_start;
+        for (size_t e = 0, count = size_t(2 * slice_elements(n)); e < count; ++e) share[e] += incoming[e];
+        wait_start = MPI_Wtime();
+        stats.compute_s += wait_start - add_start;
+      }
+      MPI_Wait(&requests[3], MPI_STATUS_IGNORE);  // the previous step's accumulator has left
+      std::swap(share, outgoing);
+      MPI_Isend(outgoing.data(), message_rows(holder), gradient_row, right, kGradientTag, a.comm, &requests[3]);
+      stats.bytes_sent += int64_t(message_rows(holder)) * gradient_row_bytes;
+    }
+    MPI_Waitall(2, requests, MPI_STATUSES_IGNORE);
+    stats.wait_s += MPI_Wtime() - wait_start;
+  }
+  // The own slice's accumulator, back from its round: the one hop that no
+  // compute hides.
+  const double final_start = MPI_Wtime();
+  if (ranks > 1) {
+    MPI_Recv(incoming.data(), message_rows(rank), gradient_row, left, kGradientTag, a.comm, MPI_STATUS_IGNORE);
+    stats.bytes_received += int64_t(message_rows(rank)) * gradient_row_bytes;
+  }
+  MPI_Wait(&requests[3], MPI_STATUS_IGNORE);
+  const double write_start = MPI_Wtime();
+  stats.wait_s += write_start - final_start;
+  MPI_Type_free(&kv_row);
+  MPI_Type_free(&gradient_row);
+
+  if (ranks > 1)
+    for (size_t e = 0; e < own.size(); ++e) own[e] += incoming[e];
+  gradients.write_dq(args.dq);
+  detail::write_rounded(own.data(), s.batch, s.kv_heads, own_rows, s.head_dim, a.dtype, args.dk);
+  detail::write_rounded(own.data() + slice_elements(own_rows), s.batch, s.kv_heads, own_rows, s.head_dim, a.dtype,
+                        args.dv);
+  stats.compute_s += MPI_Wtime() - write_start;
+  stats.blocks_computed = gradients.blocks_computed();
+  stats.blocks_skipped = gradients.blocks_skipped();
+  stats.visible_pairs = gradients.visible_pairs();
+  stats.total_s = MPI_Wtime() - start;
+  return stats;
+}
+
+}  // namespace tileattn::mpi

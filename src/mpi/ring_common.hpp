@@ -1,0 +1,42 @@
+// Pieces the forward and backward rings share: the collective argument check
+// (every rank learns whether any rank's arguments are bad, so none is left
+// waiting in the ring), packing a rank's K/V rows into one message buffer,
+// and the block-level problem description.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "mpi/ring_block.hpp"
+#include "tileattn/mpi.hpp"
+
+namespace tileattn::mpi::detail {
+
+// Self-attention, windows >= -1, a known layout (throws Error).
+void check_global(const RingArgs& args);
+
+// This rank's slices as a single-process forward problem of `rows` rows.
+ForwardArgs local_args(const RingArgs& args, int64_t rows);
+
+// Collective over args.comm: runs `check_this_rank` (which throws Error on bad
+// arguments), then agrees across ranks. Throws on every rank when any rank's
+// check failed (the bad rank with its own message) or when the ranks
+// disagree on shape, dtype, mask or layout. `who` prefixes the messages.
+void agree_on_arguments(const RingArgs& args, const std::function<void()>& check_this_rank,
+                        const char* who);
+
+// Throws Error when the largest K/V slice (K then V, max_rows rows each per
+// (batch, kv head)) cannot be one MPI message counted in rows.
+void check_message_size(const RingArgs& args, int64_t max_rows);
+
+// Copies `rows` rows of a [batch, heads, rows, head_dim] view into dst,
+// packed dense in the same order.
+void pack_rows(const InputView& src, const AttentionShape& shape, int64_t heads, int64_t rows,
+               size_t element_size, unsigned char* dst);
+
+// The block-level description of the problem (ring_block.hpp).
+RingAccumulator::Problem block_problem(const RingArgs& args);
+
+}  // namespace tileattn::mpi::detail

@@ -1,0 +1,149 @@
+#include "mpi/ring_gradients.hpp"
+
+#include <optional>
+
+#include "core/half.hpp"
+#include "tileattn/backward.hpp"
+
+namespace tileattn::mpi::detail {
+
+void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+           float* dst) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t in = b * src.stride[0] + h * src.stride[1] + r * src.stride[2];
+        float* out = dst + ((b * heads + h) * rows + r) * head_dim;
+        for (int64_t c = 0; c < head_dim; ++c)
+          out[c] = tileattn::detail::load_element(src.data, int(dtype), in + c * src.stride[3]);
+      }
+}
+
+void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+                   DType dtype, OutputView out) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* in = dense + ((b * heads + h) * rows + r) * head_dim;
+        const int64_t at = b * out.stride[0] + h * out.stride[1] + r * out.stride[2];
+        for (int64_t c = 0; c < head_dim; ++c) {
+          const int64_t e = at + c * out.stride[3];
+          if (dtype == DType::f32) static_cast<float*>(out.data)[e] = in[c];
+          else if (dtype == DType::f16) static_cast<uint16_t*>(out.data)[e] = tileattn::detail::float_to_f16(in[c]);
+          else static_cast<uint16_t*>(out.data)[e] = tileattn::detail::float_to_bf16(in[c]);
+        }
+      }
+}
+
+RingGradients::RingGradients(const Problem& problem, InputView q, InputView o, InputView d_o, const float* lse,
+                             std::array<int64_t, 3> lse_stride, std::vector<Segment> q_segments)
+    : problem_(problem), q_segments_(std::move(q_segments)) {
+  const Problem& p = problem_;
+  for (const Segment& s : q_segments_) rows_ += s.size();
+  const size_t elements = size_t(p.batch * p.heads * rows_ * p.head_dim);
+  q_.resize(elements);
+  o_.resize(elements);
+  d_o_.resize(elements);
+  widen(q, p.dtype, p.batch, p.heads, rows_, p.head_dim, q_.data());
+  widen(o, p.dtype, p.batch, p.heads, rows_, p.head_dim, o_.data());
+  widen(d_o, p.dtype, p.batch, p.heads, rows_, p.head_dim, d_o_.data());
+  lse_.resize(size_t(p.batch * p.heads * rows_));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t r = 0; r < rows_; ++r)
+        lse_[size_t((b * p.heads + h) * rows_ + r)] = lse[b * lse_stride[0] + h * lse_stride[1] + r * lse_stride[2]];
+  dq_.assign(elements, 0.0f);
+  const int64_t group = p.heads / p.kv_heads;
+  part_dq_.resize(size_t(group * rows_ * p.head_dim));
+}
+
+void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments, float* dk,
+                           float* dv, const std::function<void()>& between) {
+  const Problem& p = problem_;
+  const int64_t group = p.heads / p.kv_heads, d = p.head_dim;
+  int64_t kv_rows = 0;
+  for (const Segment& s : kv_segments) kv_rows += s.size();
+  if (part_dk_.size() < size_t(kv_rows * d)) {
+    part_dk_.resize(size_t(kv_rows * d));
+    part_dv_.resize(size_t(kv_rows * d));
+  }
+  // The slice as dense fp32 (K, V travel in the storage dtype; widening is
+  // O(rows * D) per step against the blocks' O(rows^2 * D)).
+  const float* k32 = static_cast<const float*>(k.data);
+  const float* v32 = static_cast<const float*>(v.data);
+  const std::array<int64_t, 4> dense{p.kv_heads * kv_rows * d, kv_rows * d, d, 1};
+  if (p.dtype != DType::f32 || k.stride != dense || v.stride != dense) {
+    k_.resize(size_t(p.batch * p.kv_heads * kv_rows * d));
+    v_.resize(k_.size());
+    widen(k, p.dtype, p.batch, p.kv_heads, kv_rows, d, k_.data());
+    widen(v, p.dtype, p.batch, p.kv_heads, kv_rows, d, v_.data());
+    k32 = k_.data();
+    v32 = v_.data();
+  }
+
+  const std::array<int64_t, 4> q_stride{p.heads * rows_ * d, rows_ * d, d, 1};
+  int64_t q_row0 = 0;
+  for (const Segment& qs : q_segments_) {
+    int64_t k_row0 = 0;
+    for (const Segment& ks : kv_segments) {
+      const std::optional<Block> block = plan_block(qs, ks, p.band);
+      if (!block) {
+        ++blocks_skipped_;
+        k_row0 += ks.size();
+        continue;
+      }
+      ++blocks_computed_;
+      visible_pairs_ += detail::visible_pairs(*block) * p.batch * p.heads;
+      const int64_t q_row = q_row0 + (block->q.begin - qs.begin), nq = block->q.size();
+      const int64_t k_row = k_row0 + (block->k.begin - ks.begin), nk = block->k.size();
+      // One call per (batch, kv head), as in the forward: the heads sharing a
+      // K/V head go together (their dK, dV sum inside the call), and
+      // `between` runs often enough to keep transfers moving.
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t g = 0; g < p.kv_heads; ++g) {
+          const int64_t q_at = ((b * p.heads + g * group) * rows_ + q_row) * d;
+          const int64_t k_at = ((b * p.kv_heads + g) * kv_rows + k_row) * d;
+          BackwardArgs bw;
+          ForwardArgs& f = bw.forward;
+          f.shape = {1, group, 1, nq, nk, d};
+          f.dtype = DType::f32;
+          f.scale = p.scale;
+          f.threads = p.threads;
+          f.isa = p.isa;
+          f.q = {q_.data() + q_at, q_stride};
+          f.k = {k32 + k_at, dense};
+          f.v = {v32 + k_at, dense};
+          f.mask.window_left = block->window_left;
+          f.mask.window_right = block->window_right;
+          bw.o = {o_.data() + q_at, q_stride};
+          bw.d_o = {d_o_.data() + q_at, q_stride};
+          bw.lse = lse_.data() + (b * p.heads + g * group) * rows_ + q_row;
+          bw.lse_stride = {p.heads * rows_, rows_, 1};
+          bw.dq = {part_dq_.data(), {group * nq * d, nq * d, d, 1}};
+          bw.dk = {part_dk_.data(), {nk * d, nk * d, d, 1}};
+          bw.dv = {part_dv_.data(), bw.dk.stride};
+          attention_backward(bw);
+
+          for (int64_t h = 0; h < group; ++h) {
+            float* acc = dq_.data() + q_at + h * rows_ * d;
+            const float* part = part_dq_.data() + h * nq * d;
+            for (int64_t e = 0; e < nq * d; ++e) acc[e] += part[e];
+          }
+          for (int64_t e = 0; e < nk * d; ++e) {
+            dk[k_at + e] += part_dk_[size_t(e)];
+            dv[k_at + e] += part_dv_[size_t(e)];
+          }
+          if (between) between();
+        }
+      k_row0 += ks.size();
+    }
+    q_row0 += qs.size();
+  }
+}
+
+void RingGradients::write_dq(OutputView dq) const {
+  const Problem& p = problem_;
+  write_rounded(dq_.data(), p.batch, p.heads, rows_, p.head_dim, p.dtype, dq);
+}
+
+}  // namespace tileattn::mpi::detail

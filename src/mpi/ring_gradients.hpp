@@ -1,0 +1,71 @@
+// The MPI-free half of the ring backward: one rank's share of dQ, dK and dV
+// for one K/V slice. Each (query segment, key segment) block that the mask
+// lets through (plan_block, as in the forward) becomes attention_backward
+// calls with this rank's O, dO and the GLOBAL log-sum-exp: with the global
+// LSE the recomputed P of a block is exactly the block of the full softmax,
+// and D = rowsum(dO o O) is the full row's, so each call returns exactly that
+// block's terms of dQ (summed here), dK and dV (summed into the travelling
+// fp32 accumulator of the slice). Kept apart from the transport so that a
+// single process can replay every rank's work (tests/mpi/ring_block_tests.cpp).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "mpi/ring_block.hpp"
+
+namespace tileattn::mpi::detail {
+
+class RingGradients {
+ public:
+  using Problem = RingAccumulator::Problem;
+  // This rank's rows, laid out as q_segments one after another: q, o and d_o
+  // [batch, heads, rows, head_dim] in the problem's dtype; lse (fp32, natural
+  // log) [batch, heads, rows] as ring_attention_forward wrote it.
+  RingGradients(const Problem& problem, InputView q, InputView o, InputView d_o, const float* lse,
+                std::array<int64_t, 3> lse_stride, std::vector<Segment> q_segments);
+
+  // Adds this rank's queries' contribution for one K/V slice: to the local
+  // dQ, and to `dk` and `dv`, fp32 [batch, kv_heads, slice rows, head_dim]
+  // dense (+=). k and v: [batch, kv_heads, slice rows, head_dim], rows laid
+  // out as kv_segments. Calls `between` after each (block, batch, kv-head)
+  // piece, so that a caller can push communication.
+  void absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments, float* dk, float* dv,
+              const std::function<void()>& between);
+
+  // Writes dQ in the problem's dtype (rounded once, here).
+  void write_dq(OutputView dq) const;
+
+  int64_t rows() const { return rows_; }
+  int64_t blocks_computed() const { return blocks_computed_; }
+  int64_t blocks_skipped() const { return blocks_skipped_; }
+  int64_t visible_pairs() const { return visible_pairs_; }
+
+ private:
+  Problem problem_;
+  std::vector<Segment> q_segments_;
+  int64_t rows_ = 0;
+  // fp32 copies, dense: the block calls run in fp32 whatever the storage
+  // type (the backward kernels compute in fp32 after loading anyway), so that
+  // the per-block gradients are not rounded to fp16/bf16 before they are summed.
+  std::vector<float> q_, o_, d_o_;  // (batch, heads, rows, head_dim)
+  std::vector<float> lse_;          // (batch, heads, rows)
+  std::vector<float> dq_;           // (batch, heads, rows, head_dim) running sum
+  std::vector<float> k_, v_;        // the current slice in fp32 (16-bit storage only)
+  // One piece's gradients: dQ (group, rows, head_dim), dK and dV (rows, head_dim).
+  std::vector<float> part_dq_, part_dk_, part_dv_;
+  int64_t blocks_computed_ = 0, blocks_skipped_ = 0, visible_pairs_ = 0;
+};
+
+// Writes a dense fp32 [batch, heads, rows, head_dim] tensor into `out` in
+// `dtype` (the one rounding of a gradient).
+void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+                   DType dtype, OutputView out);
+
+// Converts a [batch, heads, rows, head_dim] view of `dtype` into dense fp32.
+void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+           float* dst);
+
+}  // namespace tileattn::mpi::detail
