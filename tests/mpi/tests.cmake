@@ -1,5 +1,6 @@
-# Ring attention tests: the MPI-free replay (GoogleTest, one process) and
-# tileattn-ring under mpirun with 2 and 3 ranks on one machine. Only when
+# Ring attention tests: the MPI-free replay (GoogleTest, one process; forward
+# and backward) and tileattn-ring under mpirun with 2 and 3 ranks on one
+# machine (forward, and forward + backward with --backward). Only when
 # src/mpi was built (MPI found and TILEATTN_BUILD_MPI on).
 if(NOT TARGET tileattn_mpi)
   return()
@@ -34,6 +35,23 @@ tileattn_ring_test(np3_full_mqa 3 --seq 600 --heads 4 --kv-heads 1 --dim 80 --ba
 tileattn_ring_test(np3_window_contiguous 3 --seq 500 --heads 2 --dim 96 --window 64,0 --layout contiguous)
 tileattn_ring_test(np3_fewer_rows_than_chunks 3 --seq 4 --heads 2 --dim 32 --causal)
 tileattn_ring_test(np2_causal_fp16 2 --seq 300 --heads 2 --kv-heads 1 --dim 128 --causal --dtype fp16)
+
+# Backward (--backward): the forward's checks plus dQ, dK, dV against the
+# float64 reference; "backward PASS" must be printed, so a run that skipped
+# the backward cannot pass.
+function(tileattn_ring_backward_test name ranks)
+  tileattn_ring_test(${name} ${ranks} --backward ${ARGN})
+  set_tests_properties(mpi_ring_${name} PROPERTIES PASS_REGULAR_EXPRESSION "backward PASS")
+endfunction()
+
+tileattn_ring_backward_test(np2_backward_full 2 --seq 500 --heads 4 --kv-heads 4 --dim 64)
+tileattn_ring_backward_test(np2_backward_causal_gqa 2 --seq 600 --heads 4 --kv-heads 2 --dim 64 --causal)
+tileattn_ring_backward_test(np3_backward_causal_gqa 3 --seq 700 --heads 6 --kv-heads 2 --dim 64 --causal)
+tileattn_ring_backward_test(np3_backward_full_mqa 3 --seq 400 --heads 4 --kv-heads 1 --dim 80 --batch 2)
+tileattn_ring_backward_test(np2_backward_causal_fp16 2 --seq 300 --heads 2 --kv-heads 1 --dim 128 --causal --dtype fp16)
+tileattn_ring_backward_test(np3_backward_causal_bf16 3 --seq 300 --heads 2 --kv-heads 1 --dim 96 --causal --dtype bf16)
+tileattn_ring_backward_test(np3_backward_window_contiguous 3 --seq 500 --heads 2 --dim 96 --window 64,0 --layout contiguous)
+tileattn_ring_backward_test(np3_backward_fewer_rows_than_chunks 3 --seq 4 --heads 2 --dim 32 --causal)
 
 # Bad input: one line on stderr naming the argument, exit status 2 from every rank.
 add_test(NAME mpi_ring_bad_argument
