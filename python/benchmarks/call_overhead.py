@@ -1,82 +1,169 @@
-"""Python call overhead of tileattn.flash_attention: what a call costs beyond the C++ kernel.
+"""Python call overhead of tileattn's functions: what a call costs beyond the C++ kernel.
 
-Two measures, both in the calling thread's CPU time (time.thread_time), so that waiting for a
-core on a shared, loaded machine does not count; the kernel runs on the calling thread
-(threads = 1):
+Every number is the calling thread's CPU time (clock_gettime(CLOCK_THREAD_CPUTIME_ID), so
+waiting for a core on a shared, loaded machine does not count), threads = 1 (the kernel runs
+on the calling thread). Each repetition makes, in alternating order, one pair of calls of the
+same problem:
 
-  overhead = call - kernel: the binding times attention_forward inside the very calls being
-      measured (_tileattn.time_kernel), so the kernel's own cost and its variation under load
-      cancel out. This is the number that matters for decode-sized calls, where the kernel
-      takes milliseconds and a difference of two separate measurements is all noise.
-  call - binding: the older measure, the call minus the raw-address binding _tileattn.forward
-      on arguments prepared once (what any caller must at least pay), measured separately.
+  call:   the public function (tileattn.flash_attention / tileattn.attention_with_kvcache),
+          timed from Python around the call (minus the cost of reading the clock);
+  direct: the raw-address binding with every argument prepared once, i.e. what a C++ caller
+          pays: only the library call, timed inside the binding.
 
-Each number is the median of 5 runs of ~0.5 s.
+The binding also times the library call inside the public call (_tileattn.time_kernel), so
+two differences are formed per pair and their medians reported:
 
-    .venv/bin/python python/benchmarks/call_overhead.py
+  outside = call - kernel time in that same call: the time the calling thread spends outside
+            the library call (Python, argument reading, allocation, and everything those run
+            slower because the kernel just evicted them from the caches);
+  vs C++  = call - direct: the same against a separate C++ call of the same problem; it also
+            counts any slowdown of the kernel itself caused by the Python work around it.
+
+Medians over many pairs ignore the preemptions and cache storms other processes cause; a run
+is repeated `--rounds` times and the median [min-max] over the rounds' medians is printed.
+
+    .venv/bin/python python/benchmarks/call_overhead.py [--rounds 5] [--pairs 200] [--only decode]
 """
+import argparse
 import time
 
 import numpy as np
 import torch
 
 import tileattn
-from tileattn import _arrays, _kernel
+from tileattn import _arrays
 from tileattn import _tileattn as _C
-from tileattn._problem import to_kernel_order
+
+_clock = time.thread_time_ns
 
 
-def per_call_us(fn, seconds=0.5):
-    """(thread CPU us per call, of which us in attention_forward)."""
-    for _ in range(20):
-        fn()
+def clock_cost_ns(n=2000):
+    """What reading the clock twice adds to a measured interval."""
+    return float(np.median([-_clock() + _clock() for _ in range(n)]))
+
+
+def pairs(call, direct, n, clock_ns):
+    """Per pair: (call ns, kernel ns inside the call, direct ns)."""
+    for _ in range(10):
+        call()
+        direct()
+    out = np.empty((n, 3))
     _C.time_kernel(True)
-    n, start = 0, time.thread_time()
-    while time.thread_time() - start < seconds:
-        for _ in range(50):
-            fn()
-        n += 50
-    total = time.thread_time() - start
-    kernel = _C.time_kernel(False)
-    return total / n * 1e6, kernel / n * 1e6
+    for i in range(n):
+        if i % 2:
+            direct()
+            out[i, 2] = _C.time_kernel(True) * 1e9
+        t0 = _clock()
+        call()
+        t1 = _clock()
+        out[i, 0] = t1 - t0 - clock_ns
+        out[i, 1] = _C.time_kernel(True) * 1e9
+        if not i % 2:
+            direct()
+            out[i, 2] = _C.time_kernel(True) * 1e9
+    _C.time_kernel(False)
+    return out
 
 
-def medians(fn, repeats=5):
-    runs = [per_call_us(fn) for _ in range(repeats)]
-    return (float(np.median([t for t, _ in runs])), float(np.median([k for _, k in runs])),
-            float(np.median([t - k for t, k in runs])))
+def strides(x):
+    return _arrays.element_strides("x", x)
 
 
-def raw_call(q, k, v, o, lse):
-    """The raw-address binding alone, arguments prepared once."""
-    addr, es = _arrays.address, _arrays.element_strides
+def forward_direct(q, k, v, o, lse):
+    """_C.forward (attention_forward on raw addresses) with arguments prepared once."""
+    addr = _arrays.address
     b, h, nq, d = q.shape
-    args = (_kernel.dtype_code(q), (b, h, k.shape[1], nq, k.shape[2], d),
-            addr(q), to_kernel_order(es("q", q), 0), addr(k), to_kernel_order(es("k", k), 0),
-            addr(v), to_kernel_order(es("v", v), 0), addr(o), to_kernel_order(es("o", o), 0),
-            addr(lse), es("lse", lse), 0, 0, (0, 0, 0, 1), True, -1, -1, d ** -0.5, 0.0, 0, 1)
-    return lambda: _C.forward(*args)
+    args = (_arrays.F32, (b, h, k.shape[1], nq, k.shape[2], d), addr(q), strides(q), addr(k),
+            strides(k), addr(v), strides(v), addr(o), strides(o), addr(lse), strides(lse),
+            0, 0, (0, 0, 0, 1), True, -1, -1, d ** -0.5, 0.0, 0, 1)
+    keep = (q, k, v, o, lse)  # the addresses are only valid while these live
+    return lambda: _C.forward(*args) if keep else None
 
 
-def main():
-    tileattn.set_num_threads(1)
-    torch.set_num_threads(1)
-    print(f"{'case':44s} {'call us':>9s} {'kernel us':>10s} {'overhead us':>12s} "
-          f"{'binding us':>11s} {'call-binding':>13s}")
-    for label, (h, hk, nk) in (("decode B=1 H=32/8 Nq=1 Nk=1024 D=128", (32, 8, 1024)),
-                               ("tiny B=1 H=1 Nq=1 Nk=1 D=128", (1, 1, 1))):
-        g = torch.Generator().manual_seed(0)
+def kvcache_direct(q, k_cache, v_cache, k, v, seqlen, o, lse):
+    """_C.attention_with_kvcache on raw addresses with arguments prepared once; the cache
+    lengths (which the kernel advances) are reset outside the timed library call."""
+    addr = _arrays.address
+    b, h, nq, d = q.shape
+    seqlens = np.full(b, seqlen, np.int32)
+    args = (_arrays.F32, (b, h, k_cache.shape[1], d, nq, k.shape[2]), addr(q), strides(q),
+            addr(o), strides(o), addr(lse), strides(lse), addr(k_cache), strides(k_cache),
+            addr(v_cache), strides(v_cache), (k_cache.shape[2], 0, 0, 0), addr(seqlens), 0,
+            addr(k), strides(k), addr(v), strides(v), 0, 0, (0, 0), False, d ** -0.5, True, -1, -1, 1)
+
+    keep = (q, k_cache, v_cache, k, v, o, lse)  # the addresses are only valid while these live
+
+    def run():
+        seqlens[:] = seqlen
+        _C.attention_with_kvcache(*args)
+        return keep
+    return run
+
+
+def cases(only):
+    """(label, call, direct) for every case."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for name, (h, hk, nk) in (("decode H=32/8 Nk=1024", (32, 8, 1024)), ("tiny H=1 Nk=1", (1, 1, 1))):
+        if only and only not in name:
+            continue
         q = torch.randn(1, h, 1, 128, generator=g)
         k = torch.randn(1, hk, nk, 128, generator=g)
         v = torch.randn(1, hk, nk, 128, generator=g)
         o, lse = torch.empty_like(q), torch.empty(1, h, 1)
-        raw, _, _ = medians(raw_call(q, k, v, o, lse))
+        direct = forward_direct(q, k, v, o, lse)
         for fw, (qq, kk, vv) in (("torch", (q, k, v)), ("numpy", (q.numpy(), k.numpy(), v.numpy()))):
-            call, kernel, overhead = medians(lambda: tileattn.flash_attention(qq, kk, vv, is_causal=True))
-            print(f"{label + ' ' + fw:44s} {call:9.1f} {kernel:10.1f} {overhead:12.1f} "
-                  f"{raw:11.1f} {call - raw:13.1f}")
-        sdpa, _, _ = medians(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-        print(f"{label + ' torch SDPA':44s} {sdpa:9.1f}")
+            out.append((f"flash_attention {name} {fw}",
+                        lambda qq=qq, kk=kk, vv=vv: tileattn.flash_attention(qq, kk, vv, is_causal=True),
+                        direct))
+        if nk > 1:
+            # A decode step of a model: append one token at position nk - 1 of a cache of
+            # capacity 2 * nk, attend to the nk tokens.
+            k_cache = torch.randn(1, hk, 2 * nk, 128, generator=g)
+            v_cache = torch.randn(1, hk, 2 * nk, 128, generator=g)
+            k1, v1 = k[:, :, :1].clone(), v[:, :, :1].clone()
+            seqlen = nk - 1
+            direct = kvcache_direct(q, k_cache, v_cache, k1, v1, seqlen, o, lse)
+            for fw, arrays in (("torch", (q, k_cache, v_cache, k1, v1)),
+                               ("numpy", tuple(x.numpy() for x in (q, k_cache, v_cache, k1, v1)))):
+                out.append((f"attention_with_kvcache {name} {fw}",
+                            lambda a=arrays: tileattn.attention_with_kvcache(
+                                a[0], a[1], a[2], a[3], a[4], cache_seqlens=seqlen),
+                            direct))
+        if not only or "sdpa" in only:
+            out.append((f"torch SDPA {name} (whole call)",
+                        lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, enable_gqa=True),
+                        lambda: None))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=200, help="pairs per round (x10 for tiny cases)")
+    parser.add_argument("--only", default="", help="run the cases whose label contains this")
+    args = parser.parse_args()
+    tileattn.set_num_threads(1)
+    torch.set_num_threads(1)
+    clock_ns = clock_cost_ns()
+    print(f"clock read: {clock_ns:.0f} ns per pair of reads (subtracted); "
+          f"median [min-max] over {args.rounds} rounds, us")
+    print(f"{'case':52s} {'call':>18s} {'kernel':>18s} {'outside':>16s} {'vs C++':>16s}")
+
+    def fmt(values):
+        return f"{np.median(values):6.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+    for label, call, direct in cases(args.only):
+        n = args.pairs * (10 if "tiny" in label else 1)
+        rounds = [pairs(call, direct, n, clock_ns) / 1e3 for _ in range(args.rounds)]
+        med = lambda f: [float(np.median(f(r))) for r in rounds]  # noqa: E731
+        call_us = med(lambda r: r[:, 0])
+        if "SDPA" in label:
+            print(f"{label:52s} {fmt(call_us):>18s}")
+            continue
+        print(f"{label:52s} {fmt(call_us):>18s} {fmt(med(lambda r: r[:, 1])):>18s} "
+              f"{fmt(med(lambda r: r[:, 0] - r[:, 1])):>16s} {fmt(med(lambda r: r[:, 0] - r[:, 2])):>16s}")
 
 
 if __name__ == "__main__":

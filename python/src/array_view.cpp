@@ -31,6 +31,8 @@ struct TorchObjects {
   PyObject* float16 = nullptr;
   PyObject* bfloat16 = nullptr;
   PyObject* boolean = nullptr;
+  PyObject* int32 = nullptr;
+  PyObject* int64 = nullptr;
 };
 
 const TorchObjects* torch_objects() {
@@ -46,6 +48,8 @@ const TorchObjects* torch_objects() {
   objects.float16 = keep(t.attr("float16"));
   objects.bfloat16 = keep(t.attr("bfloat16"));
   objects.boolean = keep(t.attr("bool"));
+  objects.int32 = keep(t.attr("int32"));
+  objects.int64 = keep(t.attr("int64"));
   objects.tensor = reinterpret_cast<PyTypeObject*>(keep(t.attr("Tensor")));
   Py_DECREF(torch);
   return &objects;
@@ -94,6 +98,22 @@ ElementType buffer_element_type(const char* format, Py_ssize_t itemsize) {
       return ElementType::other_float;
     case '?':
       return itemsize == 1 ? ElementType::boolean : ElementType::other;
+    case 'i':
+    case 'l':
+    case 'q':
+      if (native && itemsize == 4) return ElementType::i32;
+      if (native && itemsize == 8) return ElementType::i64;
+      return ElementType::other_int;
+    case 'b':
+    case 'h':
+    case 'n':
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+    case 'N':
+      return ElementType::other_int;
     default:
       return ElementType::other;
   }
@@ -181,7 +201,9 @@ ElementType dlpack_element_type(const nb::dlpack::dtype& t) {
     case Code::Bool:
       return t.bits == 8 ? ElementType::boolean : ElementType::other;
     case Code::Int:
+      return t.bits == 32 ? ElementType::i32 : t.bits == 64 ? ElementType::i64 : ElementType::other_int;
     case Code::UInt:
+      return ElementType::other_int;
     case Code::Complex:
     case Code::Bcomplex:
       return ElementType::other;
@@ -232,7 +254,11 @@ ElementType torch_element_type(const TorchObjects& torch, nb::handle dtype) {
   if (d == torch.float16) return ElementType::f16;
   if (d == torch.bfloat16) return ElementType::bf16;
   if (d == torch.boolean) return ElementType::boolean;
-  return nb::cast<bool>(dtype.attr("is_floating_point")) ? ElementType::other_float : ElementType::other;
+  if (d == torch.int32) return ElementType::i32;
+  if (d == torch.int64) return ElementType::i64;
+  if (nb::cast<bool>(dtype.attr("is_floating_point"))) return ElementType::other_float;
+  if (nb::cast<bool>(dtype.attr("is_complex"))) return ElementType::other;
+  return ElementType::other_int;  // int8, uint8, int16, uint16, uint32, uint64
 }
 
 ArrayView read_torch_attributes(const char* name, nb::handle obj, Access access) {
@@ -260,6 +286,12 @@ ArrayView read_torch_attributes(const char* name, nb::handle obj, Access access)
 }  // namespace
 
 const char* framework_name(Framework f) { return f == Framework::numpy ? "numpy" : "torch"; }
+
+bool is_array(nb::handle obj) {
+  if (PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type())) return true;
+  const TorchObjects* torch = torch_objects();
+  return torch != nullptr && PyObject_TypeCheck(obj.ptr(), torch->tensor);
+}
 
 Framework framework_of(const char* name, nb::handle obj) {
   if (PyObject_TypeCheck(obj.ptr(), numpy_ndarray_type())) return Framework::numpy;

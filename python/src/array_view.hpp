@@ -24,8 +24,10 @@ namespace nb = nanobind;
 enum class Framework { numpy, torch };
 
 // What the kernels can read; other_float is a float type they cannot read
-// (an additive mask of that type is converted to float32 first).
-enum class ElementType { f32, f16, bf16, boolean, other_float, other };
+// (an additive mask of that type is converted to float32 first); i32 and i64
+// are native-endian signed integers (cache lengths, block tables), other_int
+// any other integer type.
+enum class ElementType { f32, f16, bf16, boolean, i32, i64, other_int, other_float, other };
 
 // What a caller needs of an array: its metadata only (shape, type, device;
 // enough to validate a call, works on torch's fake tensors), its data for
@@ -42,6 +44,9 @@ struct ArrayView {
   std::array<int64_t, kMaxRank> shape{};
   std::array<int64_t, kMaxRank> stride{};  // in elements; unset with Access::metadata
 };
+
+// Whether `obj` is a NumPy array or a torch tensor.
+bool is_array(nb::handle obj);
 
 // Framework of `obj`; TypeError naming `name` when it is neither.
 Framework framework_of(const char* name, nb::handle obj);

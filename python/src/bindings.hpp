@@ -30,6 +30,7 @@ void bind_forward(nb::module_& m);
 void bind_forward_arrays(nb::module_& m);
 void bind_merge(nb::module_& m);
 void bind_kvcache(nb::module_& m);
+void bind_kvcache_arrays(nb::module_& m);
 void bind_backward(nb::module_& m);
 void bind_buffer(nb::module_& m);
 void bind_machine(nb::module_& m);

@@ -14,8 +14,10 @@
 #include <nanobind/stl/optional.h>
 
 #include "array_view.hpp"
+#include "dtype_checks.hpp"
 #include "bindings.hpp"
 #include "kernel_timer.hpp"
+#include "new_arrays.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn::python {
@@ -24,9 +26,6 @@ namespace {
 
 using namespace nb::literals;
 
-[[noreturn]] void fail_value(const std::string& message) { throw nb::value_error(message.c_str()); }
-[[noreturn]] void fail_type(const std::string& message) { throw nb::type_error(message.c_str()); }
-
 // layout 0: [B, H, N, D] ("bhsd"); 1: [B, N, H, D] ("bshd").
 const char* layout_name(int layout) { return layout == 1 ? "'bshd'" : "'bhsd'"; }
 
@@ -34,22 +33,6 @@ const char* layout_name(int layout) { return layout == 1 ? "'bshd'" : "'bhsd'"; 
 std::array<int64_t, 4> kernel_order(const std::array<int64_t, kMaxRank>& x, int layout) {
   if (layout == 1) return {x[0], x[2], x[1], x[3]};
   return {x[0], x[1], x[2], x[3]};
-}
-
-DType kernel_dtype(ElementType t) {
-  return t == ElementType::f16 ? DType::f16 : t == ElementType::bf16 ? DType::bf16 : DType::f32;
-}
-
-bool is_attention_dtype(const ArrayView& a) {
-  return a.type == ElementType::f32 || a.type == ElementType::f16 || a.type == ElementType::bf16;
-}
-
-void check_dtype(const char* name, nb::handle obj, const ArrayView& a) {
-  if (is_attention_dtype(a)) return;
-  const char* expected = a.framework == Framework::torch
-                             ? "(expected torch.float32, torch.float16 or torch.bfloat16)"
-                             : "(expected native-endian float32 or float16; bfloat16 needs torch)";
-  fail_type(std::string(name) + ": dtype " + dtype_text(obj) + " is not supported " + expected);
 }
 
 ArrayView read_qkv(const char* name, nb::handle obj, Access access, int layout) {
@@ -114,15 +97,9 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   const ArrayView qa = read_qkv("q", q, access, layout);
   const ArrayView ka = read_qkv("k", k, access, layout);
   const ArrayView va = read_qkv("v", v, access, layout);
-  check_dtype("q", q, qa);
-  auto check_dtype_like_q = [&](const char* name, nb::handle x, const ArrayView& a) {
-    check_dtype(name, x, a);
-    if (a.type != qa.type) {
-      fail_type(std::string(name) + ": dtype " + dtype_text(x) + " differs from q's " + dtype_text(q));
-    }
-  };
-  check_dtype_like_q("k", k, ka);
-  check_dtype_like_q("v", v, va);
+  const DType dtype = attention_dtype("q", q, qa);
+  check_dtype_like_q("k", k, ka, q, qa);
+  check_dtype_like_q("v", v, va, q, qa);
   const auto qs = kernel_order(qa.shape, layout);  // b, h, nq, d
   const auto ks = kernel_order(ka.shape, layout);  // b, hk, nk, d
   if (va.shape != ka.shape) fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka));
@@ -139,7 +116,7 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   if (qs[3] < 1 || qs[3] > 256) fail_value("q: head_dim must be in 1..256, got " + std::to_string(qs[3]));
 
   ForwardArgs& a = call.args;
-  a.dtype = kernel_dtype(qa.type);
+  a.dtype = dtype;
   a.shape = AttentionShape{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]};
   a.q = InputView{qa.data, kernel_order(qa.stride, layout)};
   a.k = InputView{ka.data, kernel_order(ka.stride, layout)};
@@ -172,53 +149,6 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   call.framework = fw;
   call.q = qa;
   return call;
-}
-
-// Cached allocators (never released, see array_view.cpp).
-nb::handle numpy_empty() {
-  static nb::handle f = nb::object(nb::module_::import_("numpy").attr("empty")).release();
-  return f;
-}
-nb::handle torch_empty() {
-  static nb::handle f = nb::object(nb::module_::import_("torch").attr("empty")).release();
-  return f;
-}
-nb::handle torch_empty_like() {
-  static nb::handle f = nb::object(nb::module_::import_("torch").attr("empty_like")).release();
-  return f;
-}
-nb::handle float32_dtype(Framework fw) {
-  if (fw == Framework::numpy) {
-    static nb::handle f = nb::module_::import_("numpy").attr("dtype")("float32").release();
-    return f;
-  }
-  static nb::handle f = nb::object(nb::module_::import_("torch").attr("float32")).release();
-  return f;
-}
-
-// Row-major without gaps (the strides of size-1 dims do not matter).
-bool is_contiguous(const ArrayView& a) {
-  int64_t expected = 1;
-  for (int i = a.rank - 1; i >= 0; --i) {
-    if (a.shape[i] != 1 && a.stride[i] != expected) return false;
-    expected *= a.shape[i];
-  }
-  return true;
-}
-
-nb::object empty(Framework fw, nb::handle shape, nb::handle dtype) {
-  if (fw == Framework::numpy) return numpy_empty()(shape, dtype);
-  return torch_empty()(shape, "dtype"_a = dtype);
-}
-
-// A new contiguous array of q's shape, dtype and framework. For a contiguous
-// torch q that is torch.empty_like(q), which costs half of torch.empty(shape,
-// dtype=...) (no keyword parsing).
-nb::object empty_like_q(const ForwardCall& call, nb::handle q) {
-  if (call.framework == Framework::torch && is_contiguous(call.q)) return torch_empty_like()(q);
-  const ArrayView& a = call.q;
-  return empty(call.framework, nb::make_tuple(a.shape[0], a.shape[1], a.shape[2], a.shape[3]),
-               q.attr("dtype"));
 }
 
 // Checks an output array: `expected` is its shape, `type` its element type:
@@ -257,10 +187,10 @@ nb::tuple forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle ma
   ForwardArgs& a = call.args;
   const AttentionShape& s = a.shape;
   const int64_t lse_shape[3] = {s.batch, s.heads, s.seqlen_q};
-  const nb::object o_obj = o.is_none() ? empty_like_q(call, q) : nb::borrow(o);
+  const nb::object o_obj = o.is_none() ? new_array_like(q, call.q) : nb::borrow(o);
   nb::object lse_obj = nb::borrow(lse);
   if (lse.is_none() && with_lse) {
-    lse_obj = empty(call.framework, nb::make_tuple(s.batch, s.heads, s.seqlen_q), float32_dtype(call.framework));
+    lse_obj = new_float32(call.framework, {s.batch, s.heads, s.seqlen_q});
   }
   const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, q, call.q.shape.data(), 4);
   a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};

@@ -12,25 +12,24 @@ std::atomic<bool> g_enabled{false};
 // Written by whichever thread runs a kernel; the benchmark runs one thread.
 std::atomic<double> g_seconds{0.0};
 
+}  // namespace
+
+bool kernel_timing_enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
 double thread_seconds() {
   timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
-}  // namespace
+void add_kernel_seconds(double seconds) {
+  double seen = g_seconds.load();
+  while (!g_seconds.compare_exchange_weak(seen, seen + seconds)) {
+  }
+}
 
 void run_forward(const ForwardArgs& args) {
-  if (!g_enabled.load(std::memory_order_relaxed)) {
-    attention_forward(args);
-    return;
-  }
-  const double start = thread_seconds();
-  attention_forward(args);
-  const double spent = thread_seconds() - start;
-  double seen = g_seconds.load();
-  while (!g_seconds.compare_exchange_weak(seen, seen + spent)) {
-  }
+  run_timed([&] { attention_forward(args); });
 }
 
 void bind_kernel_timer(nanobind::module_& m) {
@@ -41,8 +40,9 @@ void bind_kernel_timer(nanobind::module_& m) {
         return g_seconds.exchange(0.0);
       },
       nanobind::arg("enabled"),
-      "benchmark aid: turns on/off timing (thread CPU time) of attention_forward in the forward "
-      "bindings; returns the seconds counted since the last call and resets the count");
+      "benchmark aid: turns on/off timing (thread CPU time) of the library calls "
+      "(attention_forward, attention_with_kvcache) in the bindings; returns the seconds "
+      "counted since the last call and resets the count");
 }
 
 }  // namespace tileattn::python

@@ -1,8 +1,9 @@
-// A benchmark aid (python/benchmarks/call_overhead.py): the forward bindings
-// run attention_forward through run_forward, which, when timing is on, adds
-// the calling thread's CPU time spent in the kernel to a counter. The cost of
-// everything around the kernel can then be told apart from the kernel's in the
-// very same calls. Off by default: reading a thread's CPU clock is a system call.
+// A benchmark aid (python/benchmarks/call_overhead.py): the bindings run the
+// library's entry points (attention_forward, attention_with_kvcache) through
+// run_timed, which, when timing is on, adds the calling thread's CPU time
+// spent in the library call to a counter. The cost of everything around the
+// kernel can then be told apart from the kernel's in the very same calls. Off
+// by default: reading a thread's CPU clock is a system call.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -10,6 +11,23 @@
 #include "tileattn/attention.hpp"
 
 namespace tileattn::python {
+
+// Timing state, see kernel_timer.cpp.
+bool kernel_timing_enabled();
+double thread_seconds();
+void add_kernel_seconds(double seconds);
+
+// call(), timed when timing is on. Call without the GIL.
+template <typename Call>
+void run_timed(Call&& call) {
+  if (!kernel_timing_enabled()) {
+    call();
+    return;
+  }
+  const double start = thread_seconds();
+  call();
+  add_kernel_seconds(thread_seconds() - start);
+}
 
 // attention_forward(args), timed when timing is on. Call without the GIL.
 void run_forward(const ForwardArgs& args);

@@ -6,6 +6,7 @@
 #include <nanobind/stl/array.h>
 
 #include "bindings.hpp"
+#include "kernel_timer.hpp"
 #include "tileattn/kv_cache.hpp"
 
 namespace tileattn::python {
@@ -63,7 +64,7 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
   a.window_right = window_right;
   a.threads = threads;
   nb::gil_scoped_release release;
-  tileattn::attention_with_kvcache(a);
+  run_timed([&] { tileattn::attention_with_kvcache(a); });
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ NB_MODULE(_tileattn, m) {
   tileattn::python::bind_forward_arrays(m);
   tileattn::python::bind_merge(m);
   tileattn::python::bind_kvcache(m);
+  tileattn::python::bind_kvcache_arrays(m);
   tileattn::python::bind_backward(m);
   tileattn::python::bind_buffer(m);
   tileattn::python::bind_machine(m);

@@ -51,6 +51,35 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     Torch tensors go through the custom op ``torch.ops.tileattn.attention_with_kvcache``
     (declared as mutating k_cache and v_cache); it has no autograd.
     """
+    # Python checks the scalar options; one C++ call checks the arrays, converts the small
+    # index and rotary tables where needed, allocates the outputs and runs the kernel.
+    scale = None if softmax_scale is None else parse_scale(softmax_scale, 0)
+    if is_causal is not True and is_causal is not False:
+        if not isinstance(is_causal, np.bool_):
+            raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+        is_causal = bool(is_causal)
+    left, right = (-1, -1) if window is None else parse_window("window", window)
+    interleaved = rotary_interleaved is True or bool(rotary_interleaved)
+    if type(q) is not np.ndarray and _arrays.is_torch(q):
+        from ._torch_ops import attention_with_kvcache as torch_attention_with_kvcache
+        o, lse = torch_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                              rotary_cos, rotary_sin, interleaved, scale, is_causal,
+                                              left, right, return_lse)
+    else:
+        o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
+                                   rotary_sin, interleaved, scale, is_causal, left, right,
+                                   _kernel.get_num_threads(), return_lse)
+    return (o, lse) if return_lse else o
+
+
+def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
+                 softmax_scale):
+    """The arguments of the custom op torch.ops.tileattn.attention_with_kvcache, checked in
+    Python on the tensors' metadata (this path runs under tracing, with fake tensors):
+    (cache_seqlens as a private int32 tensor [B], block_table int32 C-contiguous or None,
+    rotary_cos, rotary_sin float32 contiguous or None, softmax_scale as a float). The same
+    checks and messages as _tileattn.kvcache_arrays, which the direct path calls."""
+    torch = _arrays.torch_module()
     fw = _arrays.framework("q", q)
     arrays = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "block_table": block_table,
               "rotary_cos": rotary_cos, "rotary_sin": rotary_sin}
@@ -102,22 +131,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     if cos is not None and tuple(cos.shape) != tuple(sin.shape):
         raise ValueError(f"rotary_sin: shape {tuple(sin.shape)} must equal rotary_cos's {tuple(cos.shape)}")
     scale = parse_scale(softmax_scale, d)
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    window_left, window_right = parse_window("window", window)
-
-    if fw == "torch":
-        from . import _torch_ops
-        torch = _arrays.torch_module()
-        o, lse = _torch_ops.attention_with_kvcache_op(
-            q, k_cache, v_cache, k, v, torch.from_numpy(seqlens), _as_torch(table), _as_torch(cos),
-            _as_torch(sin), bool(rotary_interleaved), scale, bool(is_causal), window_left, window_right)
-    else:
-        o = np.empty(q.shape, dtype=q.dtype)
-        lse = np.empty((b, h, nq), dtype=np.float32)
-        kvcache_into(q, k_cache, v_cache, k, v, seqlens, table, cos, sin, bool(rotary_interleaved),
-                     scale, bool(is_causal), window_left, window_right, o, lse)
-    return (o, lse) if return_lse else o
+    return (torch.from_numpy(seqlens), _as_torch(table), _as_torch(cos), _as_torch(sin), scale)
 
 
 def _as_torch(x):

@@ -170,3 +170,33 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
       rotary_interleaved, softmax_scale, is_causal, window_left, window_right):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _plain_eager_call(tensors):
+    """_dispatch_is_a_no_op for a call with any number of tensor arguments (None, ints and
+    other non-tensors among them are left to the argument checks)."""
+    plain, grad = torch.Tensor, torch.is_grad_enabled()
+    for t in tensors:
+        if isinstance(t, plain):
+            if type(t) is not plain or (grad and t.requires_grad):
+                return False
+    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None or
+                torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled())
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
+                           rotary_sin, interleaved, scale, causal, window_left, window_right,
+                           return_lse):
+    """attention_with_kvcache for torch tensors, given its checked scalar options (scale None:
+    1/sqrt(D)): one C++ call when the op's dispatch would be a no-op (which also bumps the
+    caches' version counters, as the op does), else the custom op. Returns (o, lse or None)."""
+    if _plain_eager_call((q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin)):
+        return _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
+                                 rotary_sin, interleaved, scale, causal, window_left, window_right,
+                                 _kernel.get_num_threads(), return_lse)
+    from . import _kvcache
+    seqlens, table, cos, sin, scale = _kvcache.op_arguments(
+        q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale)
+    o, lse = attention_with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, table, cos, sin,
+                                       interleaved, scale, causal, window_left, window_right)
+    return o, lse

@@ -1,0 +1,285 @@
+// tileattn._tileattn.kvcache_arrays: attention_with_kvcache's array work in
+// one C++ call -- frameworks, ranks, dtypes, devices, shapes, the cache
+// lengths, block table and rotary tables, output allocation and the kernel
+// call -- because a decode loop makes this call once per token and layer (see
+// docs/python.md, "Call overhead"). The Python layer (tileattn/_kvcache.py)
+// parses the scalar options first; every message names the argument it is
+// about, in the words of the Python API.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/optional.h>
+
+#include "array_view.hpp"
+#include "bindings.hpp"
+#include "dtype_checks.hpp"
+#include "kernel_timer.hpp"
+#include "new_arrays.hpp"
+#include "tileattn/kv_cache.hpp"
+
+namespace tileattn::python {
+
+namespace {
+
+using namespace nb::literals;
+
+ArrayView read_rank4(const char* name, nb::handle obj, const char* what) {
+  ArrayView a = read_array(name, obj, Access::read);
+  if (a.rank != 4) {
+    fail_value(std::string(name) + ": expected a 4-D array " + what + ", got shape " + shape_text(a));
+  }
+  return a;
+}
+
+// Row-major without gaps (the strides of size-1 dims do not matter).
+bool is_dense(const ArrayView& a) {
+  int64_t expected = 1;
+  for (int i = a.rank - 1; i >= 0; --i) {
+    if (a.shape[i] != 1 && a.stride[i] != expected) return false;
+    expected *= a.shape[i];
+  }
+  return true;
+}
+
+nb::handle numpy_ascontiguousarray() {
+  static nb::handle f = nb::object(nb::module_::import_("numpy").attr("ascontiguousarray")).release();
+  return f;
+}
+
+// `obj` (read as `a`) as a dense array of `type` (i32 or f32): itself when it
+// is one, else one converted copy, which `kept` holds for the call.
+ArrayView dense_as(const char* name, nb::handle obj, const ArrayView& a, ElementType type, nb::object& kept) {
+  if (a.type == type && is_dense(a)) return a;
+  const bool is_int = type == ElementType::i32;
+  if (a.framework == Framework::torch) {
+    kept = is_int ? obj.attr("int")().attr("contiguous")() : obj.attr("detach")().attr("float")().attr("contiguous")();
+  } else {
+    kept = numpy_ascontiguousarray()(obj, "dtype"_a = is_int ? "int32" : "float32");
+  }
+  return read_array(name, kept, Access::read);
+}
+
+// An int or a NumPy integer scalar (what the Python API takes as one length for every sequence).
+bool is_integer_scalar(nb::handle x) {
+  return PyLong_Check(x.ptr()) || (!is_array(x) && PyIndex_Check(x.ptr()));
+}
+
+// Private int32 [B] copy of the cache lengths (the kernel advances it; the
+// caller's stays as it was, as in FlashAttention-2).
+std::vector<int32_t> cache_lengths(nb::handle seqlens, int64_t batch, bool paged, bool appending,
+                                   int64_t capacity) {
+  auto in_range = [](int64_t n) {
+    if (n < 0 || n > std::numeric_limits<int32_t>::max()) {
+      fail_value("cache_seqlens: entries must be in 0 .. 2^31 - 1");
+    }
+    return static_cast<int32_t>(n);
+  };
+  if (seqlens.is_none()) {
+    if (paged || appending) fail_value("cache_seqlens: required with block_table or when appending k/v");
+    return std::vector<int32_t>(batch, in_range(capacity));
+  }
+  if (PyBool_Check(seqlens.ptr())) {
+    fail_type("cache_seqlens: expected an int or an integer array, got dtype bool");
+  }
+  if (is_integer_scalar(seqlens)) {
+    const long long n = PyLong_AsLongLong(seqlens.ptr());  // ints and NumPy integers
+    if (n == -1 && PyErr_Occurred()) throw nb::python_error();
+    return std::vector<int32_t>(batch, in_range(n));
+  }
+  ArrayView a = read_array("cache_seqlens", seqlens, Access::read);
+  nb::object converted;
+  if (a.type == ElementType::other_int) {
+    converted = a.framework == Framework::torch ? seqlens.attr("long")() : seqlens.attr("astype")("int64");
+    a = read_array("cache_seqlens", converted, Access::read);
+  }
+  if (a.type != ElementType::i32 && a.type != ElementType::i64) {
+    fail_type("cache_seqlens: expected an int or an integer array, got dtype " + dtype_text(seqlens));
+  }
+  if (a.rank != 1 || a.shape[0] != batch) {
+    fail_value("cache_seqlens: expected shape [B] = (" + std::to_string(batch) + ",), got " + shape_text(a));
+  }
+  std::vector<int32_t> out(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = a.type == ElementType::i32 ? static_cast<const int32_t*>(a.data)[b * a.stride[0]]
+                                                 : static_cast<const int64_t*>(a.data)[b * a.stride[0]];
+    out[b] = in_range(n);
+  }
+  return out;
+}
+
+bool is_float(ElementType t) {
+  return t == ElementType::f32 || t == ElementType::f16 || t == ElementType::bf16 || t == ElementType::other_float;
+}
+
+const char* kind_word(Framework fw) { return fw == Framework::torch ? "tensor" : "array"; }
+
+// torch bumps the version counter of a tensor written in place (so autograd
+// can tell a saved tensor changed); the binding writes the caches itself.
+void increment_versions(nb::handle k_cache, nb::handle v_cache) {
+  static nb::handle increment =
+      nb::object(nb::module_::import_("torch").attr("_C").attr("_increment_version")).release();
+  increment(nb::make_tuple(k_cache, v_cache));
+}
+
+nb::tuple kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k,
+                         nb::handle v, nb::handle cache_seqlens, nb::handle block_table,
+                         nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
+                         std::optional<double> scale, bool causal, int64_t window_left,
+                         int64_t window_right, int threads, bool with_lse) {
+  const Framework fw = framework_of("q", q);
+  const std::pair<const char*, nb::handle> others[] = {
+      {"k_cache", k_cache}, {"v_cache", v_cache}, {"k", k}, {"v", v}, {"block_table", block_table},
+      {"rotary_cos", rotary_cos}, {"rotary_sin", rotary_sin}};
+  for (const auto& [name, x] : others) {
+    if (!x.is_none()) check_framework(name, x, fw);
+  }
+  if (!cache_seqlens.is_none() && !PyLong_Check(cache_seqlens.ptr()) && !is_integer_scalar(cache_seqlens)) {
+    check_framework("cache_seqlens", cache_seqlens, fw);
+  }
+  if (k.is_none() != v.is_none()) fail_value("k, v: give both new keys and new values, or neither");
+  if (rotary_cos.is_none() != rotary_sin.is_none()) {
+    fail_value("rotary_cos, rotary_sin: give both tables or neither");
+  }
+  const bool paged = !block_table.is_none();
+  const bool appending = !k.is_none();
+  const char* cache_what = paged ? "[num_pages, Hkv, page_size, D]" : "[B, Hkv, capacity, D]";
+
+  const ArrayView qa = read_rank4("q", q, "[B, H, Nq, D]");
+  KvCacheArgs a;
+  a.dtype = attention_dtype("q", q, qa);
+  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what);
+  check_dtype_like_q("k_cache", k_cache, kc, q, qa);
+  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what);
+  check_dtype_like_q("v_cache", v_cache, vc, q, qa);
+  ArrayView ka, va;
+  if (appending) {
+    ka = read_rank4("k", k, "[B, Hkv, Nnew, D]");
+    check_dtype_like_q("k", k, ka, q, qa);
+    va = read_rank4("v", v, "[B, Hkv, Nnew, D]");
+    check_dtype_like_q("v", v, va, q, qa);
+  }
+  if (vc.shape != kc.shape) {
+    fail_value("v_cache: shape " + shape_text(vc) + " must equal k_cache's " + shape_text(kc));
+  }
+  const int64_t b = qa.shape[0], h = qa.shape[1], d = qa.shape[3], hk = kc.shape[1];
+  if (kc.shape[3] != d) {
+    fail_value("k_cache: head_dim " + std::to_string(kc.shape[3]) + " differs from q's " + std::to_string(d));
+  }
+  if (hk < 1 || h % hk != 0) {
+    fail_value("k_cache: " + std::to_string(hk) + " heads must divide q's " + std::to_string(h) +
+               " heads (GQA/MQA)");
+  }
+  if (!paged && kc.shape[0] != b) {
+    fail_value("k_cache: batch " + std::to_string(kc.shape[0]) + " differs from q's " + std::to_string(b));
+  }
+  if (appending) {
+    if (va.shape != ka.shape) fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka));
+    if (ka.shape[0] != b || ka.shape[1] != hk || ka.shape[3] != d) {
+      fail_value("k: expected [B, Hkv, Nnew, D] = [" + std::to_string(b) + ", " + std::to_string(hk) +
+                 ", Nnew, " + std::to_string(d) + "], got " + shape_text(ka));
+    }
+  }
+
+  std::vector<int32_t> seqlens = cache_lengths(cache_seqlens, b, paged, appending, kc.shape[2]);
+  nb::object table_kept, cos_kept, sin_kept;
+  if (paged) {
+    const ArrayView t0 = read_array("block_table", block_table, Access::read);
+    if (t0.type != ElementType::i32 && t0.type != ElementType::i64 && t0.type != ElementType::other_int) {
+      fail_type(std::string("block_table: expected an integer ") + kind_word(fw) + ", got dtype " +
+                dtype_text(block_table));
+    }
+    const ArrayView t = dense_as("block_table", block_table, t0, ElementType::i32, table_kept);
+    if (t.rank != 2 || t.shape[0] != b) {
+      fail_value("block_table: expected shape [B, max_pages] with B = " + std::to_string(b) + ", got " +
+                 shape_text(t));
+    }
+    a.block_table = static_cast<const int32_t*>(t.data);
+    a.block_table_stride = t.shape[1];
+    a.page_size = kc.shape[2];
+    a.num_pages = kc.shape[0];
+  } else {
+    a.capacity = kc.shape[2];
+  }
+  if (!rotary_cos.is_none()) {
+    ArrayView tables[2];
+    nb::object* kept[2] = {&cos_kept, &sin_kept};
+    const std::pair<const char*, nb::handle> named[2] = {{"rotary_cos", rotary_cos}, {"rotary_sin", rotary_sin}};
+    for (int i = 0; i < 2; ++i) {
+      const auto [name, x] = named[i];
+      const ArrayView m = read_array(name, x, Access::read);
+      if (!is_float(m.type)) {
+        fail_type(std::string(name) + ": expected a float " + kind_word(fw) + ", got dtype " + dtype_text(x));
+      }
+      tables[i] = dense_as(name, x, m, ElementType::f32, *kept[i]);
+      if (tables[i].rank != 2) {
+        fail_value(std::string(name) + ": expected [positions, rotary_dim / 2], got shape " +
+                   shape_text(tables[i]));
+      }
+    }
+    if (tables[1].shape[0] != tables[0].shape[0] || tables[1].shape[1] != tables[0].shape[1]) {
+      fail_value("rotary_sin: shape " + shape_text(tables[1]) + " must equal rotary_cos's " +
+                 shape_text(tables[0]));
+    }
+    a.rotary_cos = static_cast<const float*>(tables[0].data);
+    a.rotary_sin = static_cast<const float*>(tables[1].data);
+    a.rotary_dim = 2 * tables[0].shape[1];
+    a.rotary_positions = tables[0].shape[0];
+    a.rotary_interleaved = rotary_interleaved;
+  }
+
+  a.batch = b;
+  a.heads = h;
+  a.kv_heads = hk;
+  a.head_dim = d;
+  a.seqlen_q = qa.shape[2];
+  a.q = InputView{qa.data, {qa.stride[0], qa.stride[1], qa.stride[2], qa.stride[3]}};
+  a.k_cache = OutputView{kc.data, {kc.stride[0], kc.stride[1], kc.stride[2], kc.stride[3]}};
+  a.v_cache = OutputView{vc.data, {vc.stride[0], vc.stride[1], vc.stride[2], vc.stride[3]}};
+  a.cache_seqlens = seqlens.data();
+  if (appending) {
+    a.seqlen_new = ka.shape[2];
+    a.k_new = InputView{ka.data, {ka.stride[0], ka.stride[1], ka.stride[2], ka.stride[3]}};
+    a.v_new = InputView{va.data, {va.stride[0], va.stride[1], va.stride[2], va.stride[3]}};
+  }
+  // The same value as flash_attention's default (and the custom op's float).
+  a.scale = static_cast<float>(scale ? *scale : d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0);
+  a.causal = causal;
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.threads = threads;
+
+  const nb::object o = new_array_like(q, qa);
+  const ArrayView ov = read_array("o", o, Access::write);
+  a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
+  nb::object lse = nb::none();
+  if (with_lse) {
+    lse = new_float32(fw, {b, h, qa.shape[2]});
+    const ArrayView lv = read_array("lse", lse, Access::write);
+    a.lse = static_cast<float*>(lv.data);
+    a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
+  }
+  {
+    // Every array stays referenced by the caller, the converted copies and
+    // outputs by this frame.
+    nb::gil_scoped_release release;
+    run_timed([&] { tileattn::attention_with_kvcache(a); });
+  }
+  if (fw == Framework::torch) increment_versions(k_cache, v_cache);
+  return nb::make_tuple(o, lse);
+}
+
+}  // namespace
+
+void bind_kvcache_arrays(nb::module_& m) {
+  m.def("kvcache_arrays", &kvcache_arrays, "q"_a, "k_cache"_a, "v_cache"_a, "k"_a.none(), "v"_a.none(),
+        "cache_seqlens"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(), "rotary_sin"_a.none(),
+        "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
+        "threads"_a, "with_lse"_a,
+        "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None)");
+}
+
+}  // namespace tileattn::python

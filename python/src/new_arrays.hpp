@@ -1,0 +1,20 @@
+// The outputs the one-call bindings (forward_arrays, kvcache_arrays) allocate:
+// new contiguous NumPy arrays or torch tensors, made through the framework's
+// own allocator so that the caller gets an ordinary array it owns.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "array_view.hpp"
+
+namespace tileattn::python {
+
+// A new contiguous array with the shape and dtype of `like` (read as `view`),
+// in its framework.
+nb::object new_array_like(nb::handle like, const ArrayView& view);
+
+// A new float32 array of `shape` in framework `fw`.
+nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape);
+
+}  // namespace tileattn::python
