@@ -197,11 +197,24 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   int status = 0;
+  Options options;
   try {
     // Every rank parses the same command line, so all fail (or not) alike.
-    status = run(parse(argc, argv), rank, ranks);
+    options = parse(argc, argv);
   } catch (const tileattn::Error& e) {
     if (rank == 0) std::fprintf(stderr, "tileattn-ring: error: %s\n%s", e.what(), kUsage);
+    status = 2;
+  }
+  if (status == 0) try {
+    status = run(options, rank, ranks);
+  } catch (const tileattn::Error& e) {
+    // From the collective argument checks: the rank whose own slice failed
+    // says why; of the others, rank 0 says that some rank failed.
+    const std::string message = e.what();
+    if (message.find("on another rank") == std::string::npos)
+      std::fprintf(stderr, "tileattn-ring: error: rank %d: %s\n", rank, message.c_str());
+    else if (rank == 0)
+      std::fprintf(stderr, "tileattn-ring: error: %s\n", message.c_str());
     status = 2;
   } catch (const tileattn::NotSupported& e) {
     if (rank == 0) std::fprintf(stderr, "tileattn-ring: not supported: %s\n", e.what());

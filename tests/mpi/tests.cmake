@@ -51,7 +51,7 @@ tileattn_ring_backward_test(np3_backward_full_mqa 3 --seq 400 --heads 4 --kv-hea
 tileattn_ring_backward_test(np2_backward_causal_fp16 2 --seq 300 --heads 2 --kv-heads 1 --dim 128 --causal --dtype fp16)
 tileattn_ring_backward_test(np3_backward_causal_bf16 3 --seq 300 --heads 2 --kv-heads 1 --dim 96 --causal --dtype bf16)
 tileattn_ring_backward_test(np3_backward_window_contiguous 3 --seq 500 --heads 2 --dim 96 --window 64,0 --layout contiguous)
-tileattn_ring_backward_test(np3_backward_fewer_rows_than_chunks 3 --seq 4 --heads 2 --dim 32 --causal)
+tileattn_ring_backward_test(np3_backward_rank_without_rows 3 --seq 2 --heads 2 --dim 32 --causal)
 
 # Bad input: one line on stderr naming the argument, exit status 2 from every rank.
 add_test(NAME mpi_ring_bad_argument
