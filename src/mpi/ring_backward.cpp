@@ -89,6 +89,7 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
   std::vector<float> own(size_t(2 * slice_elements(own_rows))), share(gradient_elements),
       incoming(gradient_elements), outgoing(gradient_elements);
 
+  const double widen_start = MPI_Wtime();
   detail::RingGradients gradients(detail::block_problem(a), a.q, args.o, args.d_o, args.lse, args.lse_stride,
                                   plan->segments(rank));
 
@@ -100,6 +101,7 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
 
   RingStats stats;
   stats.steps = ranks;
+  stats.compute_s = MPI_Wtime() - widen_start;  // the fp32 copies of Q, O, dO
   const int left = (rank - 1 + ranks) % ranks, right = (rank + 1) % ranks;
   // [0] K/V receive, [1] K/V send, [2] accumulator receive, [3] accumulator send.
   MPI_Request requests[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
