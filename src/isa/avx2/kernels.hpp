@@ -45,7 +45,7 @@ static inline __m256 exp2_ps(__m256 x) {
 // Register tile: MR rows x 16 columns (two ymm per row), 12 accumulators at
 // MR = 6, leaving registers for the two B vectors and the A broadcast.
 template <int MR>
-static inline void gemm_block(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+__attribute__((always_inline)) static inline void gemm_block(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                               float* c, int64_t ldc, bool accumulate) {
   __m256 c0[MR], c1[MR];
   for (int r = 0; r < MR; ++r) {
@@ -76,23 +76,27 @@ static inline void gemm_block(int64_t k, const float* a, int64_t lda, const floa
 struct Kernels {
   static constexpr int kRows = 6;
 
-  // C(m, n) (+)= A(m, k) B(k, n); n, ldb, ldc multiples of 16; b, c 32-byte aligned.
+  // C(m, n) (+)= A(m, k) B(k, n); n, ldc multiples of 16; b, c 32-byte aligned.
+  // B(p, j) is at b + (j / 16) * b_panel + p * ldb + j % 16: row-major B is
+  // ldb = n, b_panel = 16; panel-major B (each (k, 16) panel contiguous) is
+  // ldb = 16, b_panel = 16 * k.
   static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16) {
     // Column panels outside, rows inside: the (k, 16) panel of B stays in L1
     // while every row block of A streams past it.
     for (int64_t j = 0; j < n; j += 16) {
+      const float* bj = b + j / 16 * b_panel;
       int64_t i = 0;
       for (; i + kRows <= m; i += kRows)
-        gemm_block<kRows>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+        gemm_block<kRows>(k, a + i * lda, lda, bj, ldb, c + i * ldc + j, ldc, accumulate);
       const float* ai = a + i * lda;
       float* ci = c + i * ldc + j;
       switch (m - i) {
-        case 5: gemm_block<5>(k, ai, lda, b + j, ldb, ci, ldc, accumulate); break;
-        case 4: gemm_block<4>(k, ai, lda, b + j, ldb, ci, ldc, accumulate); break;
-        case 3: gemm_block<3>(k, ai, lda, b + j, ldb, ci, ldc, accumulate); break;
-        case 2: gemm_block<2>(k, ai, lda, b + j, ldb, ci, ldc, accumulate); break;
-        case 1: gemm_block<1>(k, ai, lda, b + j, ldb, ci, ldc, accumulate); break;
+        case 5: gemm_block<5>(k, ai, lda, bj, ldb, ci, ldc, accumulate); break;
+        case 4: gemm_block<4>(k, ai, lda, bj, ldb, ci, ldc, accumulate); break;
+        case 3: gemm_block<3>(k, ai, lda, bj, ldb, ci, ldc, accumulate); break;
+        case 2: gemm_block<2>(k, ai, lda, bj, ldb, ci, ldc, accumulate); break;
+        case 1: gemm_block<1>(k, ai, lda, bj, ldb, ci, ldc, accumulate); break;
         default: break;
       }
     }
@@ -176,31 +180,38 @@ struct Kernels {
   // The contiguous body of load_row for one dtype: the switch stays out of the
   // loop, and an exact scale of 1 (V tiles) costs no multiply.
   template <DType kType>
-  static inline int64_t load_contiguous(const void* src, int64_t n, float scale, float* dst) {
+  static inline int64_t load_contiguous(const void* src, int64_t n, float scale, float* dst,
+                                        int64_t panel) {
     const char* bytes = static_cast<const char*>(src);
     constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
     int64_t j = 0;
     if (scale == 1.0f) {
-      for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, load8<kType>(bytes + j * kSize));
+      for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(dst + j / 16 * panel + j % 16, load8<kType>(bytes + j * kSize));
     } else {
       const __m256 s = _mm256_set1_ps(scale);
-      for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_mul_ps(s, load8<kType>(bytes + j * kSize)));
+      for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(dst + j / 16 * panel + j % 16, _mm256_mul_ps(s, load8<kType>(bytes + j * kSize)));
     }
     return j;
   }
 
+  // dst = scale * src[0, n) as fp32, zero-padded to a multiple of 16; element
+  // j goes to dst + (j / 16) * panel + j % 16 (panel = 16: one contiguous row;
+  // larger: the row's 16-wide pieces land in consecutive panels of a
+  // panel-major tile).
   static void load_row(const void* src, DType dtype, int64_t n, int64_t stride, float scale,
-                       float* dst) {
+                       float* dst, int64_t panel = 16) {
     int64_t j = 0;
     if (stride == 1) {
       switch (dtype) {
-        case DType::f32: j = load_contiguous<DType::f32>(src, n, scale, dst); break;
-        case DType::f16: j = load_contiguous<DType::f16>(src, n, scale, dst); break;
-        case DType::bf16: j = load_contiguous<DType::bf16>(src, n, scale, dst); break;
+        case DType::f32: j = load_contiguous<DType::f32>(src, n, scale, dst, panel); break;
+        case DType::f16: j = load_contiguous<DType::f16>(src, n, scale, dst, panel); break;
+        case DType::bf16: j = load_contiguous<DType::bf16>(src, n, scale, dst, panel); break;
       }
     }
-    for (; j < n; ++j) dst[j] = scale * load_element(src, int(dtype), j * stride);
-    for (; j % 16 != 0; ++j) dst[j] = 0.0f;
+    for (; j < n; ++j) dst[j / 16 * panel + j % 16] = scale * load_element(src, int(dtype), j * stride);
+    for (; j % 16 != 0; ++j) dst[j / 16 * panel + j % 16] = 0.0f;
   }
 
   static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
@@ -230,15 +241,18 @@ struct Kernels {
     }
   }
 
-  // dst[c * ld + r] = rows[r][c * stride]: K^T, 8x8 blocks transposed in registers.
+  // K^T: rows[r][c * stride] goes to dst + (r / 16) * panel + c * ld + r % 16
+  // (row-major K^T: ld = padded rows, panel = 16; panel-major: ld = 16,
+  // panel = 16 * d); 8x8 blocks transposed in registers; rows zero-padded to
+  // a multiple of 16.
   static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
-                              int64_t stride, float* dst, int64_t ld) {
+                              int64_t stride, float* dst, int64_t ld, int64_t panel = 16) {
     int64_t r0 = 0;
     if (stride == 1) {
       switch (dtype) {
-        case DType::f32: r0 = transpose_blocks<DType::f32>(rows, n_rows, d, dst, ld); break;
-        case DType::f16: r0 = transpose_blocks<DType::f16>(rows, n_rows, d, dst, ld); break;
-        case DType::bf16: r0 = transpose_blocks<DType::bf16>(rows, n_rows, d, dst, ld); break;
+        case DType::f32: r0 = transpose_blocks<DType::f32>(rows, n_rows, d, dst, ld, panel); break;
+        case DType::f16: r0 = transpose_blocks<DType::f16>(rows, n_rows, d, dst, ld, panel); break;
+        case DType::bf16: r0 = transpose_blocks<DType::bf16>(rows, n_rows, d, dst, ld, panel); break;
       }
     }
     // Rows left over from the 8-row blocks (all rows when strided), and the
@@ -247,27 +261,29 @@ struct Kernels {
     if (r0 == n_pad) return;
     for (int64_t c = 0; c < d; ++c) {
       float* out = dst + c * ld;
-      for (int64_t r = r0; r < n_rows; ++r) out[r] = load_element(rows[r], int(dtype), c * stride);
-      for (int64_t r = n_rows; r < n_pad; ++r) out[r] = 0.0f;
+      for (int64_t r = r0; r < n_rows; ++r)
+        out[r / 16 * panel + r % 16] = load_element(rows[r], int(dtype), c * stride);
+      for (int64_t r = n_rows; r < n_pad; ++r) out[r / 16 * panel + r % 16] = 0.0f;
     }
   }
 
   // Full 8-row blocks of K^T for contiguous rows; returns the rows done.
   template <DType kType>
   static inline int64_t transpose_blocks(const void* const* rows, int64_t n_rows, int64_t d,
-                                         float* dst, int64_t ld) {
+                                         float* dst, int64_t ld, int64_t panel) {
     constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
     int64_t r0 = 0;
     for (; r0 + 8 <= n_rows; r0 += 8) {
+      float* block = dst + r0 / 16 * panel + r0 % 16;  // 8 rows never straddle a panel
       int64_t c0 = 0;
       for (; c0 + 8 <= d; c0 += 8) {
         __m256 v[8];
         for (int i = 0; i < 8; ++i) v[i] = load8<kType>(static_cast<const char*>(rows[r0 + i]) + c0 * kSize);
         transpose8(v);
-        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + (c0 + i) * ld + r0, v[i]);
+        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(block + (c0 + i) * ld, v[i]);
       }
       for (; c0 < d; ++c0)
-        for (int64_t r = r0; r < r0 + 8; ++r) dst[c0 * ld + r] = load_element(rows[r], int(kType), c0);
+        for (int64_t r = 0; r < 8; ++r) block[c0 * ld + r] = load_element(rows[r0 + r], int(kType), c0);
     }
     return r0;
   }

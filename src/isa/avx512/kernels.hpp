@@ -50,14 +50,14 @@ static inline __m512 exp2_ps(__m512 x) {
 // accumulators, two B vectors and the A broadcast in 32 registers.
 template <int MR, int NV>
 static inline void gemm_block(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                              float* c, int64_t ldc, bool accumulate) {
+                              int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v)
       acc[r][v] = accumulate ? _mm512_load_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < k; ++p) {
     __m512 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + p * ldb + 16 * v);
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + v * b_panel + p * ldb);
     for (int r = 0; r < MR; ++r) {
       const __m512 ar = _mm512_set1_ps(a[r * lda + p]);
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
@@ -69,36 +69,39 @@ static inline void gemm_block(int64_t k, const float* a, int64_t lda, const floa
 
 template <int NV>
 static inline void gemm_panel(int64_t m, int64_t k, const float* a, int64_t lda, const float* b,
-                              int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                              int64_t ldb, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
   constexpr int kRows = 12;
   int64_t i = 0;
   for (; i + kRows <= m; i += kRows)
-    gemm_block<kRows, NV>(k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, accumulate);
+    gemm_block<kRows, NV>(k, a + i * lda, lda, b, ldb, b_panel, c + i * ldc, ldc, accumulate);
   const float* ai = a + i * lda;
   float* ci = c + i * ldc;
   switch (m - i) {
-    case 11: gemm_block<11, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 10: gemm_block<10, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 9: gemm_block<9, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 8: gemm_block<8, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 7: gemm_block<7, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 6: gemm_block<6, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 5: gemm_block<5, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 4: gemm_block<4, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 3: gemm_block<3, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 2: gemm_block<2, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
-    case 1: gemm_block<1, NV>(k, ai, lda, b, ldb, ci, ldc, accumulate); break;
+    case 11: gemm_block<11, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 10: gemm_block<10, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 9: gemm_block<9, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 8: gemm_block<8, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 7: gemm_block<7, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 6: gemm_block<6, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 5: gemm_block<5, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 4: gemm_block<4, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 3: gemm_block<3, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 2: gemm_block<2, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
+    case 1: gemm_block<1, NV>(k, ai, lda, b, ldb, b_panel, ci, ldc, accumulate); break;
     default: break;
   }
 }
 
 struct Kernels {
-  // C(m, n) (+)= A(m, k) B(k, n); n, ldb, ldc multiples of 16; b, c 64-byte aligned.
+  // C(m, n) (+)= A(m, k) B(k, n); n, ldc multiples of 16; b, c 64-byte aligned.
+  // B(p, j) is at b + (j / 16) * b_panel + p * ldb + j % 16: row-major B is
+  // ldb = n, b_panel = 16; panel-major B is ldb = 16, b_panel = 16 * k.
   static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16) {
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32) gemm_panel<2>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
-    if (j < n) gemm_panel<1>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+    for (; j + 32 <= n; j += 32)
+      gemm_panel<2>(m, k, a, lda, b + j / 16 * b_panel, ldb, b_panel, c + j, ldc, accumulate);
+    if (j < n) gemm_panel<1>(m, k, a, lda, b + j / 16 * b_panel, ldb, b_panel, c + j, ldc, accumulate);
   }
 
   // Largest of x[0, n); NaN if any element is NaN (maxps alone would drop it).
@@ -147,21 +150,22 @@ struct Kernels {
     return _mm512_setzero_ps();
   }
 
+  // Element j goes to dst + (j / 16) * panel + j % 16; zero-padded to 16.
   static void load_row(const void* src, DType dtype, int64_t n, int64_t stride, float scale,
-                       float* dst) {
+                       float* dst, int64_t panel = 16) {
     const int64_t esize = int64_t(dtype_size(dtype));
     const int64_t n_pad = (n + 15) / 16 * 16;
     if (stride == 1) {
       const __m512 s = _mm512_set1_ps(scale);
       for (int64_t j = 0; j < n_pad; j += 16) {
         const __m512 v = load16(static_cast<const char*>(src) + j * esize, dtype, tail_mask(n - j));
-        _mm512_storeu_ps(dst + j, _mm512_mul_ps(s, v));
+        _mm512_storeu_ps(dst + j / 16 * panel, _mm512_mul_ps(s, v));
       }
       return;
     }
     int64_t j = 0;
-    for (; j < n; ++j) dst[j] = scale * load_element(src, int(dtype), j * stride);
-    for (; j < n_pad; ++j) dst[j] = 0.0f;
+    for (; j < n; ++j) dst[j / 16 * panel + j % 16] = scale * load_element(src, int(dtype), j * stride);
+    for (; j < n_pad; ++j) dst[j / 16 * panel + j % 16] = 0.0f;
   }
 
   static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
@@ -194,8 +198,9 @@ struct Kernels {
   // dst[c * ld + r] = rows[r][c * stride], columns n_rows..round_up(n_rows, 16) zeroed.
   // 16x16 blocks: rows converted into an L1 block, columns gathered from it,
   // so every store to dst is a full 64-byte line.
+  // K^T: rows[r][c * stride] to dst + (r / 16) * panel + c * ld + r % 16.
   static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
-                              int64_t stride, float* dst, int64_t ld) {
+                              int64_t stride, float* dst, int64_t ld, int64_t panel = 16) {
     const int64_t n_pad = (n_rows + 15) / 16 * 16;
     const int64_t esize = int64_t(dtype_size(dtype));
     alignas(64) float block[16 * 16];
@@ -214,7 +219,7 @@ struct Kernels {
             // Column c of the 16x16 block: a strided gather from L1.
             const __m512i index = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
                                                     176, 192, 208, 224, 240);
-            _mm512_storeu_ps(dst + (c0 + c) * ld + r0, _mm512_i32gather_ps(index, block + c, 4));
+            _mm512_storeu_ps(dst + r0 / 16 * panel + (c0 + c) * ld, _mm512_i32gather_ps(index, block + c, 4));
           }
         }
       }
@@ -222,8 +227,9 @@ struct Kernels {
     }
     for (int64_t c = 0; c < d; ++c) {
       float* out = dst + c * ld;
-      for (int64_t r = 0; r < n_rows; ++r) out[r] = load_element(rows[r], int(dtype), c * stride);
-      for (int64_t r = n_rows; r < n_pad; ++r) out[r] = 0.0f;
+      for (int64_t r = 0; r < n_rows; ++r)
+        out[r / 16 * panel + r % 16] = load_element(rows[r], int(dtype), c * stride);
+      for (int64_t r = n_rows; r < n_pad; ++r) out[r / 16 * panel + r % 16] = 0.0f;
     }
   }
 };

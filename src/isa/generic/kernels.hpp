@@ -14,15 +14,19 @@
 namespace tileattn::detail::generic {
 
 struct Kernels {
+  // B(p, j) at b + (j / 16) * b_panel + p * ldb + j % 16 (row-major B:
+  // b_panel = 16; panel-major: ldb = 16, b_panel = 16 * k); n a multiple of 16.
   static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16) {
     for (int64_t i = 0; i < m; ++i) {
       float* ci = c + i * ldc;
       if (!accumulate) std::memset(ci, 0, sizeof(float) * n);
       for (int64_t p = 0; p < k; ++p) {
         const float aip = a[i * lda + p];
-        const float* bp = b + p * ldb;
-        for (int64_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+          const float* bp = b + j0 / 16 * b_panel + p * ldb;
+          for (int64_t j = 0; j < 16; ++j) ci[j0 + j] += aip * bp[j];
+        }
       }
     }
   }
@@ -79,10 +83,11 @@ struct Kernels {
 
   // dst[0, n) = scale * src[0, n) (element stride `stride`); dst is zero-padded
   // up to the next multiple of 16.
+  // Element j goes to dst + (j / 16) * panel + j % 16; zero-padded to 16.
   static void load_row(const void* src, DType dtype, int64_t n, int64_t stride, float scale,
-                       float* dst) {
-    for (int64_t j = 0; j < n; ++j) dst[j] = scale * load_one(src, dtype, j * stride);
-    for (int64_t j = n; j % 16 != 0; ++j) dst[j] = 0.0f;
+                       float* dst, int64_t panel = 16) {
+    for (int64_t j = 0; j < n; ++j) dst[j / 16 * panel + j % 16] = scale * load_one(src, dtype, j * stride);
+    for (int64_t j = n; j % 16 != 0; ++j) dst[j / 16 * panel + j % 16] = 0.0f;
   }
 
   static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
@@ -99,13 +104,14 @@ struct Kernels {
 
   // dst[c * ld + r] = rows[r][c * stride] for r < n_rows, c < d; columns
   // n_rows .. round_up(n_rows, 16) are zeroed.
+  // K^T: rows[r][c * stride] to dst + (r / 16) * panel + c * ld + r % 16.
   static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
-                              int64_t stride, float* dst, int64_t ld) {
+                              int64_t stride, float* dst, int64_t ld, int64_t panel = 16) {
     const int64_t n_pad = (n_rows + 15) / 16 * 16;
     for (int64_t c = 0; c < d; ++c) {
       float* out = dst + c * ld;
-      for (int64_t r = 0; r < n_rows; ++r) out[r] = load_one(rows[r], dtype, c * stride);
-      for (int64_t r = n_rows; r < n_pad; ++r) out[r] = 0.0f;
+      for (int64_t r = 0; r < n_rows; ++r) out[r / 16 * panel + r % 16] = load_one(rows[r], dtype, c * stride);
+      for (int64_t r = n_rows; r < n_pad; ++r) out[r / 16 * panel + r % 16] = 0.0f;
     }
   }
 };
