@@ -18,6 +18,7 @@
 #include "bindings.hpp"
 #include "kernel_timer.hpp"
 #include "new_arrays.hpp"
+#include "torch_eager.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn::python {
@@ -178,10 +179,14 @@ ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementTyp
 // is allocated when none is given; lse (float32 [B, H, Nq]) is written into
 // the given array, else allocated when with_lse, else not computed. Returns
 // (o, lse or None).
-nb::tuple forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
-                         bool causal, int64_t window_left, int64_t window_right,
-                         std::optional<double> scale, double dropout_p, uint64_t seed, int threads,
-                         bool with_lse, nb::handle o, nb::handle lse) {
+nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
+                          bool causal, int64_t window_left, int64_t window_right,
+                          std::optional<double> scale, double dropout_p, uint64_t seed, int threads,
+                          bool with_lse, nb::handle o, nb::handle lse, bool eager_only) {
+  if (eager_only && is_array(q) && framework_of("q", q) == Framework::torch &&
+      !torch_call_is_plain_eager({q, k, v, mask, o, lse})) {
+    return nb::none();
+  }
   ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
                              dropout_p, Access::read);
   ForwardArgs& a = call.args;
@@ -226,8 +231,10 @@ nb::tuple check_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mas
 void bind_forward_arrays(nb::module_& m) {
   m.def("forward_arrays", &forward_arrays, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
         "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
-        "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(),
-        "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None)");
+        "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "eager_only"_a = false,
+        "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None), "
+        "or None (nothing done) with eager_only when torch could observe the custom op "
+        "torch.ops.tileattn.flash_attention (a tensor subclass, autograd, a tracer or mode)");
   m.def("check_forward", &check_forward, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
         "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
         "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");

@@ -19,6 +19,7 @@
 #include "dtype_checks.hpp"
 #include "kernel_timer.hpp"
 #include "new_arrays.hpp"
+#include "torch_eager.hpp"
 #include "tileattn/kv_cache.hpp"
 
 namespace tileattn::python {
@@ -125,12 +126,16 @@ void increment_versions(nb::handle k_cache, nb::handle v_cache) {
   increment(nb::make_tuple(k_cache, v_cache));
 }
 
-nb::tuple kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k,
+nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k,
                          nb::handle v, nb::handle cache_seqlens, nb::handle block_table,
                          nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                          std::optional<double> scale, bool causal, int64_t window_left,
-                         int64_t window_right, int threads, bool with_lse) {
+                         int64_t window_right, int threads, bool with_lse, bool eager_only) {
   const Framework fw = framework_of("q", q);
+  if (eager_only && fw == Framework::torch &&
+      !torch_call_is_plain_eager({q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin})) {
+    return nb::none();
+  }
   const std::pair<const char*, nb::handle> others[] = {
       {"k_cache", k_cache}, {"v_cache", v_cache}, {"k", k}, {"v", v}, {"block_table", block_table},
       {"rotary_cos", rotary_cos}, {"rotary_sin", rotary_sin}};
@@ -278,8 +283,10 @@ void bind_kvcache_arrays(nb::module_& m) {
   m.def("kvcache_arrays", &kvcache_arrays, "q"_a, "k_cache"_a, "v_cache"_a, "k"_a.none(), "v"_a.none(),
         "cache_seqlens"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(), "rotary_sin"_a.none(),
         "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
-        "threads"_a, "with_lse"_a,
-        "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None)");
+        "threads"_a, "with_lse"_a, "eager_only"_a = false,
+        "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; returns (o, lse or "
+        "None), or None (nothing done) with eager_only when torch could observe the custom op "
+        "torch.ops.tileattn.attention_with_kvcache (a tensor subclass, autograd, a tracer or mode)");
 }
 
 }  // namespace tileattn::python

@@ -68,8 +68,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         global _torch_flash_attention
         if _torch_flash_attention is None:
             from ._torch_ops import flash_attention as _torch_flash_attention
-        return _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
-                                      return_lse)
+        o, lse = _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
+                                        return_lse)
+        return (o, lse) if return_lse else o
     seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
     o, lse = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
                                _kernel.get_num_threads(), return_lse)

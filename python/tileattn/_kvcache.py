@@ -5,6 +5,8 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_scale, parse_window
 
+_torch_attention_with_kvcache = None  # _torch_ops.attention_with_kvcache, bound at the first torch call
+
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
@@ -61,10 +63,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     left, right = (-1, -1) if window is None else parse_window("window", window)
     interleaved = rotary_interleaved is True or bool(rotary_interleaved)
     if type(q) is not np.ndarray and _arrays.is_torch(q):
-        from ._torch_ops import attention_with_kvcache as torch_attention_with_kvcache
-        o, lse = torch_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                              rotary_cos, rotary_sin, interleaved, scale, is_causal,
-                                              left, right, return_lse)
+        global _torch_attention_with_kvcache
+        if _torch_attention_with_kvcache is None:
+            from ._torch_ops import attention_with_kvcache as _torch_attention_with_kvcache
+        o, lse = _torch_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                               rotary_cos, rotary_sin, interleaved, scale, is_causal,
+                                               left, right, return_lse)
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                                    rotary_sin, interleaved, scale, is_causal, left, right,

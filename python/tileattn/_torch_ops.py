@@ -13,6 +13,9 @@ from . import _kernel, _torch_backward
 from . import _tileattn as _C
 from ._problem import heads_rows
 
+# Dynamo recognises this function (by identity) and treats it as True while compiling.
+_is_compiling = torch.compiler.is_compiling
+
 
 def _output_shapes(q, layout):
     b, h, nq, _ = heads_rows(tuple(q.shape), layout)
@@ -83,25 +86,6 @@ def _backward(ctx, grad_o, grad_lse):
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _dispatch_is_a_no_op(q, k, v, mask):
-    """True when calling the op's implementation directly is indistinguishable from calling
-    the op: plain CPU tensors, no gradient to record, nothing tracing or intercepting calls
-    (torch.compile, torch.jit.trace, make_fx and other dispatch or function modes).
-
-    The op's dispatch costs far more than the C++ call for decode-sized inputs (see
-    docs/python.md), so the common inference call skips it; anything that could observe the
-    op goes through it.
-    """
-    plain = torch.Tensor
-    if type(q) is not plain or type(k) is not plain or type(v) is not plain or \
-            (mask is not None and type(mask) is not plain):
-        return False
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
-        return False
-    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None or
-                torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled())
-
-
 def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p):
     """(mask, scale) as the op takes them: the scale as a float, the mask as the kernel reads
     it (float32 if it was another float type), which is also what autograd saves.
@@ -123,15 +107,18 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     """flash_attention for torch tensors, given its checked scalar options (scale None:
     1/sqrt(D)); the arrays are checked in C++."""
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
-    if _dispatch_is_a_no_op(q, k, v, mask):
-        o, lse = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right,
-                                   scale, dropout_p, seed, _kernel.get_num_threads(), return_lse)
-    else:
-        mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right,
-                                    scale, dropout_p)
-        o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
-                                    window_right, layout, seed)
-    return (o, lse) if return_lse else o
+    if not _is_compiling():
+        # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
+        out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
+                                dropout_p, seed, _kernel.get_num_threads(), return_lse,
+                                eager_only=True)
+        if out is not None:
+            return out
+    mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale,
+                                dropout_p)
+    o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
+                                window_right, layout, seed)
+    return o, lse
 
 
 @torch.library.custom_op("tileattn::merge_states", mutates_args=(), device_types="cpu")
@@ -172,28 +159,18 @@ def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _plain_eager_call(tensors):
-    """_dispatch_is_a_no_op for a call with any number of tensor arguments (None, ints and
-    other non-tensors among them are left to the argument checks)."""
-    plain, grad = torch.Tensor, torch.is_grad_enabled()
-    for t in tensors:
-        if isinstance(t, plain):
-            if type(t) is not plain or (grad and t.requires_grad):
-                return False
-    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None or
-                torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled())
-
-
 def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                            rotary_sin, interleaved, scale, causal, window_left, window_right,
                            return_lse):
     """attention_with_kvcache for torch tensors, given its checked scalar options (scale None:
     1/sqrt(D)): one C++ call when the op's dispatch would be a no-op (which also bumps the
     caches' version counters, as the op does), else the custom op. Returns (o, lse or None)."""
-    if _plain_eager_call((q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin)):
-        return _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
-                                 rotary_sin, interleaved, scale, causal, window_left, window_right,
-                                 _kernel.get_num_threads(), return_lse)
+    if not _is_compiling():
+        out = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
+                                rotary_sin, interleaved, scale, causal, window_left, window_right,
+                                _kernel.get_num_threads(), return_lse, eager_only=True)
+        if out is not None:
+            return out
     from . import _kvcache
     seqlens, table, cos, sin, scale = _kvcache.op_arguments(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale)
