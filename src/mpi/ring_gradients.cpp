@@ -54,12 +54,20 @@ RingGradients::RingGradients(const Problem& problem, InputView q, InputView o, I
   const Problem& p = problem_;
   for (const Segment& s : q_segments_) rows_ += s.size();
   const size_t elements = size_t(p.batch * p.heads * rows_ * p.head_dim);
-  q_.resize(elements);
-  o_.resize(elements);
-  d_o_.resize(elements);
-  widen(q, p.dtype, p.batch, p.heads, rows_, p.head_dim, q_.data());
-  widen(o, p.dtype, p.batch, p.heads, rows_, p.head_dim, o_.data());
-  widen(d_o, p.dtype, p.batch, p.heads, rows_, p.head_dim, d_o_.data());
+  // fp32 storage is read in place (any strides); 16-bit storage is widened.
+  q_view_ = q;
+  o_view_ = o;
+  d_o_view_ = d_o;
+  if (p.dtype != DType::f32) {
+    const std::array<int64_t, 4> dense{p.heads * rows_ * p.head_dim, rows_ * p.head_dim, p.head_dim, 1};
+    std::vector<float>* copies[3] = {&q_, &o_, &d_o_};
+    InputView* views[3] = {&q_view_, &o_view_, &d_o_view_};
+    for (int t = 0; t < 3; ++t) {
+      copies[t]->resize(elements);
+      widen(*views[t], p.dtype, p.batch, p.heads, rows_, p.head_dim, copies[t]->data());
+      *views[t] = {copies[t]->data(), dense};
+    }
+  }
   lse_.resize(size_t(p.batch * p.heads * rows_));
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h)
@@ -94,7 +102,10 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
     v32 = v_.data();
   }
 
-  const std::array<int64_t, 4> q_stride{p.heads * rows_ * d, rows_ * d, d, 1};
+  // Element offset of (batch b, head h, local row r) in an fp32 view.
+  auto at = [](const InputView& view, int64_t b, int64_t h, int64_t r) {
+    return static_cast<const float*>(view.data) + b * view.stride[0] + h * view.stride[1] + r * view.stride[2];
+  };
   int64_t q_row0 = 0;
   for (const Segment& qs : q_segments_) {
     int64_t k_row0 = 0;
@@ -114,7 +125,7 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
       // `between` runs often enough to keep transfers moving.
       for (int64_t b = 0; b < p.batch; ++b)
         for (int64_t g = 0; g < p.kv_heads; ++g) {
-          const int64_t q_at = ((b * p.heads + g * group) * rows_ + q_row) * d;
+          const int64_t dq_at = ((b * p.heads + g * group) * rows_ + q_row) * d;
           const int64_t k_at = ((b * p.kv_heads + g) * kv_rows + k_row) * d;
           BackwardArgs bw;
           ForwardArgs& f = bw.forward;
@@ -123,13 +134,13 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
           f.scale = p.scale;
           f.threads = p.threads;
           f.isa = p.isa;
-          f.q = {q_.data() + q_at, q_stride};
+          f.q = {at(q_view_, b, g * group, q_row), q_view_.stride};
           f.k = {k32 + k_at, dense};
           f.v = {v32 + k_at, dense};
           f.mask.window_left = block->window_left;
           f.mask.window_right = block->window_right;
-          bw.o = {o_.data() + q_at, q_stride};
-          bw.d_o = {d_o_.data() + q_at, q_stride};
+          bw.o = {at(o_view_, b, g * group, q_row), o_view_.stride};
+          bw.d_o = {at(d_o_view_, b, g * group, q_row), d_o_view_.stride};
           bw.lse = lse_.data() + (b * p.heads + g * group) * rows_ + q_row;
           bw.lse_stride = {p.heads * rows_, rows_, 1};
           bw.dq = {part_dq_.data(), {group * nq * d, nq * d, d, 1}};
@@ -138,7 +149,7 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
           attention_backward(bw);
 
           for (int64_t h = 0; h < group; ++h) {
-            float* acc = dq_.data() + q_at + h * rows_ * d;
+            float* acc = dq_.data() + dq_at + h * rows_ * d;
             const float* part = part_dq_.data() + h * nq * d;
             for (int64_t e = 0; e < nq * d; ++e) acc[e] += part[e];
           }

@@ -47,10 +47,12 @@ class RingGradients {
   Problem problem_;
   std::vector<Segment> q_segments_;
   int64_t rows_ = 0;
-  // fp32 copies, dense: the block calls run in fp32 whatever the storage
-  // type (the backward kernels compute in fp32 after loading anyway), so that
-  // the per-block gradients are not rounded to fp16/bf16 before they are summed.
-  std::vector<float> q_, o_, d_o_;  // (batch, heads, rows, head_dim)
+  // The block calls run in fp32 whatever the storage type (the backward
+  // kernels compute in fp32 after loading anyway), so that the per-block
+  // gradients are not rounded to fp16/bf16 before they are summed: fp32
+  // inputs are read in place, 16-bit ones through dense fp32 copies.
+  InputView q_view_, o_view_, d_o_view_;  // fp32 (batch, heads, rows, head_dim)
+  std::vector<float> q_, o_, d_o_;        // the copies (16-bit storage only)
   std::vector<float> lse_;          // (batch, heads, rows)
   std::vector<float> dq_;           // (batch, heads, rows, head_dim) running sum
   std::vector<float> k_, v_;        // the current slice in fp32 (16-bit storage only)

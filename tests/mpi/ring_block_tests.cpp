@@ -261,7 +261,24 @@ void unslice_rows(const ShardPlan& plan, int rank, const std::vector<unsigned ch
 // r-1, ... in ring order, and each slice's dK/dV shares are summed in the
 // ring's order (the owner's right neighbour first, the owner's own share
 // last). Writes the gathered dQ, dK, dV into data's gradient buffers.
-void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout, Band band) {
+// A dense [batch, heads, rows, dim] slice copied into rows of dim + pad
+// elements, for views that are not dense.
+struct PaddedRows {
+  std::vector<unsigned char> bytes;
+  std::array<int64_t, 4> stride;
+};
+PaddedRows pad_rows(const std::vector<unsigned char>& dense, int64_t batch, int64_t heads, int64_t rows,
+                    int64_t dim, size_t esize, int64_t pad) {
+  const int64_t row = dim + pad;
+  PaddedRows out{std::vector<unsigned char>(size_t(batch * heads * rows * row) * esize, 0xff),
+                 {heads * rows * row, rows * row, row, 1}};
+  for (int64_t i = 0; i < batch * heads * rows; ++i)
+    std::memcpy(out.bytes.data() + size_t(i * row) * esize, dense.data() + size_t(i * dim) * esize,
+                size_t(dim) * esize);
+  return out;
+}
+
+void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout, Band band, int64_t pad = 0) {
   const ForwardArgs& a = data.args.forward;
   const AttentionShape& s = a.shape;
   const DType dt = a.dtype;
@@ -293,7 +310,12 @@ void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout,
     const std::vector<unsigned char> o = slice_rows(plan, r, data.args.o, s.batch, s.heads, s.head_dim, esize);
     const std::vector<unsigned char> d_o = slice_rows(plan, r, data.args.d_o, s.batch, s.heads, s.head_dim, esize);
     const std::vector<unsigned char> lse = slice_rows(plan, r, lse_view, s.batch, s.heads, 1, sizeof(float));
-    detail::RingGradients gradients(p, {q.data(), q_stride}, {o.data(), q_stride}, {d_o.data(), q_stride},
+    // Q, O and dO as views with `pad` unused elements after each row.
+    const PaddedRows q_in = pad_rows(q, s.batch, s.heads, rows, s.head_dim, esize, pad);
+    const PaddedRows o_in = pad_rows(o, s.batch, s.heads, rows, s.head_dim, esize, pad);
+    const PaddedRows d_o_in = pad_rows(d_o, s.batch, s.heads, rows, s.head_dim, esize, pad);
+    detail::RingGradients gradients(p, {q_in.bytes.data(), q_in.stride}, {o_in.bytes.data(), o_in.stride},
+                                    {d_o_in.bytes.data(), d_o_in.stride},
                                     reinterpret_cast<const float*>(lse.data()), {s.heads * rows, rows, 1},
                                     plan.segments(r));
     int calls = 0;
@@ -371,6 +393,23 @@ TEST(RingBackwardReplay, LowPrecisionMqaAndBatches) {
       replay_backward(data, 3, ShardLayout::zigzag, make_band(causal, -1, -1));
       testing::expect_gradients_match_reference(data, bc.name());
     }
+}
+
+// Q, O and dO slices given as views with padded rows (fp32 is read in
+// place through the strides, 16-bit storage is widened through them).
+TEST(RingBackwardReplay, PaddedRowViews) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    testing::BackwardCase bc;
+    bc.c.dtype = dtype;
+    bc.c.seqlen_q = bc.c.seqlen_k = 90;
+    bc.c.heads = 4;
+    bc.c.kv_heads = 2;
+    bc.c.head_dim = 48;
+    bc.c.mask = testing::MaskCase::causal;
+    testing::BackwardData data(bc, Isa::automatic);
+    replay_backward(data, 3, ShardLayout::zigzag, make_band(true, -1, -1), 5);
+    testing::expect_gradients_match_reference(data, "padded " + bc.name());
+  }
 }
 
 // With a single rank the ring is one attention_backward per (block, batch,
