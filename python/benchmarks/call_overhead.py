@@ -104,7 +104,11 @@ def cases(only):
     """(label, call, direct) for every case."""
     g = torch.Generator().manual_seed(0)
     out = []
-    for name, (h, hk, nk) in (("decode H=32/8 Nk=1024", (32, 8, 1024)), ("tiny H=1 Nk=1", (1, 1, 1))):
+    shapes = [("decode H=32/8 Nk=1024", (32, 8, 1024)), ("tiny H=1 Nk=1", (1, 1, 1))]
+    if only == "scan":  # the overhead against the KV length (how much the kernel evicts)
+        shapes = [(f"decode H=32/8 Nk={n}", (32, 8, n)) for n in (16, 128, 512, 1024, 4096)]
+        only = ""
+    for name, (h, hk, nk) in shapes:
         if only and only not in name:
             continue
         q = torch.randn(1, h, 1, 128, generator=g)
@@ -112,6 +116,9 @@ def cases(only):
         v = torch.randn(1, hk, nk, 128, generator=g)
         o, lse = torch.empty_like(q), torch.empty(1, h, 1)
         direct = forward_direct(q, k, v, o, lse)
+        # The floor: the raw-address binding called from Python with its arguments prepared
+        # once (nanobind's argument conversion, the GIL release, nothing else).
+        out.append((f"raw binding _C.forward {name} (floor)", direct, direct))
         for fw, (qq, kk, vv) in (("torch", (q, k, v)), ("numpy", (q.numpy(), k.numpy(), v.numpy()))):
             out.append((f"flash_attention {name} {fw}",
                         lambda qq=qq, kk=kk, vv=vv: tileattn.flash_attention(qq, kk, vv, is_causal=True),
@@ -130,7 +137,7 @@ def cases(only):
                             lambda a=arrays: tileattn.attention_with_kvcache(
                                 a[0], a[1], a[2], a[3], a[4], cache_seqlens=seqlen),
                             direct))
-        if not only or "sdpa" in only:
+        if not only or "SDPA" in only:
             out.append((f"torch SDPA {name} (whole call)",
                         lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(
                             q, k, v, enable_gqa=True),
@@ -142,7 +149,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=200, help="pairs per round (x10 for tiny cases)")
-    parser.add_argument("--only", default="", help="run the cases whose label contains this")
+    parser.add_argument("--only", default="", help="run the cases whose label contains this "
+                        "('scan': decode shapes with Nk = 16 .. 4096)")
     args = parser.parse_args()
     tileattn.set_num_threads(1)
     torch.set_num_threads(1)

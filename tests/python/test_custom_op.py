@@ -63,3 +63,60 @@ def test_direct_call_without_autograd_equals_the_op():
     o, lse = tileattn.flash_attention(q, k, v, attn_mask=mask, is_causal=True, return_lse=True)
     o2, lse2 = torch.ops.tileattn.flash_attention(q, k, v, mask, 0.0, 16 ** -0.5, True, -1, -1, 0, 0)
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+def kvcache_inputs():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    k_cache, v_cache = torch.randn(2, 2, 12, 16, generator=g), torch.randn(2, 2, 12, 16, generator=g)
+    k, v = torch.randn(2, 2, 1, 16, generator=g), torch.randn(2, 2, 1, 16, generator=g)
+    cos, sin = torch.randn(12, 4, generator=g), torch.randn(12, 4, generator=g)
+    return q, k_cache, v_cache, k, v, cos, sin
+
+
+class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ops dispatched while active; a mode is what makes a call observable."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_kvcache_direct_call_equals_the_op_and_bumps_the_cache_versions():
+    """A plain inference call skips the op's dispatch; under a dispatch mode the op runs. Both
+    give the same output and cache, and both bump the caches' version counters (the op is
+    declared as mutating them, so autograd can tell a saved cache changed)."""
+    q, kc, vc, k, v, cos, sin = kvcache_inputs()
+    kc2, vc2 = kc.clone(), vc.clone()
+    seqlens = torch.tensor([3, 7])
+    versions = (kc._version, vc._version)
+    o, lse = tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, rotary_cos=cos,
+                                             rotary_sin=sin, return_lse=True)
+    assert kc._version > versions[0] and vc._version > versions[1]
+    with RecordOps() as mode:
+        o2, lse2 = tileattn.attention_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=seqlens,
+                                                   rotary_cos=cos, rotary_sin=sin, return_lse=True)
+    assert "tileattn.attention_with_kvcache.default" in mode.names
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(seqlens, torch.tensor([3, 7]))  # the caller's lengths are not advanced
+
+
+def test_make_fx_records_the_kvcache_op():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    q, kc, vc, k, v, _, _ = kvcache_inputs()
+    graph = make_fx(lambda q, kc, vc, k, v: tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=2))(
+        q, kc, vc, k, v)
+    assert "tileattn.attention_with_kvcache" in str(graph.code)
+
+
+def test_flash_attention_under_a_dispatch_mode_goes_through_the_op():
+    q, k, v = inputs()
+    with RecordOps() as mode:
+        o = tileattn.flash_attention(q, k, v, is_causal=True)
+    assert "tileattn.flash_attention.default" in mode.names
+    assert torch.equal(o, tileattn.flash_attention(q, k, v, is_causal=True))

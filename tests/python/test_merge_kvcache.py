@@ -91,3 +91,99 @@ def test_kvcache_errors_leave_the_cache_unchanged(rng):
         tileattn.attention_with_kvcache(q, kc.astype(np.float16), vc.astype(np.float16))
     with pytest.raises(ValueError, match="rotary_cos, rotary_sin"):
         tileattn.attention_with_kvcache(q, kc, vc, rotary_cos=np.zeros((4, 4), np.float32))
+
+
+def decode_case(framework):
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 1, 8, generator=g)
+    kc, vc = torch.randn(2, 2, 10, 8, generator=g), torch.randn(2, 2, 10, 8, generator=g)
+    k, v = torch.randn(2, 2, 1, 8, generator=g), torch.randn(2, 2, 1, 8, generator=g)
+    arrays = (q, kc, vc, k, v)
+    return arrays if framework == "torch" else tuple(x.numpy() for x in arrays)
+
+
+def as_framework(framework, x):
+    return torch.from_numpy(x) if framework == "torch" else x
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_kvcache_lengths_as_int_scalar_or_any_integer_array(framework):
+    """One C++ call reads the cache lengths (an int, a NumPy integer, or an integer array of
+    any width, converted to a private int32 copy) and never changes the caller's."""
+    q, kc, vc, k, v = decode_case(framework)
+    expected = tileattn.attention_with_kvcache(q, kc.copy() if framework == "numpy" else kc.clone(),
+                                               vc, k, v, cache_seqlens=as_framework(framework, np.array([4, 4], np.int32)))
+    for lengths in (4, np.int64(4), np.array([4, 4], np.int64), np.array([4, 4], np.int16),
+                    np.array([4, 9, 4])[::2], np.array([4, 4], np.uint8)):
+        if isinstance(lengths, np.ndarray):
+            lengths = as_framework(framework, lengths)
+        before = lengths.copy() if isinstance(lengths, np.ndarray) else lengths
+        got = tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=lengths)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+        if isinstance(lengths, np.ndarray):
+            np.testing.assert_array_equal(lengths, before)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_kvcache_argument_errors_name_the_argument(framework):
+    q, kc, vc, k, v = decode_case(framework)
+    t = lambda x: as_framework(framework, x)  # noqa: E731
+    cases = [
+        (dict(cache_seqlens=True), TypeError, "cache_seqlens: expected an int or an integer array"),
+        (dict(cache_seqlens=t(np.array([1.0, 2.0]))), TypeError, "cache_seqlens: expected an int or an integer array"),
+        (dict(cache_seqlens=t(np.array([1, 2, 3]))), ValueError, r"cache_seqlens: expected shape \[B\] = \(2,\)"),
+        (dict(cache_seqlens=-1), ValueError, r"cache_seqlens: entries must be in 0 .. 2\^31 - 1"),
+        (dict(cache_seqlens=[1, 2]), TypeError, "cache_seqlens: expected a numpy.ndarray or torch.Tensor, got list"),
+        (dict(cache_seqlens=1, rotary_cos=t(np.zeros((10, 2), np.int32)), rotary_sin=t(np.zeros((10, 2), np.int32))),
+         TypeError, "rotary_cos: expected a float"),
+        (dict(cache_seqlens=1, rotary_cos=t(np.zeros((10, 2), np.float32)), rotary_sin=t(np.zeros((10, 3), np.float32))),
+         ValueError, r"rotary_sin: shape \(10, 3\) must equal rotary_cos's \(10, 2\)"),
+        (dict(cache_seqlens=1, rotary_cos=t(np.zeros(10, np.float32)), rotary_sin=t(np.zeros(10, np.float32))),
+         ValueError, r"rotary_cos: expected \[positions, rotary_dim / 2\]"),
+        (dict(cache_seqlens=1, block_table=t(np.zeros((2, 3), np.float32))), TypeError, "block_table: expected an integer"),
+        (dict(cache_seqlens=1, block_table=t(np.zeros((3, 3), np.int32))), ValueError,
+         r"block_table: expected shape \[B, max_pages\] with B = 2"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            tileattn.attention_with_kvcache(q, kc, vc, k, v, **kwargs)
+    other = (lambda x: x.numpy()) if framework == "torch" else torch.from_numpy
+    with pytest.raises(TypeError, match=f"k_cache: must be a {framework} array like q"):
+        tileattn.attention_with_kvcache(q, other(kc), vc, k, v, cache_seqlens=1)
+    with pytest.raises(ValueError, match=r"k: expected a 4-D array \[B, Hkv, Nnew, D\]"):
+        tileattn.attention_with_kvcache(q, kc, vc, k[0], v[0], cache_seqlens=1)
+    with pytest.raises(ValueError, match=r"v_cache: shape \(2, 2, 9, 8\) must equal k_cache's"):
+        tileattn.attention_with_kvcache(q, kc, vc[:, :, :9], k, v, cache_seqlens=1)
+    with pytest.raises(ValueError, match="k_cache: 3 heads must divide q's 4 heads"):
+        tileattn.attention_with_kvcache(q, kc[:, :1].repeat(1, 3, 1, 1) if framework == "torch"
+                                        else np.repeat(kc[:, :1], 3, axis=1),
+                                        vc[:, :1].repeat(1, 3, 1, 1) if framework == "torch"
+                                        else np.repeat(vc[:, :1], 3, axis=1), cache_seqlens=1)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_kvcache_converts_block_tables_and_rotary_tables_of_other_types(framework):
+    """An int64 or strided block table and float64 rotary tables are converted (one small
+    copy each) and give the results of the int32 / float32 ones."""
+    q, _, _, k, v = decode_case(framework)
+    pages = np.random.default_rng(7).standard_normal((6, 2, 4, 8)).astype(np.float32)
+    table = np.array([[3, 0, 5], [1, 4, 2]], np.int32)
+    cos, sin = rope_tables(10000.0, 12, 8)
+    cos, sin = np.asarray(cos, np.float32), np.asarray(sin, np.float32)
+
+    def run(table, cos, sin):
+        kp, vp = as_framework(framework, pages.copy()), as_framework(framework, pages[::-1].copy())
+        o = tileattn.attention_with_kvcache(q, kp, vp, k, v, cache_seqlens=np.array([5, 2]) if framework == "numpy"
+                                            else torch.tensor([5, 2]), block_table=as_framework(framework, table),
+                                            rotary_cos=as_framework(framework, cos),
+                                            rotary_sin=as_framework(framework, sin))
+        return np.asarray(o), np.asarray(kp)
+
+    expected_o, expected_pages = run(table, cos, sin)
+    strided = np.zeros((2, 6), np.int32)[:, ::2]
+    strided[...] = table
+    for args in ((table.astype(np.int64), cos, sin), (strided, cos, sin),
+                 (table, cos.astype(np.float64), sin.astype(np.float64))):
+        got_o, got_pages = run(*args)
+        np.testing.assert_array_equal(got_o, expected_o)
+        np.testing.assert_array_equal(got_pages, expected_pages)
