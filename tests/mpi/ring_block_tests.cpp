@@ -278,7 +278,8 @@ PaddedRows pad_rows(const std::vector<unsigned char>& dense, int64_t batch, int6
   return out;
 }
 
-void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout, Band band, int64_t pad = 0) {
+void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout, Band band, int64_t pad = 0,
+                     std::vector<int64_t>* pairs_per_rank_step = nullptr) {
   const ForwardArgs& a = data.args.forward;
   const AttentionShape& s = a.shape;
   const DType dt = a.dtype;
@@ -324,8 +325,10 @@ void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout,
       std::vector<float>& share = shares[size_t(holder)][size_t(r)];
       share.assign(2 * slice_elements(holder), 0.0f);
       const std::array<int64_t, 4> st = dense_strides(Layout::bhsd, s.batch, s.kv_heads, plan.rows(holder), s.head_dim);
+      const int64_t before = gradients.visible_pairs();
       gradients.absorb({k[size_t(holder)].data(), st}, {v[size_t(holder)].data(), st}, plan.segments(holder),
                        share.data(), share.data() + slice_elements(holder), [&] { ++calls; });
+      if (pairs_per_rank_step) pairs_per_rank_step->push_back(gradients.visible_pairs() - before);
     }
     EXPECT_EQ(calls, gradients.blocks_computed() * s.batch * s.kv_heads);
     std::vector<unsigned char> dq(q.size());
@@ -409,6 +412,33 @@ TEST(RingBackwardReplay, PaddedRowViews) {
     testing::BackwardData data(bc, Isa::automatic);
     replay_backward(data, 3, ShardLayout::zigzag, make_band(true, -1, -1), 5);
     testing::expect_gradients_match_reference(data, "padded " + bc.name());
+  }
+}
+
+// The backward attends the same blocks as the forward, so zig-zag balances
+// its causal work per step too; checked against the forward's replay.
+TEST(RingBackwardReplay, ZigzagBalancesCausalWorkLikeForward) {
+  for (ShardLayout layout : {ShardLayout::zigzag, ShardLayout::contiguous}) {
+    RingCase rc;
+    rc.ranks = 4;
+    rc.layout = layout;
+    rc.causal = true;
+    rc.c.heads = rc.c.kv_heads = 1;
+    rc.c.seqlen_q = rc.c.seqlen_k = 96;
+    rc.c.head_dim = 16;
+    std::vector<int64_t> forward_pairs, backward_pairs;
+    ASSERT_TRUE(replay(rc, &forward_pairs).ok());
+    testing::BackwardCase bc;
+    bc.c = rc.c;
+    bc.c.mask = testing::MaskCase::causal;
+    testing::BackwardData data(bc, Isa::automatic);
+    replay_backward(data, rc.ranks, layout, make_band(true, -1, -1), 0, &backward_pairs);
+    EXPECT_EQ(backward_pairs, forward_pairs) << shard_layout_name(layout);
+    bool balanced = true;  // every rank the same work at each step, as the forward's test
+    for (int step = 0; step < rc.ranks; ++step)
+      for (int r = 1; r < rc.ranks; ++r)
+        balanced &= backward_pairs[size_t(r * rc.ranks + step)] == backward_pairs[size_t(step)];
+    EXPECT_EQ(balanced, layout == ShardLayout::zigzag) << shard_layout_name(layout);
   }
 }
 
