@@ -5,7 +5,18 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_options
 
-_torch_flash_attention = None  # _torch_ops.flash_attention, bound at the first torch call
+# Bound at the first call with torch tensors (tileattn never imports torch itself):
+_torch_tensor = None  # torch.Tensor
+_is_compiling = None  # torch.compiler.is_compiling
+_torch_flash_attention = None  # _torch_ops.flash_attention: the custom op path
+
+
+def _bind_torch():
+    global _torch_tensor, _is_compiling, _torch_flash_attention
+    from . import _torch_ops
+    _is_compiling = _torch_ops.is_compiling
+    _torch_flash_attention = _torch_ops.flash_attention
+    _torch_tensor = _arrays.torch_module().Tensor
 
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
@@ -64,14 +75,22 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     # dtypes, devices, shapes, strides), allocates the outputs and runs the kernel.
     mask, dropout_p, scale, causal, left, right, code = parse_options(
         attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
-    if type(q) is not np.ndarray and _arrays.is_torch(q):
-        global _torch_flash_attention
-        if _torch_flash_attention is None:
-            from ._torch_ops import flash_attention as _torch_flash_attention
+    threads = _kernel._settings["threads"]
+    if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
+        if _torch_tensor is None:
+            _bind_torch()
+        if dropout_p == 0.0 and not _is_compiling():
+            # The common inference call: one C++ call, which declines (None) when torch could
+            # observe the custom op (autograd, a tensor subclass, a tracer or mode); Dynamo
+            # must see the is_compiling() test here, in Python.
+            out = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0, threads,
+                                    return_lse, eager_only=True)
+            if out is not None:
+                return out if return_lse else out[0]
         o, lse = _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
                                         return_lse)
         return (o, lse) if return_lse else o
     seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
     o, lse = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
-                               _kernel.get_num_threads(), return_lse)
+                               threads, return_lse)
     return (o, lse) if return_lse else o

@@ -5,7 +5,18 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_scale, parse_window
 
-_torch_attention_with_kvcache = None  # _torch_ops.attention_with_kvcache, bound at the first torch call
+# Bound at the first call with torch tensors (tileattn never imports torch itself):
+_torch_tensor = None  # torch.Tensor
+_is_compiling = None  # torch.compiler.is_compiling
+_torch_attention_with_kvcache = None  # _torch_ops.attention_with_kvcache: the custom op path
+
+
+def _bind_torch():
+    global _torch_tensor, _is_compiling, _torch_attention_with_kvcache
+    from . import _torch_ops
+    _is_compiling = _torch_ops.is_compiling
+    _torch_attention_with_kvcache = _torch_ops.attention_with_kvcache
+    _torch_tensor = _arrays.torch_module().Tensor
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
@@ -62,17 +73,24 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         is_causal = bool(is_causal)
     left, right = (-1, -1) if window is None else parse_window("window", window)
     interleaved = rotary_interleaved is True or bool(rotary_interleaved)
-    if type(q) is not np.ndarray and _arrays.is_torch(q):
-        global _torch_attention_with_kvcache
-        if _torch_attention_with_kvcache is None:
-            from ._torch_ops import attention_with_kvcache as _torch_attention_with_kvcache
-        o, lse = _torch_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                               rotary_cos, rotary_sin, interleaved, scale, is_causal,
-                                               left, right, return_lse)
+    threads = _kernel._settings["threads"]
+    if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
+        if _torch_tensor is None:
+            _bind_torch()
+        out = None
+        if not _is_compiling():
+            # One C++ call, which declines (None) when torch could observe the custom op (a
+            # tensor subclass, autograd, a tracer or mode); Dynamo must see is_compiling() here.
+            out = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
+                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
+                                    return_lse, eager_only=True)
+        o, lse = out if out is not None else _torch_attention_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
+            interleaved, scale, is_causal, left, right)
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
-                                   rotary_sin, interleaved, scale, is_causal, left, right,
-                                   _kernel.get_num_threads(), return_lse)
+                                   rotary_sin, interleaved, scale, is_causal, left, right, threads,
+                                   return_lse)
     return (o, lse) if return_lse else o
 
 

@@ -14,7 +14,7 @@ from . import _tileattn as _C
 from ._problem import heads_rows
 
 # Dynamo recognises this function (by identity) and treats it as True while compiling.
-_is_compiling = torch.compiler.is_compiling
+is_compiling = torch.compiler.is_compiling
 
 
 def _output_shapes(q, layout):
@@ -107,7 +107,7 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     """flash_attention for torch tensors, given its checked scalar options (scale None:
     1/sqrt(D)); the arrays are checked in C++."""
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
-    if not _is_compiling():
+    if not is_compiling():
         # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, seed, _kernel.get_num_threads(), return_lse,
@@ -160,20 +160,12 @@ def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
-                           rotary_sin, interleaved, scale, causal, window_left, window_right,
-                           return_lse):
-    """attention_with_kvcache for torch tensors, given its checked scalar options (scale None:
-    1/sqrt(D)): one C++ call when the op's dispatch would be a no-op (which also bumps the
-    caches' version counters, as the op does), else the custom op. Returns (o, lse or None)."""
-    if not _is_compiling():
-        out = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
-                                rotary_sin, interleaved, scale, causal, window_left, window_right,
-                                _kernel.get_num_threads(), return_lse, eager_only=True)
-        if out is not None:
-            return out
+                           rotary_sin, interleaved, scale, causal, window_left, window_right):
+    """attention_with_kvcache through the custom op (the path torch can observe: compile,
+    tracing, dispatch modes), given its checked scalar options (scale None: 1/sqrt(D));
+    the arrays are checked in Python on their metadata. Returns (o, lse)."""
     from . import _kvcache
     seqlens, table, cos, sin, scale = _kvcache.op_arguments(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale)
-    o, lse = attention_with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, table, cos, sin,
-                                       interleaved, scale, causal, window_left, window_right)
-    return o, lse
+    return attention_with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, table, cos, sin,
+                                     interleaved, scale, causal, window_left, window_right)
