@@ -15,7 +15,10 @@
 // then for the stacked query rows of the group: S = Q K^T -> mask (partial
 // tiles only) -> online softmax -> acc += P V -> epilogue: O = acc / row_sum
 // and LSE (or, for a key split, the partial pair merged afterwards).
-// Masks, dtypes, layouts and KV sources are policies of this one loop.
+// Masks, dtypes, layouts and KV sources are policies of this one loop, and
+// so is the tile product: with at most K::kFewRowsMax stacked rows (decode)
+// and a Kernels that has few_rows_scores / few_rows_accumulate, nothing is
+// packed and the products read K/V rows in place (few_rows_kernels.hpp).
 //
 // Query rows of the item's heads are stacked: stacked row s is head
 // s / rows, query row q_begin + s % rows, so a decode step (rows = 1) runs the
@@ -47,12 +50,18 @@ class ForwardMainloop {
     v_tile_ = take(kv_pad_ * dp);    // V (BLOCK_KV, D_pad), panel-major
     s_tile_ = take(score_tile_rows(p) * kv_pad_);  // (stacked rows, BLOCK_KV_pad): scores, then P
     key_rows_ = reinterpret_cast<const void**>(take(2 * kv_pad_));  // (BLOCK_KV,)
+    // Tile-product policy, fixed for the call by the stacked row count: with
+    // a few rows (decode) the products read K/V rows in place through row
+    // tables, and the unused K^T tile holds those two tables.
+    if constexpr (kHasFewRows) direct_ = hc * bq <= K::kFewRowsMax;
+    k_rows_ = reinterpret_cast<const void**>(k_t_);
+    v_rows_ = k_rows_ + kv_pad_;
   }
 
   void run(const WorkItem& w) {
     const Sequence seq = sequence_of(p_, w.batch);
     rows_ = w.q_end - w.q_begin;
-    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dp = p_.head_dim_padded;
     const int64_t stacked = w.head_count * rows_;
     load_q_tiles(seq, w);
     std::memset(acc_, 0, sizeof(float) * stacked * dp);
@@ -73,25 +82,58 @@ class ForwardMainloop {
       const int64_t j1 = min64(j0 + p_.block_kv, keys.last);
       const int64_t n = j1 - j_begin;
       const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
-      load_kv_tile(seq, w, j_begin, n);
+      if (direct_) {
+        fill_key_rows(a_.k, seq, w, j_begin, n, k_rows_);
+        fill_key_rows(a_.v, seq, w, j_begin, n, v_rows_);
+      } else {
+        load_kv_tile(seq, w, j_begin, n);
+      }
       if (j1 < keys.last) prefetch_kv_tile(seq, w, j1, min64(j1 + p_.block_kv, keys.last) - j1);
       const int64_t n_pad = round_up(n, kPanelWidth);
       for (int64_t g0 = 0; g0 < w.head_count; g0 += heads_per_gemm) {
         const int64_t s0 = g0 * rows_;
         const int64_t m = min64(heads_per_gemm, w.head_count - g0) * rows_;
-        K::gemm(m, n_pad, d, q_tile_ + s0 * dp, dp, k_t_, kPanelWidth, s_tile_, kv_pad_, false,
-                kPanelWidth * d);
+        scores(s0, m, n, n_pad);
         if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
           apply_mask(seq, w, s0, m, j_begin, n, band_partial);
         online_softmax(w, s0, m, n, j_begin);
-        K::gemm(m, dp, n, s_tile_, kv_pad_, v_tile_, kPanelWidth, acc_ + s0 * dp, dp, true,
-                kPanelWidth * n);
+        accumulate(s0, m, n);
       }
     }
     epilogue(seq, w);
   }
 
  private:
+  static constexpr bool kHasFewRows = requires { K::kFewRowsMax; };
+
+  // S (stacked rows [s0, s0 + m), keys of this tile) = Q K^T.
+  void scores(int64_t s0, int64_t m, int64_t n, int64_t n_pad) {
+    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    if constexpr (kHasFewRows) {
+      if (direct_) {
+        K::few_rows_scores(m, n, d, q_tile_ + s0 * dp, dp, k_rows_, a_.dtype, a_.k.stride[3],
+                           s_tile_, kv_pad_);
+        return;
+      }
+    }
+    K::gemm(m, n_pad, d, q_tile_ + s0 * dp, dp, k_t_, kPanelWidth, s_tile_, kv_pad_, false,
+            kPanelWidth * d);
+  }
+
+  // acc (stacked rows [s0, s0 + m)) += P V.
+  void accumulate(int64_t s0, int64_t m, int64_t n) {
+    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    if constexpr (kHasFewRows) {
+      if (direct_) {
+        K::few_rows_accumulate(m, n, d, s_tile_, kv_pad_, v_rows_, a_.dtype, a_.v.stride[3],
+                               acc_ + s0 * dp, dp);
+        return;
+      }
+    }
+    K::gemm(m, dp, n, s_tile_, kv_pad_, v_tile_, kPanelWidth, acc_ + s0 * dp, dp, true,
+            kPanelWidth * n);
+  }
+
   int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
   int64_t query_of(const WorkItem& w, int64_t s) const { return w.q_begin + s % rows_; }
 
@@ -251,6 +293,9 @@ class ForwardMainloop {
   float* v_tile_ = nullptr;
   float* s_tile_ = nullptr;
   const void** key_rows_ = nullptr;
+  bool direct_ = false;                // few-rows products (see the constructor)
+  const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
+  const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile
 };
 
 // The entry the dispatcher calls for each work item.

@@ -10,6 +10,7 @@
 
 #include "core/exp2_poly.hpp"
 #include "core/half.hpp"
+#include "isa/avx2/few_rows_kernels.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::avx2 {
@@ -73,7 +74,7 @@ __attribute__((always_inline)) static inline void gemm_block(int64_t k, const fl
   }
 }
 
-struct Kernels {
+struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
   static constexpr int kRows = 6;
 
   // C(m, n) (+)= A(m, k) B(k, n); n, ldc multiples of 16; b, c 32-byte aligned.

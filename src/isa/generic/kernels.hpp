@@ -9,11 +9,12 @@
 
 #include "core/exp2_poly.hpp"
 #include "core/half.hpp"
+#include "isa/generic/few_rows_kernels.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::generic {
 
-struct Kernels {
+struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
   // B(p, j) at b + (j / 16) * b_panel + p * ldb + j % 16 (row-major B:
   // b_panel = 16; panel-major: ldb = 16, b_panel = 16 * k); n a multiple of 16.
   static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,

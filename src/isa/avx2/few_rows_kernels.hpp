@@ -1,0 +1,236 @@
+// AVX2 tile products for a few stacked query rows (decode: the query heads of
+// one GQA group, one new token each). The packed path converts and transposes
+// every K/V tile into fp32 before a register-blocked GEMM; with 1..8 rows that
+// packing costs as much as the product. Here K and V rows are read straight
+// from the source (contiguous cache, page, or any row table) and converted
+// to fp32 in registers, each converted vector shared by all the rows.
+// Included by kernels.hpp (compiled with -mavx2 -mfma -mf16c).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "core/half.hpp"
+#include "tileattn/types.hpp"
+
+namespace tileattn::detail::avx2 {
+
+namespace few_rows {
+
+template <DType kType>
+constexpr int64_t kElementSize = kType == DType::f32 ? 4 : 2;
+
+// 8 contiguous elements of kType at src as fp32.
+template <DType kType>
+static inline __m256 load8(const char* src) {
+  if constexpr (kType == DType::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+  } else if constexpr (kType == DType::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  } else {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+}
+
+// Lane c of the result = horizontal sum of v[c]: eight dot products finished
+// with 6 hadds and one cross-lane add instead of eight separate reductions.
+static inline __m256 sum_each(const __m256* v) {
+  const __m256 t01 = _mm256_hadd_ps(v[0], v[1]), t23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t45 = _mm256_hadd_ps(v[4], v[5]), t67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t01, t23), u1 = _mm256_hadd_ps(t45, t67);
+  // u0 = [v0..v3 low-half sums | v0..v3 high-half sums], u1 the same for v4..v7.
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Keys per pass of the score kernel and 8-float columns per pass of the
+// P V kernel, so that accumulators + loaded vectors fit the 16 ymm registers.
+template <int M>
+constexpr int kKeysPerPass = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+template <int M>
+constexpr int kColumnsPerPass = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+
+constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
+
+// s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows).
+template <DType kType, int M>
+static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
+                   float* s, int64_t lds) {
+  constexpr int KJ = kKeysPerPass<M>;
+  constexpr int64_t kSize = kElementSize<kType>;
+  const int64_t d8 = d / 8 * 8;
+  for (int64_t c0 = 0; c0 < n; c0 += 8) {
+    const int64_t cn = n - c0 < 8 ? n - c0 : 8;
+    // A partial group repeats its last row; those lanes are not stored.
+    const char* rows[8];
+    for (int i = 0; i < 8; ++i) rows[i] = static_cast<const char*>(key_rows[c0 + (i < cn ? i : cn - 1)]);
+    __m256 partial[M][8];
+    for (int k0 = 0; k0 < 8; k0 += KJ) {
+      __m256 acc[M][KJ];
+      for (int r = 0; r < M; ++r)
+        for (int j = 0; j < KJ; ++j) acc[r][j] = _mm256_setzero_ps();
+      for (int64_t t = 0; t < d8; t += 8) {
+        __m256 k[KJ];
+        for (int j = 0; j < KJ; ++j) k[j] = load8<kType>(rows[k0 + j] + t * kSize);
+        for (int r = 0; r < M; ++r) {
+          const __m256 qv = _mm256_loadu_ps(q + r * ldq + t);
+          for (int j = 0; j < KJ; ++j) acc[r][j] = _mm256_fmadd_ps(qv, k[j], acc[r][j]);
+        }
+      }
+      for (int r = 0; r < M; ++r)
+        for (int j = 0; j < KJ; ++j) partial[r][k0 + j] = acc[r][j];
+    }
+    for (int r = 0; r < M; ++r) {
+      __m256 sums = sum_each(partial[r]);
+      if (d8 < d) {  // head_dim not a multiple of 8: the last elements one by one
+        alignas(32) float tail[8] = {};
+        for (int64_t i = 0; i < cn; ++i)
+          for (int64_t t = d8; t < d; ++t)
+            tail[i] += q[r * ldq + t] * load_element(rows[i], int(kType), t);
+        sums = _mm256_add_ps(sums, _mm256_load_ps(tail));
+      }
+      float* out = s + r * lds + c0;
+      if (cn == 8) {
+        _mm256_storeu_ps(out, sums);
+      } else {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, sums);
+        for (int64_t i = 0; i < cn; ++i) out[i] = lanes[i];
+      }
+    }
+  }
+}
+
+// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < M, c < n (contiguous rows).
+template <DType kType, int M>
+static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
+                       float* acc, int64_t ldacc) {
+  constexpr int W = kColumnsPerPass<M>;
+  constexpr int64_t kSize = kElementSize<kType>;
+  const int64_t d8 = d / 8 * 8;
+  for (int64_t c0 = 0; c0 < n; c0 += kKeysPerChunk) {
+    const int64_t c1 = n - c0 < kKeysPerChunk ? n : c0 + kKeysPerChunk;
+    int64_t t = 0;
+    for (; t + 8 * W <= d8; t += 8 * W) {
+      __m256 o[M][W];
+      for (int r = 0; r < M; ++r)
+        for (int w = 0; w < W; ++w) o[r][w] = _mm256_loadu_ps(acc + r * ldacc + t + 8 * w);
+      for (int64_t c = c0; c < c1; ++c) {
+        const char* row = static_cast<const char*>(value_rows[c]) + t * kSize;
+        __m256 v[W];
+        for (int w = 0; w < W; ++w) v[w] = load8<kType>(row + 8 * w * kSize);
+        for (int r = 0; r < M; ++r) {
+          const __m256 pr = _mm256_broadcast_ss(p + r * ldp + c);
+          for (int w = 0; w < W; ++w) o[r][w] = _mm256_fmadd_ps(pr, v[w], o[r][w]);
+        }
+      }
+      for (int r = 0; r < M; ++r)
+        for (int w = 0; w < W; ++w) _mm256_storeu_ps(acc + r * ldacc + t + 8 * w, o[r][w]);
+    }
+    for (; t < d8; t += 8) {  // 8-column blocks left over from the W-wide passes
+      __m256 o[M];
+      for (int r = 0; r < M; ++r) o[r] = _mm256_loadu_ps(acc + r * ldacc + t);
+      for (int64_t c = c0; c < c1; ++c) {
+        const __m256 v = load8<kType>(static_cast<const char*>(value_rows[c]) + t * kSize);
+        for (int r = 0; r < M; ++r) o[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ldp + c), v, o[r]);
+      }
+      for (int r = 0; r < M; ++r) _mm256_storeu_ps(acc + r * ldacc + t, o[r]);
+    }
+    for (; t < d; ++t)  // head_dim not a multiple of 8
+      for (int r = 0; r < M; ++r) {
+        float sum = acc[r * ldacc + t];
+        for (int64_t c = c0; c < c1; ++c) sum += p[r * ldp + c] * load_element(value_rows[c], int(kType), t);
+        acc[r * ldacc + t] = sum;
+      }
+  }
+}
+
+// Strided rows (element stride != 1): plain loops, same results contract.
+static inline void scores_strided(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                                  const void* const* key_rows, DType dtype, int64_t stride, float* s,
+                                  int64_t lds) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      float sum = 0.0f;
+      for (int64_t t = 0; t < d; ++t) sum += q[r * ldq + t] * load_element(key_rows[c], int(dtype), t * stride);
+      s[r * lds + c] = sum;
+    }
+}
+
+static inline void accumulate_strided(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                      const void* const* value_rows, DType dtype, int64_t stride,
+                                      float* acc, int64_t ldacc) {
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t t = 0; t < d; ++t) {
+      const float v = load_element(value_rows[c], int(dtype), t * stride);
+      for (int64_t r = 0; r < m; ++r) acc[r * ldacc + t] += p[r * ldp + c] * v;
+    }
+}
+
+template <DType kType>
+static void scores_m(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                     const void* const* key_rows, float* s, int64_t lds) {
+  switch (m) {
+    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds); break;
+    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds); break;
+    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds); break;
+    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds); break;
+    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds); break;
+    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds); break;
+    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds); break;
+    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds); break;
+    default: break;
+  }
+}
+
+template <DType kType>
+static void accumulate_m(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                         const void* const* value_rows, float* acc, int64_t ldacc) {
+  switch (m) {
+    case 1: accumulate<kType, 1>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 2: accumulate<kType, 2>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 3: accumulate<kType, 3>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 4: accumulate<kType, 4>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 5: accumulate<kType, 5>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 6: accumulate<kType, 6>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 7: accumulate<kType, 7>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 8: accumulate<kType, 8>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    default: break;
+  }
+}
+
+}  // namespace few_rows
+
+// The few-rows tile products the main loop uses when a work item stacks at
+// most kFewRowsMax query rows (see mainloop.hpp). Kernels derives from this.
+struct FewRowsKernels {
+  static constexpr int kFewRowsMax = 8;
+
+  // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d.
+  static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                              const void* const* key_rows, DType dtype, int64_t stride, float* s,
+                              int64_t lds) {
+    if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
+    switch (dtype) {
+      case DType::f32: few_rows::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds); break;
+      case DType::f16: few_rows::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds); break;
+      case DType::bf16: few_rows::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds); break;
+    }
+  }
+
+  // acc[r * ldacc + t] += sum_c p[r * ldp + c] * value_rows[c][t * stride], r < m <= 8, c < n, t < d.
+  static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                  const void* const* value_rows, DType dtype, int64_t stride,
+                                  float* acc, int64_t ldacc) {
+    if (stride != 1)
+      return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
+    switch (dtype) {
+      case DType::f32: few_rows::accumulate_m<DType::f32>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
+      case DType::f16: few_rows::accumulate_m<DType::f16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
+      case DType::bf16: few_rows::accumulate_m<DType::bf16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
+    }
+  }
+};
+
+}  // namespace tileattn::detail::avx2
