@@ -9,7 +9,8 @@ endif()
 add_executable(mpi_ring_block_tests ${CMAKE_CURRENT_LIST_DIR}/ring_block_tests.cpp)
 target_include_directories(mpi_ring_block_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(mpi_ring_block_tests PRIVATE tileattn_mpi tileattn_test_support GTest::gtest GTest::gtest_main)
-gtest_discover_tests(mpi_ring_block_tests DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
+# Prefixed so that `ctest -R mpi` runs them with the mpirun cases.
+gtest_discover_tests(mpi_ring_block_tests TEST_PREFIX mpi. DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
 
 # Open MPI settings for a single machine, as environment so that another MPI
 # ignores them: allow root (containers), more ranks than cores, no core
