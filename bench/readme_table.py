@@ -30,6 +30,19 @@ CONFIGS = [
     ("memory: H=8 N=16384 D=128 fp32", ["--heads", "8", "--seq", "16384", "--dim", "128", "--no-baseline", "--reps", "1"]),
 ]
 
+# Backward (10*D FLOPs per visible pair): `tileattn bench --backward`.
+BACKWARD_CONFIGS = [
+    ("backward fp32 B=1 H=8 N=4096 D=128", ["--heads", "8", "--seq", "4096", "--dim", "128"]),
+    ("backward, causal", ["--heads", "8", "--seq", "4096", "--dim", "128", "--causal"]),
+]
+
+# Decode (Llama-3-8B shape, bf16 cache): `tileattn decode`, which also measures
+# the same-size read bandwidth, 1 thread, and recomputing the whole sequence.
+DECODE_CONFIGS = [
+    ("decode, bf16 cache of 8192 tokens", ["--prompt", "8192", "--steps", "16"]),
+    ("decode, paged (page size 16)", ["--prompt", "8192", "--steps", "16", "--paged", "--page-size", "16"]),
+]
+
 
 def run_json(cmd):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -88,6 +101,7 @@ def main():
     lines.append(f"- 2 threads against 1: {fmt(fp32 and one and fp32 / one, '.2f')}x.")
     core = rows[0][6]
     lines.append(f"- The naive baseline is OpenBLAS sgemm + softmax + sgemm on core `{core}`.")
+    lines += backward_and_decode_lines(args)
     table = "\n".join(lines)
     print(table)
     if args.dry_run:
@@ -100,6 +114,41 @@ def main():
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     readme.write_text(head + begin + "\n" + table + "\n" + end + tail)
+
+
+def backward_and_decode_lines(args):
+    """Rows for the backward (`bench --backward`) and decode (`tileattn decode`)."""
+    lines = ["", "| backward / decode | result | of FMA peak or read bandwidth | command |", "|---|---:|---:|---|"]
+    for label, extra in BACKWARD_CONFIGS:
+        runs = []
+        for _ in range(args.runs):
+            runs.append(run_json([args.binary, "bench", "--json", "--backward", "--no-baseline", "--reps", "3", *extra]))
+            print(f"{label}: {runs[-1].get('gflops', 0):.1f} GFLOP/s", file=sys.stderr)
+        gf = median([r.get("gflops") for r in runs])
+        frac = median([r.get("fraction_of_peak") for r in runs])
+        cmd = "tileattn bench --backward --no-baseline " + " ".join(extra)
+        lines.append(f"| {label} | {fmt(gf, '.1f')} GFLOP/s | {fmt(frac and frac * 100, '.0f')}% | `{cmd}` |")
+    contiguous_ms = None
+    for label, extra in DECODE_CONFIGS:
+        runs = []
+        for _ in range(args.runs):
+            runs.append(run_json([args.binary, "decode", "--json", *extra]))
+            print(f"{label}: {runs[-1].get('ms_per_token', 0):.2f} ms/token", file=sys.stderr)
+        ms = median([r.get("ms_per_token") for r in runs])
+        gbs = median([r.get("kv_gb_per_s") for r in runs])
+        read = median([r.get("read_gb_per_s") for r in runs])
+        frac = median([r.get("fraction_of_bandwidth") for r in runs])
+        threads = median([r.get("thread_speedup") for r in runs])
+        recompute = median([r.get("speedup_vs_recompute") for r in runs])
+        note = (f"{fmt(ms, '.2f')} ms/token, K/V at {fmt(gbs, '.1f')} GB/s (same-size read {fmt(read, '.1f')} GB/s); "
+                f"{fmt(threads, '.2f')}x vs 1 thread; {fmt(recompute, '.0f')}x vs recomputing")
+        if contiguous_ms is None:
+            contiguous_ms = ms
+        else:
+            note += f"; {fmt(ms and contiguous_ms / ms * 100, '.0f')}% of contiguous speed"
+        cmd = "tileattn decode " + " ".join(extra)
+        lines.append(f"| {label} | {note} | {fmt(frac and frac * 100, '.0f')}% | `{cmd}` |")
+    return lines
 
 
 if __name__ == "__main__":
