@@ -32,6 +32,7 @@ import torch
 
 import tileattn
 from tileattn import _arrays
+from tileattn._module import rope_tables
 from tileattn import _tileattn as _C
 
 _clock = time.thread_time_ns
@@ -80,7 +81,7 @@ def forward_direct(q, k, v, o, lse):
     return lambda: _C.forward(*args) if keep else None
 
 
-def kvcache_direct(q, k_cache, v_cache, k, v, seqlen, o, lse):
+def kvcache_direct(q, k_cache, v_cache, k, v, cos, sin, seqlen, o, lse):
     """_C.attention_with_kvcache on raw addresses with arguments prepared once; the cache
     lengths (which the kernel advances) are reset outside the timed library call."""
     addr = _arrays.address
@@ -89,9 +90,10 @@ def kvcache_direct(q, k_cache, v_cache, k, v, seqlen, o, lse):
     args = (_arrays.F32, (b, h, k_cache.shape[1], d, nq, k.shape[2]), addr(q), strides(q),
             addr(o), strides(o), addr(lse), strides(lse), addr(k_cache), strides(k_cache),
             addr(v_cache), strides(v_cache), (k_cache.shape[2], 0, 0, 0), addr(seqlens), 0,
-            addr(k), strides(k), addr(v), strides(v), 0, 0, (0, 0), False, d ** -0.5, True, -1, -1, 1)
+            addr(k), strides(k), addr(v), strides(v), addr(cos), addr(sin),
+            (2 * cos.shape[1], cos.shape[0]), False, d ** -0.5, True, -1, -1, 1)
 
-    keep = (q, k_cache, v_cache, k, v, o, lse)  # the addresses are only valid while these live
+    keep = (q, k_cache, v_cache, k, v, cos, sin, o, lse)  # the addresses are only valid while these live
 
     def run():
         seqlens[:] = seqlen
@@ -124,18 +126,21 @@ def cases(only):
                         lambda qq=qq, kk=kk, vv=vv: tileattn.flash_attention(qq, kk, vv, is_causal=True),
                         direct))
         if nk > 1:
-            # A decode step of a model: append one token at position nk - 1 of a cache of
-            # capacity 2 * nk, attend to the nk tokens.
+            # A decode step of a Llama-style layer (what tileattn.FlashAttention's
+            # incremental_forward calls): append one token at position nk - 1 of a cache of
+            # capacity 2 * nk with RoPE applied in the kernel, attend to the nk tokens.
             k_cache = torch.randn(1, hk, 2 * nk, 128, generator=g)
             v_cache = torch.randn(1, hk, 2 * nk, 128, generator=g)
             k1, v1 = k[:, :, :1].clone(), v[:, :, :1].clone()
+            cos, sin = (t.contiguous() for t in rope_tables(500000.0, 2 * nk, 128))
             seqlen = nk - 1
-            direct = kvcache_direct(q, k_cache, v_cache, k1, v1, seqlen, o, lse)
-            for fw, arrays in (("torch", (q, k_cache, v_cache, k1, v1)),
-                               ("numpy", tuple(x.numpy() for x in (q, k_cache, v_cache, k1, v1)))):
-                out.append((f"attention_with_kvcache {name} {fw}",
-                            lambda a=arrays: tileattn.attention_with_kvcache(
-                                a[0], a[1], a[2], a[3], a[4], cache_seqlens=seqlen),
+            direct = kvcache_direct(q, k_cache, v_cache, k1, v1, cos, sin, seqlen, o, lse)
+            arrays = (q, k_cache, v_cache, k1, v1, cos, sin)
+            for fw, a in (("torch", arrays), ("numpy", tuple(x.numpy() for x in arrays))):
+                out.append((f"attention_with_kvcache {name} RoPE {fw}",
+                            lambda a=a: tileattn.attention_with_kvcache(
+                                a[0], a[1], a[2], a[3], a[4], cache_seqlens=seqlen,
+                                rotary_cos=a[5], rotary_sin=a[6]),
                             direct))
         if not only or "SDPA" in only:
             out.append((f"torch SDPA {name} (whole call)",
