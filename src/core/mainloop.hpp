@@ -6,7 +6,8 @@
 //       B(p, j) at b + (j / 16) * b_panel + p * ldb + j % 16; n, ldc multiples
 //       of kPanelWidth; b and c 64-byte aligned
 //   row_max(x, n) -> max (NaN if any is NaN), exp2_sum(x, n, sub) -> sum
-//   (x := exp2(x - sub)), scale(x, n, alpha), load_row(src, dtype, n, stride,
+//   (x := exp2(x - sub)), row_max_rows / exp2_sum_rows (the same over several
+//   rows of a tile), scale(x, n, alpha), load_row(src, dtype, n, stride,
 //   scale, dst, panel), store_row(src, scale, n, dtype, dst, stride),
 //   pack_transposed(rows, n_rows, dtype, d, stride, dst, ld, panel)
 //
@@ -215,41 +216,54 @@ class ForwardMainloop {
 
   // Online softmax over stacked rows [s0, s0 + m) of one score tile: S becomes
   // P = exp2(S - row_max); the accumulator and the row sum are rescaled only
-  // when the row max grew.
+  // when the row max grew. Rows go in chunks, one pass at a time over the
+  // chunk (maxima, scalar updates, exponentials), so the kernels can
+  // interleave rows.
   void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0) {
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    constexpr int64_t kChunk = 32;
     const int64_t dp = p_.head_dim_padded;
-    for (int64_t t = 0; t < m; ++t) {
-      float* s = s_tile_ + t * kv_pad_;
-      float& row_max = row_max_[s0 + t];
-      float& row_sum = row_sum_[s0 + t];
-      const float tile_max = K::row_max(s, n);
-      if (tile_max != tile_max) {
-        // A NaN score (NaN in this query row or in a visible key): the row's
-        // result is NaN, as in the reference; later tiles keep it so.
-        row_max = row_sum = std::numeric_limits<float>::quiet_NaN();
-        std::memset(s, 0, sizeof(float) * n);
-        continue;
-      }
-      const float new_max = tile_max > row_max ? tile_max : row_max;
-      if (new_max == -std::numeric_limits<float>::infinity()) {
-        std::memset(s, 0, sizeof(float) * n);  // nothing visible in this row yet
-        continue;
-      }
-      if (new_max > row_max) {
-        if (row_max != -std::numeric_limits<float>::infinity()) {
-          const float alpha = std::exp2(row_max - new_max);
-          K::scale(acc_ + (s0 + t) * dp, dp, alpha);
-          row_sum *= alpha;
+    float tile_max[kChunk], tile_sum[kChunk];
+    for (int64_t c0 = 0; c0 < m; c0 += kChunk) {
+      const int64_t rows = min64(kChunk, m - c0);
+      float* s_rows = s_tile_ + c0 * kv_pad_;
+      float* row_max = row_max_ + s0 + c0;
+      float* row_sum = row_sum_ + s0 + c0;
+      K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
+      for (int64_t t = 0; t < rows; ++t) {
+        if (tile_max[t] != tile_max[t]) {
+          // A NaN score (NaN in this query row or in a visible key): the row's
+          // result is NaN, as in the reference; later tiles keep it so.
+          row_max[t] = row_sum[t] = std::numeric_limits<float>::quiet_NaN();
+          continue;
         }
-        row_max = new_max;
+        const float new_max = tile_max[t] > row_max[t] ? tile_max[t] : row_max[t];
+        if (new_max > row_max[t]) {
+          if (row_max[t] != -kInf) {
+            const float alpha = std::exp2(row_max[t] - new_max);
+            K::scale(acc_ + (s0 + c0 + t) * dp, dp, alpha);
+            row_sum[t] *= alpha;
+          }
+          row_max[t] = new_max;
+        }
       }
-      row_sum += K::exp2_sum(s, n, row_max);
-      // Dropout (FlashAttention-2): the normalizer above sums the kept and the
-      // dropped P; only P V sees the mask. One check per row, none per element
-      // without dropout.
-      if (a_.dropout_p > 0.0f)
-        apply_dropout_row(make_dropout(a_.dropout_p, a_.seed), w.batch, head_of(w, s0 + t),
-                          query_of(w, s0 + t), j0, s, n);
+      K::exp2_sum_rows(s_rows, kv_pad_, rows, n, row_max, tile_sum);
+      for (int64_t t = 0; t < rows; ++t) {
+        float* s = s_rows + t * kv_pad_;
+        // NaN rows, and rows that have seen no visible key yet (max -inf):
+        // P = 0 (their exponentials above are discarded).
+        if (row_max[t] != row_max[t] || row_max[t] == -kInf) {
+          std::memset(s, 0, sizeof(float) * n);
+          continue;
+        }
+        row_sum[t] += tile_sum[t];
+        // Dropout (FlashAttention-2): the normalizer above sums the kept and
+        // the dropped P; only P V sees the mask. One check per row, none per
+        // element without dropout.
+        if (a_.dropout_p > 0.0f)
+          apply_dropout_row(make_dropout(a_.dropout_p, a_.seed), w.batch, head_of(w, s0 + c0 + t),
+                            query_of(w, s0 + c0 + t), j0, s, n);
+      }
     }
   }
 

@@ -129,6 +129,16 @@ struct Kernels {
     return _mm512_reduce_add_ps(sum);
   }
 
+  // Softmax row passes over `rows` rows of a tile (row r at s + r * ld):
+  // row_max and exp2_sum per row (the AVX2 path interleaves rows).
+  static void row_max_rows(const float* s, int64_t ld, int64_t rows, int64_t n, float* out) {
+    for (int64_t r = 0; r < rows; ++r) out[r] = row_max(s + r * ld, n);
+  }
+  static void exp2_sum_rows(float* s, int64_t ld, int64_t rows, int64_t n, const float* sub,
+                            float* sums) {
+    for (int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum(s + r * ld, n, sub[r]);
+  }
+
   static void scale(float* x, int64_t n, float alpha) {
     const __m512 a = _mm512_set1_ps(alpha);
     for (int64_t j = 0; j < n; j += 16) {
