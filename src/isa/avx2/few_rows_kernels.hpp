@@ -44,22 +44,69 @@ static inline __m256 sum_each(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Keys per pass of the score kernel and 8-float columns per pass of the
-// P V kernel, so that accumulators + loaded vectors fit the 16 ymm registers.
+// 16 elements as two fp32 vectors in "chunk order". fp32 and fp16: elements
+// 0..7 and 8..15. bf16: the even and the odd elements, which one 256-bit
+// load yields with one shift and one and (a bf16 is the top half of its
+// fp32), instead of two widening loads and two shifts.
+template <DType kType>
+static inline void load16(const char* src, __m256& lo, __m256& hi) {
+  if constexpr (kType == DType::bf16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(int(0xffff0000u))));
+  } else {
+    lo = load8<kType>(src);
+    hi = load8<kType>(src + 8 * kElementSize<kType>);
+  }
+}
+
+// fp32 elements 0..7 (a) and 8..15 (b) to chunk order and back.
+template <DType kType>
+static inline void to_chunk_order(__m256& a, __m256& b) {
+  if constexpr (kType == DType::bf16) {
+    const __m256 even = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
+    const __m256 odd = _mm256_shuffle_ps(a, b, 0xdd);   // a1 a3 b1 b3 | a5 a7 b5 b7
+    a = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xd8));
+    b = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xd8));
+  }
+}
+template <DType kType>
+static inline void from_chunk_order(__m256& a, __m256& b) {
+  if constexpr (kType == DType::bf16) {
+    const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+    a = _mm256_permute2f128_ps(lo, hi, 0x20);
+    b = _mm256_permute2f128_ps(lo, hi, 0x31);
+  }
+}
+
+// Register blocking, so that accumulators + loaded vectors fit the 16 ymm
+// registers and at least 6 independent FMA chains hide the FMA latency.
 template <int M>
-constexpr int kKeysPerPass = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+constexpr int kKeysPerPass = M == 1 ? 4 : M == 2 ? 2 : 1;  // scores: keys sharing q loads
 template <int M>
-constexpr int kColumnsPerPass = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+constexpr int kChainsPerRow = M <= 4 ? 2 : 1;  // scores: accumulators per (row, key)
+template <int M>
+constexpr int kChunksPerPass = M <= 2 ? 2 : 1;  // P V (M <= 4): 16-column chunks per pass
 
 constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
+constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows).
 template <DType kType, int M>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
                    float* s, int64_t lds) {
-  constexpr int KJ = kKeysPerPass<M>;
+  constexpr int KJ = kKeysPerPass<M>, S = kChainsPerRow<M>;
   constexpr int64_t kSize = kElementSize<kType>;
-  const int64_t d8 = d / 8 * 8;
+  const int64_t d16 = d / 16 * 16, d8 = d / 8 * 8;
+  // q over [0, d16) in chunk order, once per tile.
+  alignas(32) float qc[M][kMaxHeadDim];
+  for (int r = 0; r < M; ++r)
+    for (int64_t t = 0; t < d16; t += 16) {
+      __m256 a = _mm256_loadu_ps(q + r * ldq + t), b = _mm256_loadu_ps(q + r * ldq + t + 8);
+      to_chunk_order<kType>(a, b);
+      _mm256_store_ps(qc[r] + t, a);
+      _mm256_store_ps(qc[r] + t + 8, b);
+    }
   for (int64_t c0 = 0; c0 < n; c0 += 8) {
     const int64_t cn = n - c0 < 8 ? n - c0 : 8;
     // A partial group repeats its last row; those lanes are not stored.
@@ -67,19 +114,32 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     for (int i = 0; i < 8; ++i) rows[i] = static_cast<const char*>(key_rows[c0 + (i < cn ? i : cn - 1)]);
     __m256 partial[M][8];
     for (int k0 = 0; k0 < 8; k0 += KJ) {
-      __m256 acc[M][KJ];
+      __m256 acc[M][KJ][S];
       for (int r = 0; r < M; ++r)
-        for (int j = 0; j < KJ; ++j) acc[r][j] = _mm256_setzero_ps();
-      for (int64_t t = 0; t < d8; t += 8) {
-        __m256 k[KJ];
-        for (int j = 0; j < KJ; ++j) k[j] = load8<kType>(rows[k0 + j] + t * kSize);
+        for (int j = 0; j < KJ; ++j)
+          for (int h = 0; h < S; ++h) acc[r][j][h] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+      for (int64_t t = 0; t < d16; t += 16) {
+        __m256 lo[KJ], hi[KJ];
+        for (int j = 0; j < KJ; ++j) load16<kType>(rows[k0 + j] + t * kSize, lo[j], hi[j]);
         for (int r = 0; r < M; ++r) {
-          const __m256 qv = _mm256_loadu_ps(q + r * ldq + t);
-          for (int j = 0; j < KJ; ++j) acc[r][j] = _mm256_fmadd_ps(qv, k[j], acc[r][j]);
+          const __m256 q_lo = _mm256_load_ps(qc[r] + t), q_hi = _mm256_load_ps(qc[r] + t + 8);
+          for (int j = 0; j < KJ; ++j) {
+            acc[r][j][0] = _mm256_fmadd_ps(q_lo, lo[j], acc[r][j][0]);
+            acc[r][j][S - 1] = _mm256_fmadd_ps(q_hi, hi[j], acc[r][j][S - 1]);
+          }
+        }
+      }
+      if (d16 < d8) {  // one 8-element block in natural order
+        for (int j = 0; j < KJ; ++j) {
+          const __m256 k = load8<kType>(rows[k0 + j] + d16 * kSize);
+          for (int r = 0; r < M; ++r)
+            acc[r][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * ldq + d16), k, acc[r][j][0]);
         }
       }
       for (int r = 0; r < M; ++r)
-        for (int j = 0; j < KJ; ++j) partial[r][k0 + j] = acc[r][j];
+        for (int j = 0; j < KJ; ++j)
+          partial[r][k0 + j] = S == 2 ? _mm256_add_ps(acc[r][j][0], acc[r][j][S - 1]) : acc[r][j][0];
     }
     for (int r = 0; r < M; ++r) {
       __m256 sums = sum_each(partial[r]);
@@ -106,29 +166,40 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
 template <DType kType, int M>
 static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
                        float* acc, int64_t ldacc) {
-  constexpr int W = kColumnsPerPass<M>;
   constexpr int64_t kSize = kElementSize<kType>;
   const int64_t d8 = d / 8 * 8;
   for (int64_t c0 = 0; c0 < n; c0 += kKeysPerChunk) {
     const int64_t c1 = n - c0 < kKeysPerChunk ? n : c0 + kKeysPerChunk;
     int64_t t = 0;
-    for (; t + 8 * W <= d8; t += 8 * W) {
-      __m256 o[M][W];
-      for (int r = 0; r < M; ++r)
-        for (int w = 0; w < W; ++w) o[r][w] = _mm256_loadu_ps(acc + r * ldacc + t + 8 * w);
-      for (int64_t c = c0; c < c1; ++c) {
-        const char* row = static_cast<const char*>(value_rows[c]) + t * kSize;
-        __m256 v[W];
-        for (int w = 0; w < W; ++w) v[w] = load8<kType>(row + 8 * w * kSize);
-        for (int r = 0; r < M; ++r) {
-          const __m256 pr = _mm256_broadcast_ss(p + r * ldp + c);
-          for (int w = 0; w < W; ++w) o[r][w] = _mm256_fmadd_ps(pr, v[w], o[r][w]);
+    if constexpr (M <= 4) {  // 16-column chunks: two vectors per (row, chunk)
+      constexpr int P = kChunksPerPass<M>;
+      for (; t + 16 * P <= d8; t += 16 * P) {
+        __m256 o[M][2 * P];
+        for (int r = 0; r < M; ++r)
+          for (int u = 0; u < P; ++u) {
+            o[r][2 * u] = _mm256_loadu_ps(acc + r * ldacc + t + 16 * u);
+            o[r][2 * u + 1] = _mm256_loadu_ps(acc + r * ldacc + t + 16 * u + 8);
+            to_chunk_order<kType>(o[r][2 * u], o[r][2 * u + 1]);
+          }
+#pragma GCC unroll 2
+        for (int64_t c = c0; c < c1; ++c) {
+          const char* row = static_cast<const char*>(value_rows[c]) + t * kSize;
+          __m256 v[2 * P];
+          for (int u = 0; u < P; ++u) load16<kType>(row + 16 * u * kSize, v[2 * u], v[2 * u + 1]);
+          for (int r = 0; r < M; ++r) {
+            const __m256 pr = _mm256_broadcast_ss(p + r * ldp + c);
+            for (int u = 0; u < 2 * P; ++u) o[r][u] = _mm256_fmadd_ps(pr, v[u], o[r][u]);
+          }
         }
+        for (int r = 0; r < M; ++r)
+          for (int u = 0; u < P; ++u) {
+            from_chunk_order<kType>(o[r][2 * u], o[r][2 * u + 1]);
+            _mm256_storeu_ps(acc + r * ldacc + t + 16 * u, o[r][2 * u]);
+            _mm256_storeu_ps(acc + r * ldacc + t + 16 * u + 8, o[r][2 * u + 1]);
+          }
       }
-      for (int r = 0; r < M; ++r)
-        for (int w = 0; w < W; ++w) _mm256_storeu_ps(acc + r * ldacc + t + 8 * w, o[r][w]);
     }
-    for (; t < d8; t += 8) {  // 8-column blocks left over from the W-wide passes
+    for (; t < d8; t += 8) {  // 8-column blocks (all of them for M > 4), natural order
       __m256 o[M];
       for (int r = 0; r < M; ++r) o[r] = _mm256_loadu_ps(acc + r * ldacc + t);
       for (int64_t c = c0; c < c1; ++c) {
