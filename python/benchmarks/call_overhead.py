@@ -19,10 +19,15 @@ two differences are formed per pair and their medians reported:
   vs C++  = call - direct: the same against a separate C++ call of the same problem; it also
             counts any slowdown of the kernel itself caused by the Python work around it.
 
-Medians over many pairs ignore the preemptions and cache storms other processes cause; a run
-is repeated `--rounds` times and the median [min-max] over the rounds' medians is printed.
+Each case repeats its own call, as a decode loop does (with --interleave the cases of one
+shape take turns pair by pair instead, so that they all see the same machine, at the price of
+evicting each other's code). Medians over many pairs ignore the preemptions and cache storms
+other processes cause; a run is repeated `--rounds` times and the median [min-max] over the
+rounds' medians is printed. The first row of each shape, the raw binding timed against itself,
+is the floor: what any Python call of the library costs (argument conversion, the GIL release,
+reading the clock after the kernel).
 
-    .venv/bin/python python/benchmarks/call_overhead.py [--rounds 5] [--pairs 200] [--only decode]
+    .venv/bin/python python/benchmarks/call_overhead.py [--rounds 5] [--pairs 200] [--only decode|scan]
 """
 import argparse
 import time
@@ -43,25 +48,38 @@ def clock_cost_ns(n=2000):
     return float(np.median([-_clock() + _clock() for _ in range(n)]))
 
 
-def pairs(call, direct, n, clock_ns):
-    """Per pair: (call ns, kernel ns inside the call, direct ns)."""
-    for _ in range(10):
-        call()
-        direct()
-    out = np.empty((n, 3))
+def pair(call, direct, first, clock_ns):
+    """One pair, the direct call first or second: (call ns, kernel ns inside the call, direct ns)."""
     _C.time_kernel(True)
-    for i in range(n):
-        if i % 2:
+    if first:
+        direct()
+        direct_ns = _C.time_kernel(True) * 1e9
+    t0 = _clock()
+    call()
+    t1 = _clock()
+    kernel_ns = _C.time_kernel(True) * 1e9
+    if not first:
+        direct()
+        direct_ns = _C.time_kernel(True) * 1e9
+    return t1 - t0 - clock_ns, kernel_ns, direct_ns
+
+
+def rounds_of(group, n, rounds, clock_ns):
+    """Per case of the group: a list with one (n, 3) array per round. The cases of a group take
+    turns pair by pair, so that all of them see the same machine (load, other processes'
+    cache traffic): on this shared machine the kernel's own time moves by 2x within minutes."""
+    for _, _, call, direct in group:
+        for _ in range(10):
+            call()
             direct()
-            out[i, 2] = _C.time_kernel(True) * 1e9
-        t0 = _clock()
-        call()
-        t1 = _clock()
-        out[i, 0] = t1 - t0 - clock_ns
-        out[i, 1] = _C.time_kernel(True) * 1e9
-        if not i % 2:
-            direct()
-            out[i, 2] = _C.time_kernel(True) * 1e9
+    out = [[] for _ in group]
+    for _ in range(rounds):
+        samples = np.empty((len(group), n, 3))
+        for i in range(n):
+            for c, (_, _, call, direct) in enumerate(group):
+                samples[c, i] = pair(call, direct, i % 2 == 1, clock_ns)
+        for c in range(len(group)):
+            out[c].append(samples[c] / 1e3)
     _C.time_kernel(False)
     return out
 
@@ -103,7 +121,7 @@ def kvcache_direct(q, k_cache, v_cache, k, v, cos, sin, seqlen, o, lse):
 
 
 def cases(only):
-    """(label, call, direct) for every case."""
+    """(group, label, call, direct) for every case; a group is one problem shape."""
     g = torch.Generator().manual_seed(0)
     out = []
     shapes = [("decode H=32/8 Nk=1024", (32, 8, 1024)), ("tiny H=1 Nk=1", (1, 1, 1))]
@@ -120,9 +138,9 @@ def cases(only):
         direct = forward_direct(q, k, v, o, lse)
         # The floor: the raw-address binding called from Python with its arguments prepared
         # once (nanobind's argument conversion, the GIL release, nothing else).
-        out.append((f"raw binding _C.forward {name} (floor)", direct, direct))
+        out.append((name, f"raw binding _C.forward {name} (floor)", direct, direct))
         for fw, (qq, kk, vv) in (("torch", (q, k, v)), ("numpy", (q.numpy(), k.numpy(), v.numpy()))):
-            out.append((f"flash_attention {name} {fw}",
+            out.append((name, f"flash_attention {name} {fw}",
                         lambda qq=qq, kk=kk, vv=vv: tileattn.flash_attention(qq, kk, vv, is_causal=True),
                         direct))
         if nk > 1:
@@ -137,13 +155,13 @@ def cases(only):
             direct = kvcache_direct(q, k_cache, v_cache, k1, v1, cos, sin, seqlen, o, lse)
             arrays = (q, k_cache, v_cache, k1, v1, cos, sin)
             for fw, a in (("torch", arrays), ("numpy", tuple(x.numpy() for x in arrays))):
-                out.append((f"attention_with_kvcache {name} RoPE {fw}",
-                            lambda a=a: tileattn.attention_with_kvcache(
-                                a[0], a[1], a[2], a[3], a[4], cache_seqlens=seqlen,
+                out.append((name, f"attention_with_kvcache {name} RoPE {fw}",
+                            lambda a=a, n=seqlen: tileattn.attention_with_kvcache(
+                                a[0], a[1], a[2], a[3], a[4], cache_seqlens=n,
                                 rotary_cos=a[5], rotary_sin=a[6]),
                             direct))
         if not only or "SDPA" in only:
-            out.append((f"torch SDPA {name} (whole call)",
+            out.append((name, f"torch SDPA {name} (whole call)",
                         lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(
                             q, k, v, enable_gqa=True),
                         lambda: None))
@@ -156,6 +174,8 @@ def main():
     parser.add_argument("--pairs", type=int, default=200, help="pairs per round (x10 for tiny cases)")
     parser.add_argument("--only", default="", help="run the cases whose label contains this "
                         "('scan': decode shapes with Nk = 16 .. 4096)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="the cases of one shape take turns pair by pair")
     args = parser.parse_args()
     tileattn.set_num_threads(1)
     torch.set_num_threads(1)
@@ -167,17 +187,20 @@ def main():
     def fmt(values):
         return f"{np.median(values):6.1f} [{min(values):.1f}-{max(values):.1f}]"
 
-    for label, call, direct in cases(args.only):
-        n = args.pairs * (10 if "tiny" in label else 1)
-        rounds = [pairs(call, direct, n, clock_ns) / 1e3 for _ in range(args.rounds)]
-        med = lambda f: [float(np.median(f(r))) for r in rounds]  # noqa: E731
-        call_us = med(lambda r: r[:, 0])
-        if "SDPA" in label:
-            print(f"{label:52s} {fmt(call_us):>18s}")
-            continue
-        print(f"{label:52s} {fmt(call_us):>18s} {fmt(med(lambda r: r[:, 1])):>18s} "
-              f"{fmt(med(lambda r: r[:, 0] - r[:, 1])):>16s} {fmt(med(lambda r: r[:, 0] - r[:, 2])):>16s}")
-
+    groups = {}
+    for case in cases(args.only):
+        groups.setdefault(case[0] if args.interleave else case[1], []).append(case)
+    for group in groups.values():
+        n = args.pairs * (10 if "tiny" in group[0][0] else 1)
+        for (_, label, _, _), rounds in zip(group, rounds_of(group, n, args.rounds, clock_ns)):
+            med = lambda f: [float(np.median(f(r))) for r in rounds]  # noqa: E731
+            call_us = med(lambda r: r[:, 0])
+            if "SDPA" in label:
+                print(f"{label:52s} {fmt(call_us):>18s}")
+                continue
+            print(f"{label:52s} {fmt(call_us):>18s} {fmt(med(lambda r: r[:, 1])):>18s} "
+                  f"{fmt(med(lambda r: r[:, 0] - r[:, 1])):>16s} "
+                  f"{fmt(med(lambda r: r[:, 0] - r[:, 2])):>16s}")
 
 if __name__ == "__main__":
     main()
