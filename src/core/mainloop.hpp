@@ -201,8 +201,25 @@ class ForwardMainloop {
   // strided sources that the hardware prefetcher cannot follow.
   void prefetch_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
     if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
-    const int64_t row_bytes = a_.shape.head_dim * int64_t(dtype_size(a_.dtype));
+    const int64_t esize = int64_t(dtype_size(a_.dtype));
+    const int64_t row_bytes = a_.shape.head_dim * esize;
     for (const InputView* view : {&a_.k, &a_.v}) {
+      if (a_.kv.block_table && view->stride[2] * esize == row_bytes) {
+        // Dense rows in each page: one span per page, no per-row addresses
+        // (the per-row walk cost paged decode ~6% of its time).
+        const int32_t* table = a_.kv.block_table + w.batch * a_.kv.block_table_stride;
+        const char* base = static_cast<const char*>(view->data);
+        const int64_t page_size = a_.kv.page_size;
+        int64_t page_index = j0 / page_size, in_page = j0 % page_size;
+        for (int64_t c = 0; c < n; ++page_index, in_page = 0) {
+          const char* page = base + (table[page_index] * view->stride[0] + w.kv_head * view->stride[1]) * esize;
+          const int64_t take = min64(page_size - in_page, n - c);
+          const char* first = page + in_page * row_bytes;
+          for (int64_t off = 0; off < take * row_bytes; off += 64) __builtin_prefetch(first + off, 0, 2);
+          c += take;
+        }
+        continue;
+      }
       fill_key_rows(*view, seq, w, j0, n, key_rows_);
       for (int64_t c = 0; c < n; ++c)
         for (int64_t off = 0; off < row_bytes; off += 64)
