@@ -1,5 +1,6 @@
 """The torch custom ops: registration checked by torch.library.opcheck, and seen whole by
 torch.compile (fullgraph, so a graph break would fail)."""
+import pytest
 import torch
 
 import tileattn
@@ -120,3 +121,25 @@ def test_flash_attention_under_a_dispatch_mode_goes_through_the_op():
         o = tileattn.flash_attention(q, k, v, is_causal=True)
     assert "tileattn.flash_attention.default" in mode.names
     assert torch.equal(o, tileattn.flash_attention(q, k, v, is_causal=True))
+
+
+def test_plain_inference_calls_skip_the_ops(monkeypatch):
+    """The speed contract of docs/python.md: plain tensors with nothing observing take the one
+    C++ call, never the op (whose Python dispatch costs more than a decode step's C++ call);
+    with autograd they take the op."""
+    from tileattn import _forward, _kvcache, _torch_ops
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the custom op was called")
+
+    monkeypatch.setattr(_torch_ops, "flash_attention_op", refuse)
+    monkeypatch.setattr(_torch_ops, "attention_with_kvcache_op", refuse)
+    q, k, v = inputs()
+    tileattn.flash_attention(q, k, v, is_causal=True)
+    with torch.no_grad():
+        tileattn.flash_attention(q.requires_grad_(True), k, v)
+    q, kc, vc, k1, v1, cos, sin = kvcache_inputs()
+    tileattn.attention_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=2, rotary_cos=cos, rotary_sin=sin)
+    with pytest.raises(AssertionError, match="the custom op was called"):
+        tileattn.flash_attention(q.requires_grad_(True), kc, vc)
+    assert _forward._torch_tensor is torch.Tensor and _kvcache._torch_tensor is torch.Tensor
