@@ -1,7 +1,10 @@
 // Portable tile products for a few stacked query rows (decode), same contract
 // as src/isa/avx2/few_rows_kernels.hpp: K and V rows are read from the
-// source through a row table and converted element by element, no packing.
-// Each loaded element is used for all the rows before the next one is read.
+// source through a row table, no tile is packed. Each row is converted once
+// into a small fp32 buffer (the dtype switch outside the element loop) and
+// used for all the stacked rows; the loops are written so that the compiler
+// can vectorize them without reassociating any sum (eight interleaved
+// partial sums for the dot products, independent columns for P V).
 #pragma once
 
 #include <cstdint>
@@ -18,13 +21,19 @@ struct FewRowsKernels {
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
                               int64_t lds) {
+    float k[kMaxHeadDim];
+    const int64_t d8 = d / 8 * 8;
     for (int64_t c = 0; c < n; ++c) {
-      float sum[kFewRowsMax] = {};
-      for (int64_t t = 0; t < d; ++t) {
-        const float k = load_element(key_rows[c], int(dtype), t * stride);
-        for (int64_t r = 0; r < m; ++r) sum[r] += q[r * ldq + t] * k;
+      to_float_row(key_rows[c], dtype, stride, d, k);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* qr = q + r * ldq;
+        float part[8] = {};
+        for (int64_t t = 0; t < d8; t += 8)
+          for (int l = 0; l < 8; ++l) part[l] += qr[t + l] * k[t + l];
+        float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        for (int64_t t = d8; t < d; ++t) sum += qr[t] * k[t];
+        s[r * lds + c] = sum;
       }
-      for (int64_t r = 0; r < m; ++r) s[r * lds + c] = sum[r];
     }
   }
 
@@ -32,11 +41,32 @@ struct FewRowsKernels {
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                   const void* const* value_rows, DType dtype, int64_t stride,
                                   float* acc, int64_t ldacc) {
-    for (int64_t c = 0; c < n; ++c)
-      for (int64_t t = 0; t < d; ++t) {
-        const float v = load_element(value_rows[c], int(dtype), t * stride);
-        for (int64_t r = 0; r < m; ++r) acc[r * ldacc + t] += p[r * ldp + c] * v;
+    float v[kMaxHeadDim];
+    for (int64_t c = 0; c < n; ++c) {
+      to_float_row(value_rows[c], dtype, stride, d, v);
+      for (int64_t r = 0; r < m; ++r) {
+        const float pr = p[r * ldp + c];
+        float* out = acc + r * ldacc;
+        for (int64_t t = 0; t < d; ++t) out[t] += pr * v[t];
       }
+    }
+  }
+
+ private:
+  static constexpr int64_t kMaxHeadDim = 256;  // validate.cpp's limit
+
+  static void to_float_row(const void* src, DType dtype, int64_t stride, int64_t d, float* dst) {
+    switch (dtype) {
+      case DType::f32:
+        for (int64_t t = 0; t < d; ++t) dst[t] = static_cast<const float*>(src)[t * stride];
+        break;
+      case DType::f16:
+        for (int64_t t = 0; t < d; ++t) dst[t] = f16_to_float(static_cast<const uint16_t*>(src)[t * stride]);
+        break;
+      case DType::bf16:
+        for (int64_t t = 0; t < d; ++t) dst[t] = bf16_to_float(static_cast<const uint16_t*>(src)[t * stride]);
+        break;
+    }
   }
 };
 
