@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "fuzz_views.hpp"
 #include "tileattn/attention.hpp"
 
 namespace {
@@ -28,135 +29,11 @@ namespace {
 using tileattn::DType;
 using tileattn::ForwardArgs;
 using tileattn::MaskSpec;
-
-constexpr int64_t kMaxBufferBytes = int64_t{4} << 20;  // views larger than this are not allocated
-constexpr unsigned char kSentinel = 0xA5;
+using namespace fuzzviews;
 
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "fuzz_forward: property violated: %s\n", what);
   std::abort();
-}
-
-// A buffer covering a strided view: bytes [lo, hi) relative to the view's origin.
-struct ViewBuffer {
-  std::vector<unsigned char> bytes;
-  int64_t origin = 0;           // byte index of element (0, 0, 0, 0)
-  bool overflow = false;        // the extent does not fit int64: the library must refuse
-                                // (the pointer then names a 64-byte buffer)
-  bool too_large = false;       // fits int64 but larger than kMaxBufferBytes: not allocated
-  void* data() { return bytes.empty() ? nullptr : bytes.data() + origin; }
-};
-
-// Sizes the buffer of a view the way a caller would: every element the view
-// names must be inside it.
-ViewBuffer make_view_buffer(const int64_t* sizes, const int64_t* strides, int rank, int64_t esize) {
-  ViewBuffer b;
-  int64_t lo = 0, hi = 0;
-  for (int i = 0; i < rank; ++i)
-    if (sizes[i] <= 0) {
-      b.bytes.assign(64, kSentinel);  // empty view: a valid pointer, nothing to touch
-      return b;
-    }
-  for (int i = 0; i < rank; ++i) {
-    int64_t span;
-    if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &span) ||
-        __builtin_mul_overflow(span, esize, &span) ||
-        (span < 0 ? __builtin_add_overflow(lo, span, &lo) : __builtin_add_overflow(hi, span, &hi))) {
-      b.overflow = true;
-      b.bytes.assign(64, kSentinel);
-      return b;
-    }
-  }
-  int64_t total;
-  if (__builtin_sub_overflow(hi, lo, &total) || __builtin_add_overflow(total, esize, &total)) {
-    b.overflow = true;
-    b.bytes.assign(64, kSentinel);
-    return b;
-  }
-  if (total > kMaxBufferBytes) {
-    b.too_large = true;
-    return b;
-  }
-  b.bytes.assign(size_t(total), kSentinel);
-  b.origin = -lo;
-  return b;
-}
-
-// Marks the bytes of every element of a view (rank <= 4) in `mask`.
-void mark_view(std::vector<unsigned char>& mask, int64_t origin, const int64_t* sizes,
-               const int64_t* strides, int rank, int64_t esize) {
-  std::array<int64_t, 4> n{1, 1, 1, 1}, s{0, 0, 0, 0};
-  for (int i = 0; i < rank; ++i) {
-    n[size_t(4 - rank + i)] = sizes[i];
-    s[size_t(4 - rank + i)] = strides[i];
-  }
-  for (int64_t a = 0; a < n[0]; ++a)
-    for (int64_t b = 0; b < n[1]; ++b)
-      for (int64_t c = 0; c < n[2]; ++c)
-        for (int64_t d = 0; d < n[3]; ++d) {
-          const int64_t at = origin + (a * s[0] + b * s[1] + c * s[2] + d * s[3]) * esize;
-          for (int64_t k = 0; k < esize; ++k) mask[size_t(at + k)] = 1;
-        }
-}
-
-// Strides of a [b, h, n, d] view: dense in either layout, or arbitrary small
-// values (negative, zero, overlapping), or huge ones that overflow.
-std::array<int64_t, 4> pick_strides(FuzzedDataProvider& in, const int64_t* sizes) {
-  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: return tileattn::dense_strides(tileattn::Layout::bhsd, sizes[0], sizes[1], sizes[2], sizes[3]);
-    case 1: return tileattn::dense_strides(tileattn::Layout::bshd, sizes[0], sizes[1], sizes[2], sizes[3]);
-    case 2: {
-      auto s = tileattn::dense_strides(tileattn::Layout::bhsd, sizes[0], sizes[1], sizes[2], sizes[3]);
-      s[2] += in.ConsumeIntegralInRange<int64_t>(0, 7);  // padded rows
-      s[1] = s[2] * sizes[2];
-      s[0] = s[1] * sizes[1];
-      return s;
-    }
-    case 3: {
-      std::array<int64_t, 4> s;
-      for (auto& x : s) x = in.ConsumeIntegralInRange<int64_t>(-64, 64);
-      return s;
-    }
-    case 4: {
-      auto s = tileattn::dense_strides(tileattn::Layout::bhsd, sizes[0], sizes[1], sizes[2], sizes[3]);
-      s[size_t(in.ConsumeIntegralInRange<int>(0, 3))] = in.ConsumeIntegral<int64_t>();
-      return s;
-    }
-    default: {
-      std::array<int64_t, 4> s;
-      for (auto& x : s) x = in.ConsumeIntegral<int64_t>();
-      return s;
-    }
-  }
-}
-
-// Element values: mostly small, sometimes NaN, infinities, huge or denormal.
-void fill_values(FuzzedDataProvider& in, ViewBuffer& buf, DType dtype) {
-  if (buf.bytes.empty()) return;
-  uint32_t state = in.ConsumeIntegral<uint32_t>() | 1u;
-  const int special = in.ConsumeIntegralInRange<int>(0, 7);
-  const size_t esize = tileattn::dtype_size(dtype);
-  for (size_t i = 0; i + esize <= buf.bytes.size(); i += esize) {
-    state ^= state << 13;
-    state ^= state >> 17;
-    state ^= state << 5;
-    float v = float(int(state % 2001) - 1000) / 500.0f;
-    if (special && state % 97 == 0) {
-      const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
-                                std::numeric_limits<float>::infinity(),
-                                -std::numeric_limits<float>::infinity(),
-                                1e30f, -1e30f, 1e-40f, 0.0f};
-      v = specials[size_t(special - 1)];
-    }
-    if (esize == 4) {
-      std::memcpy(&buf.bytes[i], &v, 4);
-    } else {
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      const uint16_t half = uint16_t(bits >> 16);  // bf16 bits; as f16 just another pattern
-      std::memcpy(&buf.bytes[i], &half, 2);
-    }
-  }
 }
 
 std::vector<int32_t> make_cu_seqlens(FuzzedDataProvider& in, int64_t batch) {

@@ -54,8 +54,15 @@ Layout parse_layout(const std::string& name) {
 std::array<int64_t, 4> dense_strides(Layout layout, int64_t batch, int64_t heads, int64_t rows,
                                      int64_t dim) {
   (void)batch;
-  if (layout == Layout::bhsd) return {heads * rows * dim, rows * dim, dim, 1};
-  return {rows * heads * dim, dim, heads * dim, 1};
+  // Sizes no tensor can have would overflow the products (undefined behaviour).
+  int64_t row_stride = 0, outer_stride = 0;
+  const int64_t inner = layout == Layout::bhsd ? rows : heads;
+  if (__builtin_mul_overflow(inner, dim, &row_stride) ||
+      __builtin_mul_overflow(layout == Layout::bhsd ? heads : rows, row_stride, &outer_stride))
+    throw Error("dense_strides: heads x rows x head_dim overflows int64 (" + std::to_string(heads) + " x " +
+                std::to_string(rows) + " x " + std::to_string(dim) + ")");
+  if (layout == Layout::bhsd) return {outer_stride, row_stride, dim, 1};
+  return {outer_stride, dim, row_stride, 1};
 }
 
 }  // namespace tileattn

@@ -148,7 +148,8 @@ void validate(const ForwardArgs& a) {
     if (a.kv.num_pages < 0) fail("num_pages must be >= 0, got " + str(a.kv.num_pages));
     if (a.kv.block_table_stride < 0) fail("block_table stride must be >= 0");
     for (int64_t b = 0; b < s.batch; ++b) {
-      const int64_t blocks = (int64_t(a.kv.seqlens[b]) + a.kv.page_size - 1) / a.kv.page_size;
+      const int64_t n = a.kv.seqlens[b];  // >= 0 here; n + page_size - 1 could overflow
+      const int64_t blocks = n == 0 ? 0 : (n - 1) / a.kv.page_size + 1;
       if (blocks > a.kv.block_table_stride)
         fail("block_table: sequence " + str(b) + " needs " + str(blocks) +
              " pages but the table has " + str(a.kv.block_table_stride) + " per sequence");

@@ -79,6 +79,7 @@ void attention_with_kvcache(const KvCacheArgs& args) {
   detail::validate_query_rotary(args, plan.new_lengths);
   ForwardArgs forward = kvcache_forward_args(args, plan.new_lengths.data());
   validate(forward);
+  detail::validate_apart_from_cache(args, plan);
   resolve_isa(args.isa);  // an unavailable TILEATTN_ISA throws here, not after the append
   const bool rotary = args.rotary_cos != nullptr;
   const bool has_queries = args.batch > 0 && args.seqlen_q > 0;

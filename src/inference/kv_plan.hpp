@@ -29,6 +29,11 @@ AppendPlan validate_append(const KvCacheArgs& a);
 // are given). Does not touch cache_seqlens.
 void write_append(const KvCacheArgs& a, const AppendPlan& plan);
 
+// attention_with_kvcache: o and lse must not overlap the cache (its unused
+// rows included: they are storage the next append fills), nor q the cache
+// when this call appends to it.
+void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan);
+
 // Checks rotary arguments for queries at positions L_b - seqlen_q .. L_b - 1.
 void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths);
 

@@ -15,7 +15,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 bool paged(const KvCacheArgs& a) { return a.block_table != nullptr; }
 
-int64_t pages_for(int64_t tokens, int64_t page_size) { return (tokens + page_size - 1) / page_size; }
+// tokens >= 0, page_size >= 1; no tokens + page_size - 1, which overflows
+// for page sizes near INT64_MAX.
+int64_t pages_for(int64_t tokens, int64_t page_size) { return tokens == 0 ? 0 : (tokens - 1) / page_size + 1; }
 
 // Sizes of the cache views in [outer, head, row, dim] order.
 std::array<int64_t, 4> cache_sizes_of(const KvCacheArgs& a) {
@@ -167,9 +169,10 @@ AppendPlan validate_append(const KvCacheArgs& a) {
              "), got " + str(count));
     }
     const int64_t old_length = old_lengths[size_t(b)];
-    const int64_t new_length = old_length + count;
-    if (new_length > std::numeric_limits<int32_t>::max())
+    // Compared before adding: seqlen_new may be near INT64_MAX.
+    if (count > std::numeric_limits<int32_t>::max() - old_length)
       fail("cache_seqlens[" + str(b) + "]: appending " + str(count) + " tokens overflows int32");
+    const int64_t new_length = old_length + count;
     if (!paged(a) && new_length > a.capacity)
       fail("k_new: appending " + str(count) + " tokens to sequence " + str(b) + " (cache_seqlens[" +
            str(b) + "] = " + str(old_length) + ") overflows the cache capacity (" +
@@ -195,6 +198,26 @@ AppendPlan validate_append(const KvCacheArgs& a) {
         check_rotary_position(a, "new keys", b, int64_t(plan.new_lengths[size_t(b)]) - 1);
   }
   return plan;
+}
+
+void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
+  if (a.batch <= 0 || a.heads <= 0 || a.seqlen_q <= 0 || a.head_dim <= 0) return;
+  const std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
+  const ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
+  if (ranges_overlap(o, k) || ranges_overlap(o, v)) fail("o: output overlaps the cache (k_cache or v_cache)");
+  if (a.lse) {
+    const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
+    const ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
+    if (ranges_overlap(lse, k) || ranges_overlap(lse, v)) fail("lse: overlaps the cache (k_cache or v_cache)");
+  }
+  const bool appends = std::any_of(plan.counts.begin(), plan.counts.end(), [](int32_t n) { return n > 0; });
+  const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
+  if (appends && (ranges_overlap(q, k) || ranges_overlap(q, v)))
+    fail("q: overlaps the cache (k_cache or v_cache), which this call appends to");
 }
 
 void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths) {

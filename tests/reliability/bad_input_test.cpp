@@ -140,6 +140,10 @@ TEST(BadInput, BlockTable) {
   data.args = good;
   data.args.kv.page_size = 0;
   expect_forward_refused(data, {"page_size", ">= 1"});
+  // Pages per sequence were once (n + page_size - 1) / page_size: a signed
+  // overflow here (fuzz/fuzz_kv_cache.cpp found it in the KV cache's copy).
+  data.args.kv.page_size = std::numeric_limits<int64_t>::max();
+  expect_forward_refused(data, {"k", "overflows int64"});
   data.args = good;
   seqlens = {-2};
   expect_forward_refused(data, {"kv seqlens[0]", ">= 0", "-2"});
