@@ -53,10 +53,13 @@ class ForwardMainloop {
     key_rows_ = reinterpret_cast<const void**>(take(2 * kv_pad_));  // (BLOCK_KV,)
     // Tile-product policy, fixed for the call by the stacked row count: with
     // a few rows (decode) the products read K/V rows in place through row
-    // tables, and the unused K^T tile holds those two tables.
+    // tables, and the unused K^T tile holds those tables (this tile's and
+    // the next one's, 4 x BLOCK_KV_pad pointers <= D_pad x BLOCK_KV_pad floats).
     if constexpr (kHasFewRows) direct_ = hc * bq <= K::kFewRowsMax;
     k_rows_ = reinterpret_cast<const void**>(k_t_);
     v_rows_ = k_rows_ + kv_pad_;
+    k_ahead_ = v_rows_ + kv_pad_;
+    v_ahead_ = k_ahead_ + kv_pad_;
   }
 
   void run(const WorkItem& w) {
@@ -78,21 +81,34 @@ class ForwardMainloop {
     keys.first = max64(keys.first, w.key_begin);
     keys.last = min64(keys.last, w.key_end);
     const int64_t first_tile = keys.first / p_.block_kv * p_.block_kv;
+    bool ahead_filled = false;  // direct_: this tile's tables were the last tile's ahead tables
     for (int64_t j0 = first_tile; j0 < keys.last; j0 += p_.block_kv) {
       const int64_t j_begin = max64(j0, keys.first);
       const int64_t j1 = min64(j0 + p_.block_kv, keys.last);
       const int64_t n = j1 - j_begin;
       const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
       if (direct_) {
-        fill_key_rows(a_.k, seq, w, j_begin, n, k_rows_);
-        fill_key_rows(a_.v, seq, w, j_begin, n, v_rows_);
+        if (ahead_filled) {
+          const void** k = k_rows_;
+          k_rows_ = k_ahead_, k_ahead_ = k;
+          const void** v = v_rows_;
+          v_rows_ = v_ahead_, v_ahead_ = v;
+        } else {
+          fill_key_rows(a_.k, seq, w, j_begin, n, k_rows_);
+          fill_key_rows(a_.v, seq, w, j_begin, n, v_rows_);
+        }
+        // The next tile's rows, which the score product prefetches a few
+        // lines per key while it computes this tile.
+        ahead_ = j1 < keys.last ? min64(j1 + p_.block_kv, keys.last) - j1 : 0;
+        ahead_filled = ahead_ > 0;
+        if (ahead_filled) {
+          fill_key_rows(a_.k, seq, w, j1, ahead_, k_ahead_);
+          fill_key_rows(a_.v, seq, w, j1, ahead_, v_ahead_);
+        }
       } else {
         load_kv_tile(seq, w, j_begin, n);
       }
-      // Direct products on a contiguous cache leave the stream to the hardware
-      // prefetcher (software prefetch measured 10-20% slower there); pages,
-      // which it cannot cross into, are asked for one tile ahead.
-      if (j1 < keys.last && (!direct_ || a_.kv.block_table))
+      if (j1 < keys.last && !direct_)
         prefetch_kv_tile(seq, w, j1, min64(j1 + p_.block_kv, keys.last) - j1);
       const int64_t n_pad = round_up(n, kPanelWidth);
       for (int64_t g0 = 0; g0 < w.head_count; g0 += heads_per_gemm) {
@@ -117,7 +133,7 @@ class ForwardMainloop {
     if constexpr (kHasFewRows) {
       if (direct_) {
         K::few_rows_scores(m, n, d, q_tile_ + s0 * dp, dp, k_rows_, a_.dtype, a_.k.stride[3],
-                           s_tile_, kv_pad_);
+                           s_tile_, kv_pad_, k_ahead_, v_ahead_, ahead_);
         return;
       }
     }
@@ -331,6 +347,9 @@ class ForwardMainloop {
   bool direct_ = false;                // few-rows products (see the constructor)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile
+  const void** k_ahead_ = nullptr;     // direct_: K row addresses of the next tile
+  const void** v_ahead_ = nullptr;     // direct_: V row addresses of the next tile
+  int64_t ahead_ = 0;                  // direct_: keys of the next tile (0: none)
 };
 
 // The entry the dispatcher calls for each work item.

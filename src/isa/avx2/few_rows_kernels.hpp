@@ -92,9 +92,16 @@ constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 acro
 constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows).
+// Meanwhile rows [0, ahead) of k_ahead and v_ahead (the next tile) are
+// prefetched toward L2, eight keys' worth per group of eight scores: spread
+// over the tile this way, the prefetches keep the memory stream busy
+// without the burst of a whole tile at once (CPU time at 8192 tokens, one
+// thread: contiguous -25..30%, paged -30%, against no software prefetch and
+// a whole-tile burst respectively).
 template <DType kType, int M>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
-                   float* s, int64_t lds) {
+                   float* s, int64_t lds, const void* const* k_ahead, const void* const* v_ahead,
+                   int64_t ahead) {
   constexpr int KJ = kKeysPerPass<M>, S = kChainsPerRow<M>;
   constexpr int64_t kSize = kElementSize<kType>;
   const int64_t d16 = d / 16 * 16, d8 = d / 8 * 8;
@@ -109,6 +116,11 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     }
   for (int64_t c0 = 0; c0 < n; c0 += 8) {
     const int64_t cn = n - c0 < 8 ? n - c0 : 8;
+    for (int64_t i = c0; i < c0 + 8 && i < ahead; ++i)
+      for (int64_t off = 0; off < d * kSize; off += 64) {
+        _mm_prefetch(static_cast<const char*>(k_ahead[i]) + off, _MM_HINT_T1);
+        _mm_prefetch(static_cast<const char*>(v_ahead[i]) + off, _MM_HINT_T1);
+      }
     // A partial group repeats its last row; those lanes are not stored.
     const char* rows[8];
     for (int i = 0; i < 8; ++i) rows[i] = static_cast<const char*>(key_rows[c0 + (i < cn ? i : cn - 1)]);
@@ -241,16 +253,17 @@ static inline void accumulate_strided(int64_t m, int64_t n, int64_t d, const flo
 
 template <DType kType>
 static void scores_m(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
-                     const void* const* key_rows, float* s, int64_t lds) {
+                     const void* const* key_rows, float* s, int64_t lds, const void* const* k_ahead,
+                     const void* const* v_ahead, int64_t ahead) {
   switch (m) {
-    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds); break;
-    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds); break;
-    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds); break;
-    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds); break;
-    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds); break;
-    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds); break;
-    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds); break;
-    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds); break;
+    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
     default: break;
   }
 }
@@ -278,15 +291,17 @@ static void accumulate_m(int64_t m, int64_t n, int64_t d, const float* p, int64_
 struct FewRowsKernels {
   static constexpr int kFewRowsMax = 8;
 
-  // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d.
+  // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d;
+  // prefetches the rows [0, ahead) of k_ahead / v_ahead (the next tile) on the way.
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
-                              int64_t lds) {
+                              int64_t lds, const void* const* k_ahead = nullptr,
+                              const void* const* v_ahead = nullptr, int64_t ahead = 0) {
     if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
     switch (dtype) {
-      case DType::f32: few_rows::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds); break;
-      case DType::f16: few_rows::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds); break;
-      case DType::bf16: few_rows::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds); break;
+      case DType::f32: few_rows::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+      case DType::f16: few_rows::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+      case DType::bf16: few_rows::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
     }
   }
 

@@ -17,13 +17,21 @@ namespace tileattn::detail::generic {
 struct FewRowsKernels {
   static constexpr int kFewRowsMax = 8;
 
-  // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d.
+  // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d;
+  // prefetches the rows [0, ahead) of k_ahead / v_ahead (the next tile) on the way.
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
-                              int64_t lds) {
+                              int64_t lds, const void* const* k_ahead = nullptr,
+                              const void* const* v_ahead = nullptr, int64_t ahead = 0) {
     float k[kMaxHeadDim];
     const int64_t d8 = d / 8 * 8;
+    const int64_t row_bytes = d * stride * int64_t(dtype_size(dtype));
     for (int64_t c = 0; c < n; ++c) {
+      if (c < ahead)
+        for (int64_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(static_cast<const char*>(k_ahead[c]) + off, 0, 2);
+          __builtin_prefetch(static_cast<const char*>(v_ahead[c]) + off, 0, 2);
+        }
       to_float_row(key_rows[c], dtype, stride, d, k);
       for (int64_t r = 0; r < m; ++r) {
         const float* qr = q + r * ldq;
