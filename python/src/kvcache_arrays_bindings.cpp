@@ -5,6 +5,8 @@
 // docs/python.md, "Call overhead"). The Python layer (tileattn/_kvcache.py)
 // parses the scalar options first; every message names the argument it is
 // about, in the words of the Python API.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -69,10 +71,28 @@ bool is_integer_scalar(nb::handle x) {
   return PyLong_Check(x.ptr()) || (!is_array(x) && PyIndex_Check(x.ptr()));
 }
 
-// Private int32 [B] copy of the cache lengths (the kernel advances it; the
-// caller's stays as it was, as in FlashAttention-2).
-std::vector<int32_t> cache_lengths(nb::handle seqlens, int64_t batch, bool paged, bool appending,
-                                   int64_t capacity) {
+// The private int32 [B] copy of the cache lengths: on the stack for the
+// usual small batches (no allocation per decode step), else on the heap.
+class CacheLengths {
+ public:
+  explicit CacheLengths(int64_t batch) {
+    if (batch > int64_t(small_.size())) heap_.resize(batch);
+    data_ = heap_.empty() ? small_.data() : heap_.data();
+  }
+  CacheLengths(const CacheLengths&) = delete;
+  CacheLengths& operator=(const CacheLengths&) = delete;
+  int32_t* data() { return data_; }
+
+ private:
+  std::array<int32_t, 64> small_{};
+  std::vector<int32_t> heap_;
+  int32_t* data_ = nullptr;
+};
+
+// Fills `out` (batch entries) with the cache lengths; the kernel advances
+// them, the caller's stay as they were (as in FlashAttention-2).
+void cache_lengths(nb::handle seqlens, int64_t batch, bool paged, bool appending, int64_t capacity,
+                   int32_t* out) {
   auto in_range = [](int64_t n) {
     if (n < 0 || n > std::numeric_limits<int32_t>::max()) {
       fail_value("cache_seqlens: entries must be in 0 .. 2^31 - 1");
@@ -81,7 +101,8 @@ std::vector<int32_t> cache_lengths(nb::handle seqlens, int64_t batch, bool paged
   };
   if (seqlens.is_none()) {
     if (paged || appending) fail_value("cache_seqlens: required with block_table or when appending k/v");
-    return std::vector<int32_t>(batch, in_range(capacity));
+    std::fill(out, out + batch, in_range(capacity));
+    return;
   }
   if (PyBool_Check(seqlens.ptr())) {
     fail_type("cache_seqlens: expected an int or an integer array, got dtype bool");
@@ -89,7 +110,8 @@ std::vector<int32_t> cache_lengths(nb::handle seqlens, int64_t batch, bool paged
   if (is_integer_scalar(seqlens)) {
     const long long n = PyLong_AsLongLong(seqlens.ptr());  // ints and NumPy integers
     if (n == -1 && PyErr_Occurred()) throw nb::python_error();
-    return std::vector<int32_t>(batch, in_range(n));
+    std::fill(out, out + batch, in_range(n));
+    return;
   }
   ArrayView a = read_array("cache_seqlens", seqlens, Access::read);
   nb::object converted;
@@ -103,13 +125,11 @@ std::vector<int32_t> cache_lengths(nb::handle seqlens, int64_t batch, bool paged
   if (a.rank != 1 || a.shape[0] != batch) {
     fail_value("cache_seqlens: expected shape [B] = (" + std::to_string(batch) + ",), got " + shape_text(a));
   }
-  std::vector<int32_t> out(batch);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t n = a.type == ElementType::i32 ? static_cast<const int32_t*>(a.data)[b * a.stride[0]]
                                                  : static_cast<const int64_t*>(a.data)[b * a.stride[0]];
     out[b] = in_range(n);
   }
-  return out;
 }
 
 bool is_float(ElementType t) {
@@ -189,7 +209,8 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     }
   }
 
-  std::vector<int32_t> seqlens = cache_lengths(cache_seqlens, b, paged, appending, kc.shape[2]);
+  CacheLengths seqlens(b);
+  cache_lengths(cache_seqlens, b, paged, appending, kc.shape[2], seqlens.data());
   nb::object table_kept, cos_kept, sin_kept;
   if (paged) {
     const ArrayView t0 = read_array("block_table", block_table, Access::read);

@@ -187,3 +187,19 @@ def test_kvcache_converts_block_tables_and_rotary_tables_of_other_types(framewor
         got_o, got_pages = run(*args)
         np.testing.assert_array_equal(got_o, expected_o)
         np.testing.assert_array_equal(got_pages, expected_pages)
+
+
+def test_kvcache_large_batch_lengths(rng):
+    """More sequences than the binding keeps on its stack (64): the lengths go to the heap."""
+    b, hk, cap, d = 70, 1, 4, 8
+    q, k, v = rand(rng, b, 2, 1, d), rand(rng, b, hk, 1, d), rand(rng, b, hk, 1, d)
+    kc, vc = rand(rng, b, hk, cap, d), rand(rng, b, hk, cap, d)
+    lengths = rng.integers(0, cap, b)
+    kc1, vc1 = kc.copy(), vc.copy()
+    o = tileattn.attention_with_kvcache(q, kc1, vc1, k, v, cache_seqlens=lengths)
+    for i in (0, 63, 64, 69):
+        kc2, vc2 = kc[i:i + 1].copy(), vc[i:i + 1].copy()
+        o_i = tileattn.attention_with_kvcache(q[i:i + 1], kc2, vc2, k[i:i + 1], v[i:i + 1],
+                                              cache_seqlens=int(lengths[i]))
+        np.testing.assert_array_equal(o[i:i + 1], o_i)
+        np.testing.assert_array_equal(kc1[i:i + 1], kc2)
