@@ -84,7 +84,7 @@ static inline void from_chunk_order(__m256& a, __m256& b) {
 template <int M>
 constexpr int kKeysPerPass = M == 1 ? 4 : M == 2 ? 2 : 1;  // scores: keys sharing q loads
 template <int M>
-constexpr int kChainsPerRow = M <= 4 ? 2 : 1;  // scores: accumulators per (row, key)
+constexpr int kChainsPerRow = M >= 2 && M <= 4 ? 2 : 1;  // scores: accumulators per (row, key)
 template <int M>
 constexpr int kChunksPerPass = M <= 2 ? 2 : 1;  // P V (M <= 4): 16-column chunks per pass
 
