@@ -3,7 +3,8 @@
 // every K/V tile into fp32 before a register-blocked GEMM; with 1..8 rows that
 // packing costs as much as the product. Here K and V rows are read straight
 // from the source (contiguous cache, page, or any row table) and converted
-// to fp32 in registers, each converted vector shared by all the rows.
+// to fp32 in registers, each converted vector shared by all the rows; the
+// score product also prefetches the next tile's rows as it goes.
 // Included by kernels.hpp (compiled with -mavx2 -mfma -mf16c).
 #pragma once
 
