@@ -25,7 +25,7 @@ const char* const kHelp =
     "writes the fastest to the tune file (default: TILEATTN_TUNE_FILE or\n"
     "~/.cache/tileattn/tune.conf), keeping its entries for other shapes.\n";
 
-constexpr int kBlockQ[] = {32, 64, 96, 128};
+constexpr int kBlockQ[] = {32, 64, 96, 128, 192, 256};
 constexpr int kBlockKv[] = {32, 64, 128, 256};
 constexpr int64_t kHeads = 4, kSeq = 2048;
 constexpr int kReps = 3;

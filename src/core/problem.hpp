@@ -106,6 +106,17 @@ static inline KeyRange visible_keys(const Band& band, const Sequence& s, int64_t
   return r;
 }
 
+// Query rows of [i_begin, i_end) that see at least one key of [j_begin,
+// j_end) (the inverse of visible_keys), as [first, last); empty when none.
+static inline KeyRange visible_rows(const Band& band, const Sequence& s, int64_t i_begin,
+                                    int64_t i_end, int64_t j_begin, int64_t j_end) {
+  KeyRange r;
+  r.first = max64(i_begin, j_begin - s.offset - band.right);
+  r.last = min64(i_end, j_end - 1 - s.offset + band.left + 1);
+  if (r.last < r.first) r.last = r.first;
+  return r;
+}
+
 // Per-tile verdict (CUTLASS's masked / unmasked trip counts, per tile):
 // `full` tiles run without any mask work; `partial` ones apply the mask.
 // Tiles outside visible_keys() are skipped without being loaded.
