@@ -25,6 +25,9 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
   const int64_t d = s.head_dim;
   const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale);
   ReferenceOutput out;
+  // An empty batch computes nothing; validation does not bound seqlen_q then
+  // (a packed Q may claim any row count), so nothing is sized by it either.
+  if (s.batch == 0) return out;
   out.o.assign(size_t(q_batches * s.heads * s.seqlen_q * d), 0.0);
   out.lse.assign(size_t(q_batches * s.heads * s.seqlen_q), -std::numeric_limits<double>::infinity());
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "reliability/bad_input_support.hpp"
+#include "tileattn/reference.hpp"
 
 namespace tileattn::reliability {
 namespace {
@@ -226,6 +227,26 @@ TEST(BadInput, OutputAliasingAnInput) {
   data.args = good;
   data.args.lse = const_cast<float*>(static_cast<const float*>(data.args.k.data));
   expect_forward_refused(data, {"lse: overlaps an input"});
+}
+
+// An empty batch is valid whatever packed row count Q claims; no path may
+// size a buffer by that count (the float64 reference path once allocated
+// heads x seqlen_q x head_dim doubles here -- 16 TB -- found by fuzz_forward).
+TEST(BadInput, EmptyBatchAllocatesNothingOnAnyPath) {
+  CaseData data(small_case());
+  std::vector<int32_t> cu{2'000'000'000};
+  data.args.shape.batch = 0;
+  data.args.shape.heads = data.args.shape.kv_heads = 8;
+  data.args.shape.head_dim = 128;
+  data.args.shape.seqlen_q = 2'000'000'000;
+  data.args.cu_seqlens_q = cu.data();
+  const OutputSnapshot before = poison_outputs(data);
+  for (Isa isa : {Isa::automatic, Isa::generic, Isa::reference}) {
+    data.args.isa = isa;
+    EXPECT_NO_THROW(attention_forward(data.args)) << isa_name(isa);
+  }
+  EXPECT_TRUE(outputs_unchanged(data, before)) << "an empty batch wrote an output";
+  EXPECT_TRUE(reference_forward(data.args).o.empty());
 }
 
 // Input views may use any strides: negative, zero (broadcast) and overlapping
