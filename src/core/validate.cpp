@@ -63,6 +63,9 @@ bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
 void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank) {
   // An output written through these strides must never hit one element twice:
   // sorted by stride, each stride must step over everything the smaller ones span.
+  // An empty tensor is written nowhere (dense_strides gives it zero strides).
+  for (int i = 0; i < rank; ++i)
+    if (sizes[i] == 0) return;
   int order[4] = {0, 1, 2, 3};
   for (int i = 0; i < rank; ++i)
     for (int j = i + 1; j < rank; ++j)

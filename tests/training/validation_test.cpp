@@ -144,3 +144,35 @@ TEST(BackwardDeterminism, BitwiseIdenticalAcrossRunsAndThreadCounts) {
 
 }  // namespace
 }  // namespace tileattn::testing
+
+namespace tileattn::testing {
+namespace {
+
+// No query rows (a ring-attention rank holding none, an empty slice built with
+// dense_strides, whose strides are then zero): nothing to check for overlap,
+// and the key gradients are exactly zero.
+TEST(BackwardValidation, EmptyQueryRowsWithDenseStridesGiveZeroKeyGradients) {
+  const int64_t heads = 2, kv_heads = 1, nk = 5, d = 8;
+  std::vector<float> k(kv_heads * nk * d, 0.5f), v(kv_heads * nk * d, 0.25f);
+  std::vector<float> dk(k.size(), 7.0f), dv(v.size(), 7.0f);
+  const auto q_strides = dense_strides(Layout::bhsd, 1, heads, 0, d);  // zeros but the last
+  const auto k_strides = dense_strides(Layout::bhsd, 1, kv_heads, nk, d);
+  float empty = 0.0f;
+  BackwardArgs a;
+  a.forward.shape = {1, heads, kv_heads, 0, nk, d};
+  a.forward.q = {&empty, q_strides};
+  a.forward.k = {k.data(), k_strides};
+  a.forward.v = {v.data(), k_strides};
+  a.o = {&empty, q_strides};
+  a.d_o = {&empty, q_strides};
+  a.lse = &empty;
+  a.dq = {&empty, q_strides};
+  a.dk = {dk.data(), k_strides};
+  a.dv = {dv.data(), k_strides};
+  EXPECT_NO_THROW(attention_backward(a));
+  for (float x : dk) ASSERT_EQ(x, 0.0f);
+  for (float x : dv) ASSERT_EQ(x, 0.0f);
+}
+
+}  // namespace
+}  // namespace tileattn::testing
