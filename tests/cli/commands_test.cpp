@@ -167,7 +167,7 @@ TEST(cliTune, WritesTheWinnersThatInfoThenUses) {
   const Result r = run_cli("tune --dims 16 --dtypes fp32 --out '" + (dir / "tune.conf") + "' --json", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   const Json j = parse_or_fail(r.out);
-  EXPECT_EQ(j.get("results")->items.size(), 16u);
+  EXPECT_EQ(j.get("results")->items.size(), 24u);  // 6 block_q x 4 block_kv candidates (cmd_tune.cpp)
   ASSERT_EQ(j.get("winners")->items.size(), 1u);
   const Json& w = j.get("winners")->items[0];
   const std::string expected_line = j.get("isa")->str + " 16 fp32 " + std::to_string(int(w.get("block_q")->num)) +
