@@ -218,6 +218,20 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   if (appends && (ranges_overlap(q, k) || ranges_overlap(q, v)))
     fail("q: overlaps the cache (k_cache or v_cache), which this call appends to");
+  // The new keys and values are inputs too: o and lse must not alias them
+  // (the append happens to read them before O is written, but the contract
+  // is that no output aliases an input).
+  if (a.seqlen_new > 0 && a.k_new.data && a.v_new.data) {
+    const int64_t new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
+    const ByteRange k_new = view_range("k_new", a.k_new.data, esize, new_sizes, a.k_new.stride.data(), 4);
+    const ByteRange v_new = view_range("v_new", a.v_new.data, esize, new_sizes, a.v_new.stride.data(), 4);
+    if (ranges_overlap(o, k_new) || ranges_overlap(o, v_new)) fail("o: output overlaps k_new or v_new");
+    if (a.lse) {
+      const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
+      const ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
+      if (ranges_overlap(lse, k_new) || ranges_overlap(lse, v_new)) fail("lse: overlaps k_new or v_new");
+    }
+  }
 }
 
 void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths) {

@@ -132,6 +132,18 @@ TEST(KvCacheHostile, OutputsOnTheUnusedRowsOfTheCache) {
   }
 }
 
+// The new keys and values are inputs: o or lse on top of them is refused
+// (and, as for every refusal here, nothing is written).
+TEST(KvCacheHostile, OutputsOnTheNewKeysOrValues) {
+  for (const DecodeSpec& s : {contiguous_spec(), [] { DecodeSpec p = contiguous_spec(); p.page_size = 4; return p; }()}) {
+    expect_refused(s, [](KvCacheArgs& a, DecodeRun&) { a.o.data = const_cast<void*>(a.k_new.data); },
+                   {"o: output overlaps k_new or v_new"}, true);
+    expect_refused(s, [](KvCacheArgs& a, DecodeRun&) {
+      a.lse = static_cast<float*>(const_cast<void*>(a.v_new.data));
+    }, {"lse: overlaps k_new or v_new"}, true);
+  }
+}
+
 // dense_strides is the public helper callers size caches with: sizes whose
 // strides overflow int64 are an Error, not a wrapped (undefined) product.
 TEST(KvCacheHostile, DenseStridesOfImpossibleSizes) {
