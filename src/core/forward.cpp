@@ -68,7 +68,10 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
       max_nk = max64(max_nk, args.kv.seqlens ? args.kv.seqlens[b]
                                              : args.cu_seqlens_k[b + 1] - args.cu_seqlens_k[b]);
   }
-  const int64_t q_tiles = (max_nq + p.block_q - 1) / max64(1, p.block_q);
+  // Rounded up without max_nq + block_q - 1, which overflows for the row
+  // counts an empty batch may claim (fuzz_kv_cache, UBSan).
+  const int64_t block_q = max64(1, p.block_q);
+  const int64_t q_tiles = max_nq / block_q + (max_nq % block_q != 0);
   const int64_t base_items = args.shape.batch * args.shape.kv_heads * q_tiles *
                              ((p.group + p.heads_per_item - 1) / p.heads_per_item);
   p.max_rows_q = max_nq;

@@ -25,7 +25,10 @@ struct FewRowsKernels {
                               const void* const* v_ahead = nullptr, int64_t ahead = 0) {
     float k[kMaxHeadDim];
     const int64_t d8 = d / 8 * 8;
-    const int64_t row_bytes = d * stride * int64_t(dtype_size(dtype));
+    // Prefetch contiguous rows only: an element stride may be negative or so
+    // large that d * stride overflows (head_dim 1 allows any stride; found by
+    // fuzz_kv_cache under UBSan).
+    const int64_t row_bytes = stride == 1 ? d * int64_t(dtype_size(dtype)) : 0;
     for (int64_t c = 0; c < n; ++c) {
       if (c < ahead)
         for (int64_t off = 0; off < row_bytes; off += 64) {
