@@ -105,7 +105,7 @@ int cmd_info(int argc, char** argv) {
   r.raw("tiles", tiles_json + "]", "(head_dim dtype block_q x block_kv)" + tiles_human);
   r.text("scratch_formula",
          "4 bytes x (2*BQ*Dp [q tile, accumulator] + 2*BQ [row max, row sum] + 2*BKVp*Dp "
-         "[K^T, V tiles] + BQ*BKVp [scores] + 2*BKVp [row pointers]), Dp and BKVp = head_dim and "
+         "[K^T, V tiles] + BQ*BKVp [scores] + 4*BKVp [row pointers]), Dp and BKVp = head_dim and "
          "block_kv rounded up to 16, each piece 64-byte aligned; the Q, accumulator and row pieces "
          "scale with the query heads per work item (1 in scratch_per_thread_bytes)");
   r.text("tune_file", tune_file_path());

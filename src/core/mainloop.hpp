@@ -2,7 +2,9 @@
 //
 // Included by each ISA's translation unit inside namespace
 // tileattn::detail::<isa>, after that ISA's `Kernels` struct, which supplies:
-//   gemm(m, n, k, a, lda, b, ldb, c, ldc, accumulate, b_panel)   C(m,n) (+)= A(m,k) B(k,n)
+//   gemm(m, n, k, a, lda, b, ldb, c, ldc, accumulate, b_panel, prefetch)
+//       C(m,n) (+)= A(m,k) B(k,n), advancing the RowPrefetch (row_prefetch.hpp)
+//       a few lines per register block
 //       B(p, j) at b + (j / 16) * b_panel + p * ldb + j % 16; n, ldc multiples
 //       of kPanelWidth; b and c 64-byte aligned
 //   row_max(x, n) -> max (NaN if any is NaN), exp2_sum(x, n, sub) -> sum
@@ -50,7 +52,9 @@ class ForwardMainloop {
     k_t_ = take(dp * kv_pad_);       // K^T (D, BLOCK_KV_pad), panel-major
     v_tile_ = take(kv_pad_ * dp);    // V (BLOCK_KV, D_pad), panel-major
     s_tile_ = take(score_tile_rows(p) * kv_pad_);  // (stacked rows, BLOCK_KV_pad): scores, then P
-    key_rows_ = reinterpret_cast<const void**>(take(2 * kv_pad_));  // (BLOCK_KV,)
+    // (2 * BLOCK_KV_pad,) row addresses: this tile's rows while packing, then
+    // the next tile's K rows and V rows for prefetch_.
+    key_rows_ = reinterpret_cast<const void**>(take(4 * kv_pad_));
     // Tile-product policy, fixed for the call by the stacked row count: with
     // a few rows (decode) the products read K/V rows in place through row
     // tables, and the unused K^T tile holds those tables (this tile's and
@@ -108,8 +112,9 @@ class ForwardMainloop {
       } else {
         load_kv_tile(seq, w, j_begin, n);
       }
+      prefetch_.reset(nullptr, 0, 0);
       if (j1 < keys.last && !direct_)
-        prefetch_kv_tile(seq, w, j1, min64(j1 + p_.block_kv, keys.last) - j1);
+        queue_next_tile(seq, w, j1, min64(j1 + p_.block_kv, keys.last) - j1);
       const int64_t n_pad = round_up(n, kPanelWidth);
       // A band-partial tile (causal diagonal, window edge) of one head's rows:
       // only the rows that see one of its keys take part. The others would
@@ -131,6 +136,7 @@ class ForwardMainloop {
         online_softmax(w, s0, m, n, j_begin);
         accumulate(s0, m, n);
       }
+      prefetch_.finish();  // lines the products had no blocks left for
     }
     epilogue(seq, w);
   }
@@ -149,7 +155,7 @@ class ForwardMainloop {
       }
     }
     K::gemm(m, n_pad, d, q_tile_ + s0 * dp, dp, k_t_, kPanelWidth, s_tile_, kv_pad_, false,
-            kPanelWidth * d);
+            kPanelWidth * d, &prefetch_);
   }
 
   // acc (stacked rows [s0, s0 + m)) += P V.
@@ -163,7 +169,7 @@ class ForwardMainloop {
       }
     }
     K::gemm(m, dp, n, s_tile_, kv_pad_, v_tile_, kPanelWidth, acc_ + s0 * dp, dp, true,
-            kPanelWidth * n);
+            kPanelWidth * n, &prefetch_);
   }
 
   int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
@@ -223,35 +229,16 @@ class ForwardMainloop {
                   kPanelWidth * n);
   }
 
-  // Asks for the next K/V tile's rows (toward L2) while this tile computes:
-  // the software half of double buffering, which matters most for paged and
-  // strided sources that the hardware prefetcher cannot follow.
-  void prefetch_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
+  // Queues the next K/V tile's rows (toward L2) for the tile products of this
+  // tile to ask for a few lines at a time (row_prefetch.hpp): the software
+  // half of double buffering, which matters most for paged and strided
+  // sources that the hardware prefetcher cannot follow. Element-strided rows
+  // (stride[3] != 1) are not prefetched.
+  void queue_next_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
     if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
-    const int64_t esize = int64_t(dtype_size(a_.dtype));
-    const int64_t row_bytes = a_.shape.head_dim * esize;
-    for (const InputView* view : {&a_.k, &a_.v}) {
-      if (a_.kv.block_table && view->stride[2] * esize == row_bytes) {
-        // Dense rows in each page: one span per page, no per-row addresses
-        // (the per-row walk cost paged decode ~6% of its time).
-        const int32_t* table = a_.kv.block_table + w.batch * a_.kv.block_table_stride;
-        const char* base = static_cast<const char*>(view->data);
-        const int64_t page_size = a_.kv.page_size;
-        int64_t page_index = j0 / page_size, in_page = j0 % page_size;
-        for (int64_t c = 0; c < n; ++page_index, in_page = 0) {
-          const char* page = base + (table[page_index] * view->stride[0] + w.kv_head * view->stride[1]) * esize;
-          const int64_t take = min64(page_size - in_page, n - c);
-          const char* first = page + in_page * row_bytes;
-          for (int64_t off = 0; off < take * row_bytes; off += 64) __builtin_prefetch(first + off, 0, 2);
-          c += take;
-        }
-        continue;
-      }
-      fill_key_rows(*view, seq, w, j0, n, key_rows_);
-      for (int64_t c = 0; c < n; ++c)
-        for (int64_t off = 0; off < row_bytes; off += 64)
-          __builtin_prefetch(static_cast<const char*>(key_rows_[c]) + off, 0, 2);
-    }
+    fill_key_rows(a_.k, seq, w, j0, n, key_rows_);
+    fill_key_rows(a_.v, seq, w, j0, n, key_rows_ + n);
+    prefetch_.reset(key_rows_, 2 * n, a_.shape.head_dim * int64_t(dtype_size(a_.dtype)));
   }
 
   // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
@@ -361,6 +348,7 @@ class ForwardMainloop {
   const void** k_ahead_ = nullptr;     // direct_: K row addresses of the next tile
   const void** v_ahead_ = nullptr;     // direct_: V row addresses of the next tile
   int64_t ahead_ = 0;                  // direct_: keys of the next tile (0: none)
+  RowPrefetch prefetch_;               // packed tiles: the next tile's lines
 };
 
 // The entry the dispatcher calls for each work item.

@@ -58,8 +58,7 @@ int64_t forward_scratch_floats(const Problem& p) {
          + aligned(dp * bkv)            // k_t      (D, BLOCK_KV_pad), K transposed
          + aligned(bkv * dp)            // v_tile   (BLOCK_KV_pad, D_pad)
          + aligned(score_tile_rows(p) * bkv)  // s_tile (stacked rows, BLOCK_KV_pad), scores then P
-         + aligned(bkv)                 // key-row pointer table (as 8-byte slots, 2 floats each)
-         + aligned(bkv);
+         + 4 * bkv;                     // key-row pointer tables (2 * BLOCK_KV_pad 8-byte slots)
 }
 
 }  // namespace tileattn::detail

@@ -10,6 +10,7 @@
 
 #include "core/exp2_poly.hpp"
 #include "core/half.hpp"
+#include "core/row_prefetch.hpp"
 #include "isa/avx2/few_rows_kernels.hpp"
 #include "tileattn/types.hpp"
 
@@ -77,19 +78,28 @@ __attribute__((always_inline)) static inline void gemm_block(int64_t k, const fl
 struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
   static constexpr int kRows = 6;
 
+  // Lines of the next tile asked for after each register block (a 6x16
+  // block is ~1.5k FMAs at D = 128): 1024 lines of a 64x128 fp32 K/V tile
+  // spread over the 516 blocks of a 256-row tile's two products.
+  static constexpr int64_t kPrefetchLinesPerBlock = 2;
+
   // C(m, n) (+)= A(m, k) B(k, n); n, ldc multiples of 16; b, c 32-byte aligned.
   // B(p, j) is at b + (j / 16) * b_panel + p * ldb + j % 16: row-major B is
   // ldb = n, b_panel = 16; panel-major B (each (k, 16) panel contiguous) is
-  // ldb = 16, b_panel = 16 * k.
+  // ldb = 16, b_panel = 16 * k. `prefetch`, if given, is advanced a few lines
+  // per register block.
   static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16) {
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16,
+                   RowPrefetch* prefetch = nullptr) {
     // Column panels outside, rows inside: the (k, 16) panel of B stays in L1
     // while every row block of A streams past it.
     for (int64_t j = 0; j < n; j += 16) {
       const float* bj = b + j / 16 * b_panel;
       int64_t i = 0;
-      for (; i + kRows <= m; i += kRows)
+      for (; i + kRows <= m; i += kRows) {
         gemm_block<kRows>(k, a + i * lda, lda, bj, ldb, c + i * ldc + j, ldc, accumulate);
+        if (prefetch) prefetch->issue(kPrefetchLinesPerBlock);
+      }
       const float* ai = a + i * lda;
       float* ci = c + i * ldc + j;
       switch (m - i) {

@@ -9,6 +9,7 @@
 
 #include "core/exp2_poly.hpp"
 #include "core/half.hpp"
+#include "core/row_prefetch.hpp"
 #include "isa/generic/few_rows_kernels.hpp"
 #include "tileattn/types.hpp"
 
@@ -17,9 +18,12 @@ namespace tileattn::detail::generic {
 struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
   // B(p, j) at b + (j / 16) * b_panel + p * ldb + j % 16 (row-major B:
   // b_panel = 16; panel-major: ldb = 16, b_panel = 16 * k); n a multiple of 16.
+  // `prefetch`, if given, is advanced a few lines per row of C.
   static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16) {
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t b_panel = 16,
+                   RowPrefetch* prefetch = nullptr) {
     for (int64_t i = 0; i < m; ++i) {
+      if (prefetch) prefetch->issue(4);
       float* ci = c + i * ldc;
       if (!accumulate) std::memset(ci, 0, sizeof(float) * n);
       for (int64_t p = 0; p < k; ++p) {
