@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -34,11 +35,13 @@ const char* const kHelp =
     "thread, page size 16, R=2. RoPE (theta 500000) is fused into the append and the query.\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
     "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
-    "(a streaming read of a buffer of the same bytes, same threads, one pass after each\n"
-    "step) and their ratio\n"
-    "fraction_of_bandwidth, and speedup_vs_recompute against a causal forward over the whole\n"
-    "sequence each step (timed for R steps: it is slow). With --paged the contiguous cache is\n"
-    "timed as well (paged_vs_contiguous); with T > 1 one thread is timed too (thread_speedup).\n";
+    "(a streaming read of a buffer of the same bytes, same threads, one pass right after each\n"
+    "step) and fraction_of_bandwidth (median over steps of the step's rate / the pass's), and\n"
+    "speedup_vs_recompute against a causal forward over the whole sequence each step (timed\n"
+    "for R steps: it is slow). With --paged a contiguous cache is timed as well\n"
+    "(paged_vs_contiguous), with T > 1 one thread (thread_speedup): those loops run\n"
+    "interleaved with the main one, step by step, and each ratio is the median over steps of\n"
+    "the two times of that step.\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
 constexpr double kLlama3RopeTheta = 500000.0;
@@ -182,6 +185,8 @@ struct LoopResult {
   double kv_gb_per_s = 0;   // median over steps of bytes read / step time
   int64_t kv_bytes_last = 0;
   double read_gb_per_s = 0;  // median of the interleaved read passes (when asked)
+  double fraction_of_bandwidth = 0;  // median over steps of step rate / that step's read pass
+  std::vector<double> step_ms;
 };
 
 // The inputs every timed loop shares.
@@ -190,29 +195,61 @@ struct Tokens {
   TypedBuffer q, k, v;             // [S, B, H or HKV, 1, D]
 };
 
-// With `reader`, one streaming-read pass follows every step, so the two
-// rates are measured under the same conditions (other processes, caches:
-// the pass evicts the cache from L3 as the rest of a model would).
-LoopResult time_decode(const Shape& s, const Tokens& t, int64_t page_size, int threads,
-                       const RopeTables& rope, ReadBandwidth* reader = nullptr) {
-  DecodeLoop loop(s, page_size, threads, rope);
-  loop.prefill(t.prompt_k, t.prompt_v);
+// A decode loop to time: contiguous (page_size 0) or paged, on `threads`.
+struct Variant {
+  int64_t page_size;
+  int threads;
+};
+
+// Times the variants' decode loops interleaved, step by step: step i runs one
+// step of each (in an order that rotates with i), so that the load of other
+// processes, which moves by 2x within minutes here, falls on all of them
+// alike, and ratios are taken per step. With `reader`, one streaming-read pass
+// follows every step of variant 0, so the two rates are measured under the
+// same conditions (other processes, caches: the pass evicts the cache from L3
+// as the rest of a model would).
+std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::vector<Variant>& variants,
+                                    const RopeTables& rope, ReadBandwidth* reader = nullptr) {
+  std::vector<std::unique_ptr<DecodeLoop>> loops;
+  for (const Variant& v : variants) {
+    loops.push_back(std::make_unique<DecodeLoop>(s, v.page_size, v.threads, rope));
+    loops.back()->prefill(t.prompt_k, t.prompt_v);
+  }
   TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim);
-  std::vector<double> step_ms, gb_per_s, read_gb;
   const int64_t row_bytes = 2 * s.batch * s.kv_heads * s.dim * int64_t(dtype_size(s.dtype));
-  LoopResult r;
+  const size_t n = variants.size();
+  std::vector<LoopResult> r(n);
+  std::vector<double> gb_per_s, read_gb, fraction;
   for (int64_t i = 0; i < s.steps; ++i) {
-    const double ms = time_ms([&] { loop.step(t.q, t.k, t.v, o, i); });
-    r.kv_bytes_last = row_bytes * loop.length();
-    step_ms.push_back(ms);
-    gb_per_s.push_back(double(r.kv_bytes_last) / (ms * 1e-3) * 1e-9);
-    if (reader) read_gb.push_back(reader->pass());
+    for (size_t k = 0; k < n; ++k) {
+      const size_t v = (size_t(i) + k) % n;
+      DecodeLoop& loop = *loops[v];
+      const double ms = time_ms([&] { loop.step(t.q, t.k, t.v, o, i); });
+      r[v].kv_bytes_last = row_bytes * loop.length();
+      r[v].step_ms.push_back(ms);
+      if (v != 0) continue;
+      gb_per_s.push_back(double(r[v].kv_bytes_last) / (ms * 1e-3) * 1e-9);
+      if (reader) {
+        read_gb.push_back(reader->pass());
+        fraction.push_back(gb_per_s.back() / read_gb.back());
+      }
+    }
   }
   // The first step also pays for the thread pool starting: medians ignore it.
-  r.ms_per_token = median(step_ms);
-  r.kv_gb_per_s = median(gb_per_s);
-  r.read_gb_per_s = median(read_gb);
+  for (LoopResult& x : r) x.ms_per_token = median(x.step_ms);
+  r[0].kv_gb_per_s = median(gb_per_s);
+  if (reader) {
+    r[0].read_gb_per_s = median(read_gb);
+    r[0].fraction_of_bandwidth = median(fraction);
+  }
   return r;
+}
+
+// Median over steps of a.step_ms[i] / b.step_ms[i] (both from one interleaved run).
+double paired_ratio(const LoopResult& a, const LoopResult& b) {
+  std::vector<double> ratio;
+  for (size_t i = 0; i < a.step_ms.size() && i < b.step_ms.size(); ++i) ratio.push_back(a.step_ms[i] / b.step_ms[i]);
+  return median(ratio);
 }
 
 // A causal forward over all tokens so far (prompt + step + 1), every query:
@@ -289,7 +326,12 @@ int cmd_decode(int argc, char** argv) {
   ReadBandwidth reader(2 * s.batch * s.kv_heads * (s.prompt + s.steps / 2) * s.dim *
                            int64_t(dtype_size(s.dtype)), threads);
   reader.pass();  // page the buffer in
-  const LoopResult main = time_decode(s, t, paged ? page_size : 0, threads, rope, &reader);
+  // Variant 0 is the loop asked for; then contiguous (with --paged) and one thread (T > 1).
+  std::vector<Variant> variants = {{paged ? page_size : 0, threads}};
+  if (paged) variants.push_back({0, threads});
+  if (threads > 1) variants.push_back({paged ? page_size : 0, 1});
+  const std::vector<LoopResult> loops = time_decode(s, t, variants, rope, &reader);
+  const LoopResult& main = loops[0];
   const double read_gb = main.read_gb_per_s;
 
   Report rep;
@@ -311,16 +353,16 @@ int cmd_decode(int argc, char** argv) {
   rep.integer("kv_bytes_per_step", main.kv_bytes_last);
   rep.number("kv_gb_per_s", main.kv_gb_per_s);
   rep.number("read_gb_per_s", read_gb);
-  rep.number("fraction_of_bandwidth", main.kv_gb_per_s / read_gb);
+  rep.number("fraction_of_bandwidth", main.fraction_of_bandwidth);
   if (paged) {
-    const LoopResult contiguous = time_decode(s, t, 0, threads, rope);
+    const LoopResult& contiguous = loops[1];
     rep.number("contiguous_ms_per_token", contiguous.ms_per_token);
-    rep.number("paged_vs_contiguous", contiguous.ms_per_token / main.ms_per_token);
+    rep.number("paged_vs_contiguous", paired_ratio(contiguous, main));
   }
   if (threads > 1) {
-    const LoopResult one = time_decode(s, t, paged ? page_size : 0, 1, rope);
+    const LoopResult& one = loops.back();
     rep.number("threads1_ms_per_token", one.ms_per_token);
-    rep.number("thread_speedup", one.ms_per_token / main.ms_per_token);
+    rep.number("thread_speedup", paired_ratio(one, main));
   }
   if (recompute_steps > 0) {
     const double recompute_ms = time_recompute(s, t, threads, rope, recompute_steps);

@@ -94,14 +94,19 @@ constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows).
 // Meanwhile rows [0, ahead) of k_ahead and v_ahead (the next tile) are
-// prefetched toward L2, eight keys' worth per group of eight scores: spread
-// over the tile this way, the prefetches keep the memory stream busy
-// without the burst of a whole tile at once (CPU time at 8192 tokens, one
-// thread: contiguous -25..30%, paged -30%, against no software prefetch and
-// a whole-tile burst respectively). Toward L1 (T0), not L2 (T1): at 8192
-// cached tokens (memory-bound, 2 threads, bf16, 32/8 heads) a decode step
-// took 3-4.5% less time (paired medians of 100 interleaved calls, 3 runs);
-// with the cache in L3 (1024 tokens, 1 thread) 1.5% more.
+// prefetched toward L1, one next-tile key's rows per key scored: spread over
+// the tile this way, the prefetches keep the memory stream busy without the
+// burst of a whole tile at once (CPU time at 8192 tokens, one thread:
+// contiguous -25..30%, paged -30%, against no software prefetch and a
+// whole-tile burst respectively). One key at a time, not eight keys' rows
+// per group of eight: a decode step at 8192 cached tokens (bf16, 32/8 heads)
+// took 23-25% less time, contiguous and paged (page 16), 1 and 2 threads, 4%
+// less with the cache in L3 (paired medians of 20-40 interleaved calls,
+// caches evicted between calls). 64 prefetches at once overflow the core's
+// miss buffers; with a contiguous cache the hardware prefetcher had covered
+// part of what was lost, with 4 KB pages nothing did (paged ran 0.77 of
+// contiguous). Toward L1 (T0) rather than L2 (T1): within the noise with
+// this spread; 3-4.5% less time with the burst.
 template <DType kType, int M>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
                    float* s, int64_t lds, const void* const* k_ahead, const void* const* v_ahead,
@@ -120,16 +125,16 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     }
   for (int64_t c0 = 0; c0 < n; c0 += 8) {
     const int64_t cn = n - c0 < 8 ? n - c0 : 8;
-    for (int64_t i = c0; i < c0 + 8 && i < ahead; ++i)
-      for (int64_t off = 0; off < d * kSize; off += 64) {
-        _mm_prefetch(static_cast<const char*>(k_ahead[i]) + off, _MM_HINT_T0);
-        _mm_prefetch(static_cast<const char*>(v_ahead[i]) + off, _MM_HINT_T0);
-      }
     // A partial group repeats its last row; those lanes are not stored.
     const char* rows[8];
     for (int i = 0; i < 8; ++i) rows[i] = static_cast<const char*>(key_rows[c0 + (i < cn ? i : cn - 1)]);
     __m256 partial[M][8];
     for (int k0 = 0; k0 < 8; k0 += KJ) {
+      for (int64_t i = c0 + k0; i < c0 + k0 + KJ && i < ahead; ++i)
+        for (int64_t off = 0; off < d * kSize; off += 64) {
+          _mm_prefetch(static_cast<const char*>(k_ahead[i]) + off, _MM_HINT_T0);
+          _mm_prefetch(static_cast<const char*>(v_ahead[i]) + off, _MM_HINT_T0);
+        }
       __m256 acc[M][KJ][S];
       for (int r = 0; r < M; ++r)
         for (int j = 0; j < KJ; ++j)
