@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import parse_scale, parse_window
+from ._problem import parse_causal_window, parse_scale
 
 # Bound at the first call with torch tensors (tileattn never imports torch itself):
 _torch_tensor = None  # torch.Tensor
@@ -67,11 +67,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     # Python checks the scalar options; one C++ call checks the arrays, converts the small
     # index and rotary tables where needed, allocates the outputs and runs the kernel.
     scale = None if softmax_scale is None else parse_scale(softmax_scale, 0)
-    if is_causal is not True and is_causal is not False:
-        if not isinstance(is_causal, np.bool_):
-            raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-        is_causal = bool(is_causal)
-    left, right = (-1, -1) if window is None else parse_window("window", window)
+    is_causal, left, right = parse_causal_window(is_causal, window)
     interleaved = rotary_interleaved is True or bool(rotary_interleaved)
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):

@@ -51,6 +51,19 @@ def parse_window(name, window):
     return out[0], out[1]
 
 
+def parse_causal_window(is_causal, window):
+    """(is_causal as a bool, window_left, window_right): the mask options flash_attention and
+    attention_with_kvcache share. True/False and no window take the first, cheapest tests."""
+    if is_causal is not True and is_causal is not False:
+        if not isinstance(is_causal, np.bool_):
+            raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+        is_causal = bool(is_causal)
+    if window is None:
+        return is_causal, -1, -1
+    left, right = parse_window("window", window)
+    return is_causal, left, right
+
+
 def parse_scale(softmax_scale, head_dim):
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
@@ -80,11 +93,7 @@ def parse_options(attn_mask, dropout_p, softmax_scale, is_causal, window, layout
     a window. The common values take the first, cheapest test of each check.
     """
     code = parse_layout(layout)
-    if is_causal is not True and is_causal is not False:
-        if not isinstance(is_causal, np.bool_):
-            raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-        is_causal = bool(is_causal)
-    left, right = (-1, -1) if window is None else parse_window("window", window)
+    is_causal, left, right = parse_causal_window(is_causal, window)
     if isinstance(attn_mask, (tuple, list)):
         if window is not None:
             raise ValueError("attn_mask: a (left, right) window was given both as attn_mask and as window")
