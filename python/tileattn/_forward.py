@@ -5,18 +5,14 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_options
 
-# Bound at the first call with torch tensors (tileattn never imports torch itself):
-_torch_tensor = None  # torch.Tensor
-_is_compiling = None  # torch.compiler.is_compiling
-_torch_flash_attention = None  # _torch_ops.flash_attention: the custom op path
+# torch.Tensor, torch.compiler.is_compiling and the custom op path _torch_ops.flash_attention,
+# bound at the first call with torch tensors (tileattn never imports torch itself):
+_torch_tensor = _is_compiling = _torch_flash_attention = None
 
 
 def _bind_torch():
     global _torch_tensor, _is_compiling, _torch_flash_attention
-    from . import _torch_ops
-    _is_compiling = _torch_ops.is_compiling
-    _torch_flash_attention = _torch_ops.flash_attention
-    _torch_tensor = _arrays.torch_module().Tensor
+    _torch_tensor, _is_compiling, _torch_flash_attention = _arrays.torch_entry_point("flash_attention")
 
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,

@@ -5,18 +5,15 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_causal_window, parse_scale
 
-# Bound at the first call with torch tensors (tileattn never imports torch itself):
-_torch_tensor = None  # torch.Tensor
-_is_compiling = None  # torch.compiler.is_compiling
-_torch_attention_with_kvcache = None  # _torch_ops.attention_with_kvcache: the custom op path
+# torch.Tensor, torch.compiler.is_compiling and the custom op path _torch_ops.attention_with_kvcache,
+# bound at the first call with torch tensors (tileattn never imports torch itself):
+_torch_tensor = _is_compiling = _torch_attention_with_kvcache = None
 
 
 def _bind_torch():
     global _torch_tensor, _is_compiling, _torch_attention_with_kvcache
-    from . import _torch_ops
-    _is_compiling = _torch_ops.is_compiling
-    _torch_attention_with_kvcache = _torch_ops.attention_with_kvcache
-    _torch_tensor = _arrays.torch_module().Tensor
+    _torch_tensor, _is_compiling, _torch_attention_with_kvcache = _arrays.torch_entry_point(
+        "attention_with_kvcache")
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
