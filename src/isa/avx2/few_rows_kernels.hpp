@@ -5,17 +5,16 @@
 // from the source (contiguous cache, page, or any row table) and converted
 // to fp32 in registers, each converted vector shared by all the rows; the
 // score product also prefetches the next tile's rows as it goes.
-// Included by kernels.hpp (compiled with -mavx2 -mfma -mf16c).
-#pragma once
-
-#include <immintrin.h>
-
-#include <cstdint>
-
-#include "core/half.hpp"
-#include "tileattn/types.hpp"
-
-namespace tileattn::detail::avx2 {
+//
+// Written once, compiled once per ISA that uses it: every AVX-512 CPU has
+// AVX2, FMA and F16C, so the AVX-512 path reuses these products. Like
+// core/mainloop.hpp this file has no namespace and no includes of its own: it
+// is included INSIDE namespace tileattn::detail::<isa> (avx2/kernels.hpp,
+// avx512/kernels.hpp), after <immintrin.h>, <cstdint>, "core/half.hpp" and
+// "tileattn/types.hpp". Each copy is then a distinct symbol compiled with its
+// own ISA's flags; one shared namespace would give the AVX2 and AVX-512
+// translation units the same inline (COMDAT) functions, and the linker could
+// keep the AVX-512-compiled copy for the AVX2 path. Needs -mavx2 -mfma -mf16c.
 
 namespace few_rows {
 
@@ -327,5 +326,3 @@ struct FewRowsKernels {
     }
   }
 };
-
-}  // namespace tileattn::detail::avx2

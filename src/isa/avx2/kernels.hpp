@@ -11,10 +11,12 @@
 #include "core/exp2_poly.hpp"
 #include "core/half.hpp"
 #include "core/row_prefetch.hpp"
-#include "isa/avx2/few_rows_kernels.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::avx2 {
+
+// FewRowsKernels (decode tile products), compiled here as avx2::FewRowsKernels.
+#include "isa/avx2/few_rows_kernels.hpp"
 
 // Lanes [0, n) set, for masked loads/stores of row tails (0 <= n <= 8).
 static inline __m256i tail_mask(int64_t n) {
