@@ -139,14 +139,19 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
         if (k.shape[0], k.shape[1], k.shape[3]) != (b, hk, d):
             raise ValueError(f"k: expected [B, Hkv, Nnew, D] = [{b}, {hk}, Nnew, {d}], got {tuple(k.shape)}")
 
-    seqlens = _private_seqlens(cache_seqlens, b, paged, k is not None, k_cache)
+    # Under tracing the tensors are fake: only metadata is checked here, and the torch op checks
+    # the lengths' values when it runs (op_seqlens).
+    if fw == "torch":
+        seqlens = _seqlens_tensor(torch, cache_seqlens, b, paged, k is not None, k_cache)
+    else:
+        seqlens = torch.from_numpy(_private_seqlens(cache_seqlens, b, paged, k is not None, k_cache))
     table = _int32_rows("block_table", block_table, b) if paged else None
     cos = _float32_table("rotary_cos", rotary_cos)
     sin = _float32_table("rotary_sin", rotary_sin)
     if cos is not None and tuple(cos.shape) != tuple(sin.shape):
         raise ValueError(f"rotary_sin: shape {tuple(sin.shape)} must equal rotary_cos's {tuple(cos.shape)}")
     scale = parse_scale(softmax_scale, d)
-    return (torch.from_numpy(seqlens), _as_torch(table), _as_torch(cos), _as_torch(sin), scale)
+    return (seqlens, _as_torch(table), _as_torch(cos), _as_torch(sin), scale)
 
 
 def _as_torch(x):
@@ -176,6 +181,28 @@ def _private_seqlens(cache_seqlens, batch, paged, appending, k_cache):
     if values.size and (values.min() < 0 or values.max() > np.iinfo(np.int32).max):
         raise ValueError("cache_seqlens: entries must be in 0 .. 2^31 - 1")
     return values.astype(np.int32)  # always a copy
+
+
+def _seqlens_tensor(torch, cache_seqlens, batch, paged, appending, k_cache):
+    """cache_seqlens for the torch op as an integer tensor [B], checked on its metadata only
+    (traceable: no value is read); op_seqlens checks the values when the op runs."""
+    if cache_seqlens is None:
+        if paged or appending:
+            raise ValueError("cache_seqlens: required with block_table or when appending k/v")
+        return torch.full((batch,), int(k_cache.shape[2]), dtype=torch.int64)
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        return torch.full((batch,), int(cache_seqlens), dtype=torch.int64)
+    if cache_seqlens.is_floating_point() or cache_seqlens.is_complex() or cache_seqlens.dtype == torch.bool:
+        raise TypeError(f"cache_seqlens: expected an int or an integer array, got dtype {cache_seqlens.dtype}")
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"cache_seqlens: expected shape [B] = ({batch},), got {tuple(cache_seqlens.shape)}")
+    return cache_seqlens
+
+
+def op_seqlens(cache_seqlens):
+    """The torch op's lengths (an integer tensor [B]) as the kernel's private int32 copy,
+    values checked (the op runs on real tensors)."""
+    return _private_seqlens(cache_seqlens, cache_seqlens.shape[0], False, False, None)
 
 
 def _int32_rows(name, x, batch):

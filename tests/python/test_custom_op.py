@@ -115,6 +115,31 @@ def test_make_fx_records_the_kvcache_op():
     assert "tileattn.attention_with_kvcache" in str(graph.code)
 
 
+@pytest.mark.parametrize("seqlens", [torch.tensor([3, 7]), torch.tensor([3, 7], dtype=torch.int32), 4])
+def test_kvcache_under_compile_fullgraph(seqlens):
+    """torch.compile sees the whole kv-cache call: the lengths are checked on metadata while
+    tracing and on their values when the op runs. Same output and cache as the eager call."""
+    q, kc, vc, k, v, cos, sin = kvcache_inputs()
+    kc2, vc2 = kc.clone(), vc.clone()
+
+    def step(q, kc, vc, k, v, seqlens):
+        return tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, rotary_cos=cos,
+                                               rotary_sin=sin, return_lse=True)
+
+    o, lse = step(q, kc, vc, k, v, seqlens)
+    o2, lse2 = torch.compile(step, backend="aot_eager", fullgraph=True)(q, kc2, vc2, k, v, seqlens)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+def test_kvcache_op_checks_the_lengths_values_when_it_runs():
+    q, kc, vc, k, v, _, _ = kvcache_inputs()
+    for bad in (torch.tensor([-1, 2]), torch.tensor([1, 2 ** 31])):
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            torch.compile(lambda q, kc, vc, k, v, s: tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=s),
+                          backend="aot_eager", fullgraph=True)(q, kc, vc, k, v, bad)
+
+
 def test_flash_attention_under_a_dispatch_mode_goes_through_the_op():
     q, k, v = inputs()
     with RecordOps() as mode:
