@@ -128,7 +128,6 @@ def backward_and_decode_lines(args):
         frac = median([r.get("fraction_of_peak") for r in runs])
         cmd = "tileattn bench --backward --no-baseline " + " ".join(extra)
         lines.append(f"| {label} | {fmt(gf, '.1f')} GFLOP/s | {fmt(frac and frac * 100, '.0f')}% | `{cmd}` |")
-    contiguous_ms = None
     for label, extra in DECODE_CONFIGS:
         runs = []
         for _ in range(args.runs):
@@ -142,10 +141,9 @@ def backward_and_decode_lines(args):
         recompute = median([r.get("speedup_vs_recompute") for r in runs])
         note = (f"{fmt(ms, '.2f')} ms/token, K/V at {fmt(gbs, '.1f')} GB/s (same-size read {fmt(read, '.1f')} GB/s); "
                 f"{fmt(threads, '.2f')}x vs 1 thread; {fmt(recompute, '.0f')}x vs recomputing")
-        if contiguous_ms is None:
-            contiguous_ms = ms
-        else:
-            note += f"; {fmt(ms and contiguous_ms / ms * 100, '.0f')}% of contiguous speed"
+        paged = median([r.get("paged_vs_contiguous") for r in runs])
+        if paged is not None:  # a contiguous loop ran interleaved with the paged one, step by step
+            note += f"; {fmt(paged * 100, '.0f')}% of contiguous speed (paired steps)"
         cmd = "tileattn decode " + " ".join(extra)
         lines.append(f"| {label} | {note} | {fmt(frac and frac * 100, '.0f')}% | `{cmd}` |")
     return lines
