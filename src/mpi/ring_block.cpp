@@ -66,6 +66,18 @@ int64_t visible_pairs(const Block& block) {
   return pairs;
 }
 
+ForwardArgs piece_args(const RingProblem& p, const Block& block, DType dtype) {
+  ForwardArgs f;
+  f.shape = {1, p.heads / p.kv_heads, 1, block.q.size(), block.k.size(), p.head_dim};
+  f.dtype = dtype;
+  f.scale = p.scale;
+  f.threads = p.threads;
+  f.isa = p.isa;
+  f.mask.window_left = block.window_left;
+  f.mask.window_right = block.window_right;
+  return f;
+}
+
 RingAccumulator::RingAccumulator(const Problem& problem, InputView q, std::vector<Segment> q_segments)
     : problem_(problem), q_(q), q_segments_(std::move(q_segments)) {
   for (const Segment& s : q_segments_) rows_ += s.size();
@@ -84,74 +96,46 @@ void RingAccumulator::absorb(InputView k, InputView v, const std::vector<Segment
   const Problem& p = problem_;
   const int64_t group = p.heads / p.kv_heads, d = p.head_dim;
   const int64_t esize = int64_t(dtype_size(p.dtype));
-  int64_t q_row0 = 0;
-  for (const Segment& qs : q_segments_) {
-    int64_t k_row0 = 0;
-    for (const Segment& ks : kv_segments) {
-      const std::optional<Block> block = plan_block(qs, ks, p.band);
-      if (!block) {
-        ++blocks_skipped_;
-        k_row0 += ks.size();
-        continue;
-      }
-      ++blocks_computed_;
-      visible_pairs_ += detail::visible_pairs(*block) * p.batch * p.heads;
-      const int64_t q_row = q_row0 + (block->q.begin - qs.begin), nq = block->q.size();
-      const int64_t k_row = k_row0 + (block->k.begin - ks.begin), nk = block->k.size();
-      // One call per (batch, kv head): the heads sharing a K/V head go
-      // together, and `between` runs often enough to keep transfers moving.
-      for (int64_t b = 0; b < p.batch; ++b)
-        for (int64_t g = 0; g < p.kv_heads; ++g) {
-          ForwardArgs f;
-          f.shape = {1, group, 1, nq, nk, d};
-          f.dtype = p.dtype;
-          f.scale = p.scale;
-          f.threads = p.threads;
-          f.isa = p.isa;
-          f.q = {advance(q_.data, b * q_.stride[0] + g * group * q_.stride[1] + q_row * q_.stride[2], esize),
-                 q_.stride};
-          f.k = {advance(k.data, b * k.stride[0] + g * k.stride[1] + k_row * k.stride[2], esize), k.stride};
-          f.v = {advance(v.data, b * v.stride[0] + g * v.stride[1] + k_row * v.stride[2], esize), v.stride};
-          const std::array<int64_t, 4> part_stride{group * nq * d, nq * d, d, 1};
-          f.o = {part_storage_.data(), part_stride};
-          f.lse = part_lse_.data();
-          f.lse_stride = {group * nq, nq, 1};
-          f.mask.window_left = block->window_left;
-          f.mask.window_right = block->window_right;
-          attention_forward(f);
+  for_each_block(p, q_segments_, kv_segments, counts_, between, [&](const PlacedBlock& placed, int64_t b, int64_t g) {
+    const Block& block = placed.block;
+    const int64_t q_row = placed.q_row, k_row = placed.k_row, nq = block.q.size();
+    ForwardArgs f = piece_args(p, block, p.dtype);
+    f.q = {advance(q_.data, b * q_.stride[0] + g * group * q_.stride[1] + q_row * q_.stride[2], esize), q_.stride};
+    f.k = {advance(k.data, b * k.stride[0] + g * k.stride[1] + k_row * k.stride[2], esize), k.stride};
+    f.v = {advance(v.data, b * v.stride[0] + g * v.stride[1] + k_row * v.stride[2], esize), v.stride};
+    const std::array<int64_t, 4> part_stride{group * nq * d, nq * d, d, 1};
+    f.o = {part_storage_.data(), part_stride};
+    f.lse = part_lse_.data();
+    f.lse_stride = {group * nq, nq, 1};
+    attention_forward(f);
 
-          // Merge in fp32 whatever the storage type, so that only the final
-          // write rounds to fp16/bf16 (plus each piece's own rounding).
-          const float* part = reinterpret_cast<const float*>(part_storage_.data());
-          if (p.dtype != DType::f32) {
-            const int64_t n = group * nq * d;
-            for (int64_t i = 0; i < n; ++i)
-              part_o_[size_t(i)] = tileattn::detail::load_element(part_storage_.data(), int(p.dtype), i);
-            part = part_o_.data();
-          }
-          const int64_t acc_row = (b * p.heads + g * group) * rows_ + q_row;
-          MergeArgs m;
-          m.batch = 1;
-          m.heads = group;
-          m.rows = nq;
-          m.head_dim = d;
-          m.dtype = DType::f32;
-          m.o_a = {o_.data() + acc_row * d, {p.heads * rows_ * d, rows_ * d, d, 1}};
-          m.lse_a = lse_.data() + acc_row;
-          m.lse_a_stride = {p.heads * rows_, rows_, 1};
-          m.o_b = {part, part_stride};
-          m.lse_b = part_lse_.data();
-          m.lse_b_stride = {group * nq, nq, 1};
-          m.o_out = {o_.data() + acc_row * d, m.o_a.stride};
-          m.lse_out = lse_.data() + acc_row;
-          m.lse_out_stride = m.lse_a_stride;
-          merge_states(m);
-          if (between) between();
-        }
-      k_row0 += ks.size();
+    // Merge in fp32 whatever the storage type, so that only the final
+    // write rounds to fp16/bf16 (plus each piece's own rounding).
+    const float* part = reinterpret_cast<const float*>(part_storage_.data());
+    if (p.dtype != DType::f32) {
+      const int64_t n = group * nq * d;
+      for (int64_t i = 0; i < n; ++i)
+        part_o_[size_t(i)] = tileattn::detail::load_element(part_storage_.data(), int(p.dtype), i);
+      part = part_o_.data();
     }
-    q_row0 += qs.size();
-  }
+    const int64_t acc_row = (b * p.heads + g * group) * rows_ + q_row;
+    MergeArgs m;
+    m.batch = 1;
+    m.heads = group;
+    m.rows = nq;
+    m.head_dim = d;
+    m.dtype = DType::f32;
+    m.o_a = {o_.data() + acc_row * d, {p.heads * rows_ * d, rows_ * d, d, 1}};
+    m.lse_a = lse_.data() + acc_row;
+    m.lse_a_stride = {p.heads * rows_, rows_, 1};
+    m.o_b = {part, part_stride};
+    m.lse_b = part_lse_.data();
+    m.lse_b_stride = {group * nq, nq, 1};
+    m.o_out = {o_.data() + acc_row * d, m.o_a.stride};
+    m.lse_out = lse_.data() + acc_row;
+    m.lse_out_stride = m.lse_a_stride;
+    merge_states(m);
+  });
 }
 
 void RingAccumulator::write(OutputView o, float* lse, std::array<int64_t, 3> lse_stride) const {

@@ -41,18 +41,72 @@ std::optional<Block> plan_block(Segment q, Segment k, Band band);
 // (query, key) pairs of the block inside the band.
 int64_t visible_pairs(const Block& block);
 
+// The problem as the block walk and its calls see it (one per ring call).
+struct RingProblem {
+  int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  DType dtype = DType::f32;
+  float scale = 0;  // NaN: 1/sqrt(head_dim)
+  int threads = 0;
+  Isa isa = Isa::automatic;
+  Band band;
+};
+
+// One piece's attention_forward arguments, tensors aside: the block's shape
+// for the heads sharing one K/V head, its band, and the problem's options,
+// with `dtype` the type the call reads (the backward's calls read fp32).
+ForwardArgs piece_args(const RingProblem& p, const Block& block, DType dtype);
+
+// What the walk counts: blocks computed and skipped, and the (query, key)
+// pairs inside the band over all batches and heads.
+struct BlockCounts {
+  int64_t computed = 0, skipped = 0, visible_pairs = 0;
+};
+
+// A planned block and where it sits: q_row is its first row among the rank's
+// query rows (q_segments end to end), k_row its first row in the K/V slice
+// (kv_segments end to end).
+struct PlacedBlock {
+  Block block;
+  int64_t q_row = 0, k_row = 0;
+};
+
+// The walk the forward and the backward share: every (query segment, key
+// segment) pair in order, planned with plan_block. A pair the band rules out
+// is counted as skipped; any other is counted and handed to
+// piece(placed, batch, kv_head) once per (batch, kv head), so that the heads
+// sharing a K/V head go together, with `between` after each piece, often
+// enough for a caller to keep transfers moving.
+template <typename Piece>
+void for_each_block(const RingProblem& p, const std::vector<Segment>& q_segments,
+                    const std::vector<Segment>& kv_segments, BlockCounts& counts,
+                    const std::function<void()>& between, Piece&& piece) {
+  int64_t q_row0 = 0;
+  for (const Segment& qs : q_segments) {
+    int64_t k_row0 = 0;
+    for (const Segment& ks : kv_segments) {
+      if (const std::optional<Block> block = plan_block(qs, ks, p.band)) {
+        ++counts.computed;
+        counts.visible_pairs += visible_pairs(*block) * p.batch * p.heads;
+        const PlacedBlock placed{*block, q_row0 + (block->q.begin - qs.begin), k_row0 + (block->k.begin - ks.begin)};
+        for (int64_t b = 0; b < p.batch; ++b)
+          for (int64_t g = 0; g < p.kv_heads; ++g) {
+            piece(placed, b, g);
+            if (between) between();
+          }
+      } else {
+        ++counts.skipped;
+      }
+      k_row0 += ks.size();
+    }
+    q_row0 += qs.size();
+  }
+}
+
 // The running result of one rank's queries: fp32 (O, LSE) over every key
 // slice absorbed so far.
 class RingAccumulator {
  public:
-  struct Problem {
-    int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
-    DType dtype = DType::f32;
-    float scale = 0;  // NaN: 1/sqrt(head_dim)
-    int threads = 0;
-    Isa isa = Isa::automatic;
-    Band band;
-  };
+  using Problem = RingProblem;
   // q: this rank's queries [batch, heads, rows, head_dim] laid out as
   // q_segments one after another.
   RingAccumulator(const Problem& problem, InputView q, std::vector<Segment> q_segments);
@@ -66,9 +120,9 @@ class RingAccumulator {
   // Writes O (in the problem's dtype) and, when lse is not null, the LSE.
   void write(OutputView o, float* lse, std::array<int64_t, 3> lse_stride) const;
 
-  int64_t blocks_computed() const { return blocks_computed_; }
-  int64_t blocks_skipped() const { return blocks_skipped_; }
-  int64_t visible_pairs() const { return visible_pairs_; }
+  int64_t blocks_computed() const { return counts_.computed; }
+  int64_t blocks_skipped() const { return counts_.skipped; }
+  int64_t visible_pairs() const { return counts_.visible_pairs; }
 
  private:
   Problem problem_;
@@ -82,7 +136,7 @@ class RingAccumulator {
   std::vector<unsigned char> part_storage_;
   std::vector<float> part_o_;
   std::vector<float> part_lse_;
-  int64_t blocks_computed_ = 0, blocks_skipped_ = 0, visible_pairs_ = 0;
+  BlockCounts counts_;
 };
 
 }  // namespace tileattn::mpi::detail

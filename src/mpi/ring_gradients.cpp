@@ -1,7 +1,6 @@
 #include "mpi/ring_gradients.hpp"
 
 #include <cstring>
-#include <optional>
 
 #include "core/half.hpp"
 #include "tileattn/backward.hpp"
@@ -106,63 +105,38 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
   auto at = [](const InputView& view, int64_t b, int64_t h, int64_t r) {
     return static_cast<const float*>(view.data) + b * view.stride[0] + h * view.stride[1] + r * view.stride[2];
   };
-  int64_t q_row0 = 0;
-  for (const Segment& qs : q_segments_) {
-    int64_t k_row0 = 0;
-    for (const Segment& ks : kv_segments) {
-      const std::optional<Block> block = plan_block(qs, ks, p.band);
-      if (!block) {
-        ++blocks_skipped_;
-        k_row0 += ks.size();
-        continue;
-      }
-      ++blocks_computed_;
-      visible_pairs_ += detail::visible_pairs(*block) * p.batch * p.heads;
-      const int64_t q_row = q_row0 + (block->q.begin - qs.begin), nq = block->q.size();
-      const int64_t k_row = k_row0 + (block->k.begin - ks.begin), nk = block->k.size();
-      // One call per (batch, kv head), as in the forward: the heads sharing a
-      // K/V head go together (their dK, dV sum inside the call), and
-      // `between` runs often enough to keep transfers moving.
-      for (int64_t b = 0; b < p.batch; ++b)
-        for (int64_t g = 0; g < p.kv_heads; ++g) {
-          const int64_t dq_at = ((b * p.heads + g * group) * rows_ + q_row) * d;
-          const int64_t k_at = ((b * p.kv_heads + g) * kv_rows + k_row) * d;
-          BackwardArgs bw;
-          ForwardArgs& f = bw.forward;
-          f.shape = {1, group, 1, nq, nk, d};
-          f.dtype = DType::f32;
-          f.scale = p.scale;
-          f.threads = p.threads;
-          f.isa = p.isa;
-          f.q = {at(q_view_, b, g * group, q_row), q_view_.stride};
-          f.k = {k32 + k_at, dense};
-          f.v = {v32 + k_at, dense};
-          f.mask.window_left = block->window_left;
-          f.mask.window_right = block->window_right;
-          bw.o = {at(o_view_, b, g * group, q_row), o_view_.stride};
-          bw.d_o = {at(d_o_view_, b, g * group, q_row), d_o_view_.stride};
-          bw.lse = lse_.data() + (b * p.heads + g * group) * rows_ + q_row;
-          bw.lse_stride = {p.heads * rows_, rows_, 1};
-          bw.dq = {part_dq_.data(), {group * nq * d, nq * d, d, 1}};
-          bw.dk = {part_dk_.data(), {nk * d, nk * d, d, 1}};
-          bw.dv = {part_dv_.data(), bw.dk.stride};
-          attention_backward(bw);
+  // The heads sharing a K/V head go together, as in the forward: their dK
+  // and dV sum inside the call.
+  for_each_block(p, q_segments_, kv_segments, counts_, between, [&](const PlacedBlock& placed, int64_t b, int64_t g) {
+    const Block& block = placed.block;
+    const int64_t q_row = placed.q_row, nq = block.q.size(), nk = block.k.size();
+    const int64_t dq_at = ((b * p.heads + g * group) * rows_ + q_row) * d;
+    const int64_t k_at = ((b * p.kv_heads + g) * kv_rows + placed.k_row) * d;
+    BackwardArgs bw;
+    bw.forward = piece_args(p, block, DType::f32);
+    ForwardArgs& f = bw.forward;
+    f.q = {at(q_view_, b, g * group, q_row), q_view_.stride};
+    f.k = {k32 + k_at, dense};
+    f.v = {v32 + k_at, dense};
+    bw.o = {at(o_view_, b, g * group, q_row), o_view_.stride};
+    bw.d_o = {at(d_o_view_, b, g * group, q_row), d_o_view_.stride};
+    bw.lse = lse_.data() + (b * p.heads + g * group) * rows_ + q_row;
+    bw.lse_stride = {p.heads * rows_, rows_, 1};
+    bw.dq = {part_dq_.data(), {group * nq * d, nq * d, d, 1}};
+    bw.dk = {part_dk_.data(), {nk * d, nk * d, d, 1}};
+    bw.dv = {part_dv_.data(), bw.dk.stride};
+    attention_backward(bw);
 
-          for (int64_t h = 0; h < group; ++h) {
-            float* acc = dq_.data() + dq_at + h * rows_ * d;
-            const float* part = part_dq_.data() + h * nq * d;
-            for (int64_t e = 0; e < nq * d; ++e) acc[e] += part[e];
-          }
-          for (int64_t e = 0; e < nk * d; ++e) {
-            dk[k_at + e] += part_dk_[size_t(e)];
-            dv[k_at + e] += part_dv_[size_t(e)];
-          }
-          if (between) between();
-        }
-      k_row0 += ks.size();
+    for (int64_t h = 0; h < group; ++h) {
+      float* acc = dq_.data() + dq_at + h * rows_ * d;
+      const float* part = part_dq_.data() + h * nq * d;
+      for (int64_t e = 0; e < nq * d; ++e) acc[e] += part[e];
     }
-    q_row0 += qs.size();
-  }
+    for (int64_t e = 0; e < nk * d; ++e) {
+      dk[k_at + e] += part_dk_[size_t(e)];
+      dv[k_at + e] += part_dv_[size_t(e)];
+    }
+  });
 }
 
 void RingGradients::write_dq(OutputView dq) const {

@@ -1,6 +1,6 @@
 // The MPI-free half of the ring backward: one rank's share of dQ, dK and dV
 // for one K/V slice. Each (query segment, key segment) block that the mask
-// lets through (plan_block, as in the forward) becomes attention_backward
+// lets through (the forward's walk, for_each_block) becomes attention_backward
 // calls with this rank's O, dO and the GLOBAL log-sum-exp: with the global
 // LSE the recomputed P of a block is exactly the block of the full softmax,
 // and D = rowsum(dO o O) is the full row's, so each call returns exactly that
@@ -39,9 +39,9 @@ class RingGradients {
   void write_dq(OutputView dq) const;
 
   int64_t rows() const { return rows_; }
-  int64_t blocks_computed() const { return blocks_computed_; }
-  int64_t blocks_skipped() const { return blocks_skipped_; }
-  int64_t visible_pairs() const { return visible_pairs_; }
+  int64_t blocks_computed() const { return counts_.computed; }
+  int64_t blocks_skipped() const { return counts_.skipped; }
+  int64_t visible_pairs() const { return counts_.visible_pairs; }
 
  private:
   Problem problem_;
@@ -58,7 +58,7 @@ class RingGradients {
   std::vector<float> k_, v_;        // the current slice in fp32 (16-bit storage only)
   // One piece's gradients: dQ (group, rows, head_dim), dK and dV (rows, head_dim).
   std::vector<float> part_dq_, part_dk_, part_dv_;
-  int64_t blocks_computed_ = 0, blocks_skipped_ = 0, visible_pairs_ = 0;
+  BlockCounts counts_;
 };
 
 // Writes a dense fp32 [batch, heads, rows, head_dim] tensor into `out` in
