@@ -59,12 +59,7 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
   detail::agree_on_arguments(a, [&] {
     detail::check_global(a);
     plan.emplace(a.shape.seqlen_q, ranks, a.layout);
-    // A rank without rows reads and writes nothing; the backward's
-    // validation refuses the zero strides that dense_strides gives an empty
-    // slice (check_injective does not skip empty tensors), so such a rank
-    // checks only what the forward checks.
-    if (plan->rows(rank) > 0) validate(local_backward_args(args, plan->rows(rank)));
-    else validate(detail::local_args(a, 0));
+    validate(local_backward_args(args, plan->rows(rank)));
     detail::check_message_size(a, plan->max_rows());
   }, "ring_attention_backward");
 
