@@ -1,7 +1,8 @@
 // Ring attention without MPI: the shard plans, the block trimming against a
 // brute-force mask, and every rank's work replayed in one process and
 // compared with the float64 reference (tolerance rule of problem_case.cpp),
-// forward and backward (gradient rule of tests/training/backward_support.hpp).
+// forward and backward (gradient rule of src/testing/tolerance.hpp, applied
+// through tests/training/backward_support.hpp).
 #include <gtest/gtest.h>
 
 #include <cstring>

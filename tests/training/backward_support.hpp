@@ -1,7 +1,8 @@
 // A backward case on top of the forward's case table: the forward's inputs
 // (testing::CaseData) plus dO and the three gradient buffers, laid out like
 // Q (dO, dQ) and K (dK, dV), and the comparison with the float64 reference
-// by the tolerance rule (2 x the naive same-precision error + a tiny floor).
+// by the tolerance rule (testing/tolerance.hpp: 2 x the naive same-precision
+// error + a tiny floor).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include "core/half.hpp"
 #include "testing/problem_case.hpp"
+#include "testing/tolerance.hpp"
 #include "tileattn/backward.hpp"
 #include "tileattn/machine.hpp"
 #include "training/reference_backward.hpp"
@@ -100,35 +102,6 @@ inline std::vector<double> dense(const void* data, DType dtype, const std::array
           out[e++] = detail::load_element(data, int(dtype),
                                           b * stride[0] + h * stride[1] + r * stride[2] + c * stride[3]);
   return out;
-}
-
-struct GradientCheck {
-  double error = 0, naive_error = 0, tolerance = 0, magnitude = 0;
-  bool nan_mismatch = false;
-  bool ok() const { return !nan_mismatch && error <= tolerance; }
-};
-
-// |got - ref| against 2 x |naive - ref| + floor, the floor being one unit in
-// the last place of the dtype (4 x tolerance_floor) at max(1, max |ref|, max |D|).
-// D = rowsum(dO o O) enters the floor because dS = P o (dP - D) cancels it:
-// when a row sees a single key, P = 1 and dP = D, the naive implementation
-// cancels exactly (error 0) while a tiled one keeps the rounding of dP and D,
-// about an ulp of |D| (a dot product of head_dim terms rounded two ways).
-inline GradientCheck check_gradient(const std::vector<double>& got, const std::vector<double>& ref,
-                                    const std::vector<double>& naive, DType dtype,
-                                    double max_delta) {
-  GradientCheck g;
-  double scale = std::max(1.0, max_delta);
-  for (size_t e = 0; e < ref.size(); ++e) {
-    if (std::isnan(ref[e]) != std::isnan(got[e])) g.nan_mismatch = true;
-    if (std::isnan(ref[e])) continue;
-    scale = std::max(scale, std::abs(ref[e]));
-    g.error = std::max(g.error, std::abs(got[e] - ref[e]));
-    if (!std::isnan(naive[e])) g.naive_error = std::max(g.naive_error, std::abs(naive[e] - ref[e]));
-  }
-  g.magnitude = scale;
-  g.tolerance = 2 * g.naive_error + 4 * tolerance_floor(dtype) * scale;
-  return g;
 }
 
 inline std::string describe(const char* what, const GradientCheck& g) {
