@@ -1,0 +1,10 @@
+# The emulated AVX-512 forward main loop, compiled once for the test files
+# that run it.
+target_sources(isa_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/emulated_avx512_forward.cpp)
+
+# Its Kernels take the few-rows (decode) products from the AVX2 ones compiled
+# natively: a file of its own with the AVX2 flags, because the emulated
+# translation units must not include <immintrin.h>.
+set(isa_native_few_rows ${CMAKE_CURRENT_LIST_DIR}/native_few_rows_kernels.cpp)
+target_sources(isa_tests PRIVATE ${isa_native_few_rows})
+set_source_files_properties(${isa_native_few_rows} PROPERTIES COMPILE_OPTIONS "${TILEATTN_AVX2_FLAGS}")
