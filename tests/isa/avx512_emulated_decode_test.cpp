@@ -1,0 +1,203 @@
+// Decode on the AVX-512 path: a work item that stacks at most kFewRowsMax
+// query rows (GQA group x new tokens) takes the few-rows tile products, which
+// avx512::Kernels inherits from the AVX2 ones. Run here through the emulated
+// AVX-512 main loop (emulated_avx512_forward.hpp; those products run natively)
+// on AVX-512's own plan -- its key tiles, head-dim padding, key splits -- and
+// checked against the float64 reference by the tolerance rule, paged K/V
+// bitwise against contiguous, and 1 against 2 threads. The few-rows products
+// count their calls, so each test also checks which path ran.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/forward_plan.hpp"
+#include "isa/emulated_avx512_forward.hpp"
+#include "isa/native_few_rows_kernels.hpp"
+#include "testing/problem_case.hpp"
+#include "tileattn/machine.hpp"
+
+namespace tileattn::testing {
+namespace {
+
+using detail::avx512_emulated_native::NativeFewRowsKernels;
+
+// Stacked rows = (heads / kv_heads) x seqlen_q.
+struct Stack {
+  int64_t group, seqlen_q;
+};
+constexpr Stack kFewRowStacks[] = {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}, {7, 1},
+                                   {8, 1}, {1, 2}, {2, 2}, {3, 2}, {4, 2}};
+constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+Case decode_case(const Stack& st, DType dtype, int64_t head_dim, int64_t seqlen_k) {
+  Case c;
+  c.batch = 2;
+  c.kv_heads = 2;
+  c.heads = 2 * st.group;
+  c.seqlen_q = st.seqlen_q;
+  c.seqlen_k = seqlen_k;
+  c.head_dim = head_dim;
+  c.dtype = dtype;
+  c.mask = MaskCase::causal;  // bottom-right: with 2 new tokens the first sees one key less
+  c.seed = uint64_t(st.group * 1000 + st.seqlen_q * 100 + head_dim + seqlen_k * 7);
+  return c;
+}
+
+// K and V of a contiguous case copied into pages [num_pages, kv_heads,
+// page_size, D], the pages of each sequence scattered in shuffled order (and a
+// spare page nobody uses), with the ForwardArgs that read them.
+struct PagedCopy {
+  std::vector<char> k_pages, v_pages;
+  std::vector<int32_t> block_table, seqlens;
+  ForwardArgs args;
+
+  PagedCopy(const CaseData& data, int64_t page_size) : args(data.args) {
+    const ForwardArgs& a = data.args;
+    const int64_t batch = a.shape.batch, kv_heads = a.shape.kv_heads, n = a.shape.seqlen_k;
+    const int64_t d = a.shape.head_dim, esize = int64_t(dtype_size(a.dtype));
+    const int64_t per_seq = (n + page_size - 1) / page_size, num_pages = batch * per_seq + 1;
+    std::vector<int32_t> order(static_cast<size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(uint32_t(page_size * 31 + n)));
+    block_table.assign(order.begin(), order.begin() + batch * per_seq);
+    seqlens.assign(size_t(batch), int32_t(n));
+    const std::array<int64_t, 4> page_stride{kv_heads * page_size * d, page_size * d, d, 1};
+    const size_t bytes = size_t(num_pages * page_stride[0] * esize);
+    k_pages.assign(bytes, char(0x7f));  // unused rows: garbage, never read
+    v_pages.assign(bytes, char(0x7f));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < kv_heads; ++h)
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t page = block_table[size_t(b * per_seq + j / page_size)];
+          const int64_t to = (page * page_stride[0] + h * page_stride[1] + j % page_size * d) * esize;
+          const int64_t k_from = (b * a.k.stride[0] + h * a.k.stride[1] + j * a.k.stride[2]) * esize;
+          const int64_t v_from = (b * a.v.stride[0] + h * a.v.stride[1] + j * a.v.stride[2]) * esize;
+          std::memcpy(&k_pages[size_t(to)], static_cast<const char*>(a.k.data) + k_from, size_t(d * esize));
+          std::memcpy(&v_pages[size_t(to)], static_cast<const char*>(a.v.data) + v_from, size_t(d * esize));
+        }
+    args.k = {k_pages.data(), page_stride};
+    args.v = {v_pages.data(), page_stride};
+    args.kv.block_table = block_table.data();
+    args.kv.block_table_stride = per_seq;
+    args.kv.page_size = page_size;
+    args.kv.num_pages = num_pages;
+    args.kv.seqlens = seqlens.data();
+  }
+};
+
+// Outputs of one run, for bitwise comparisons.
+struct Outputs {
+  std::vector<float> o32, lse;
+  std::vector<uint16_t> o16;
+  explicit Outputs(const CaseData& data) : o32(data.o32), lse(data.lse), o16(data.o16) {}
+  bool operator==(const Outputs& other) const {
+    return o32 == other.o32 && o16 == other.o16 &&
+           std::memcmp(lse.data(), other.lse.data(), lse.size() * 4) == 0;
+  }
+};
+
+// NaN everywhere in the outputs, so that an output the next run fails to write shows.
+void poison_outputs(CaseData& data) {
+  std::fill(data.o32.begin(), data.o32.end(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(data.o16.begin(), data.o16.end(), uint16_t(0x7fff));
+  std::fill(data.lse.begin(), data.lse.end(), std::numeric_limits<float>::quiet_NaN());
+}
+
+class Avx512EmulatedDecode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!isa_available(Isa::avx2))
+      GTEST_SKIP() << "the few-rows products run natively and need AVX2, FMA and F16C";
+  }
+
+  // Runs `args` (into data's outputs) on the emulated AVX-512 path, checks
+  // that the few-rows products ran exactly when expected and that the result
+  // matches the float64 reference (computed from data.args, contiguous).
+  static void run_and_check(const CaseData& data, const ForwardArgs& args, bool few_rows,
+                            const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(emulated_avx512_takes_few_rows_path(args), few_rows);
+    const int64_t calls_before = NativeFewRowsKernels::calls();
+    ASSERT_TRUE(emulated_avx512_forward(args));
+    const int64_t calls = NativeFewRowsKernels::calls() - calls_before;
+    if (few_rows) EXPECT_GT(calls, 0) << "the few-rows products were not called";
+    else EXPECT_EQ(calls, 0) << "past kFewRowsMax rows the packed products must run";
+    const Comparison cmp = compare_with_reference(data);
+    EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  }
+};
+
+TEST_F(Avx512EmulatedDecode, EveryStackedRowCountDtypeAndHeadDimMatchesFloat64) {
+  for (const Stack& st : kFewRowStacks)
+    for (DType dtype : kDTypes)
+      for (int64_t head_dim : {1, 7, 9, 16, 59, 64, 111, 128}) {
+        // 100 keys: a full key tile and a partial one on every plan.
+        CaseData data(decode_case(st, dtype, head_dim, 100));
+        const std::string what = data.c.name();
+        data.args.threads = 1;
+        run_and_check(data, data.args, true, what + " 1 thread");
+        const Outputs one(data);
+        poison_outputs(data);
+        data.args.threads = 2;
+        run_and_check(data, data.args, true, what + " 2 threads");
+        EXPECT_TRUE(Outputs(data) == one) << what << ": 1 and 2 threads differ";
+      }
+}
+
+TEST_F(Avx512EmulatedDecode, PagedKeysAndValuesEqualContiguousBitwise) {
+  const Stack stacks[] = {{1, 1}, {4, 1}, {8, 1}, {3, 2}, {4, 2}};
+  for (const Stack& st : stacks)
+    for (DType dtype : kDTypes)
+      for (int64_t head_dim : {9, 64, 111})
+        for (int64_t page_size : {1, 3, 16}) {
+          CaseData data(decode_case(st, dtype, head_dim, 77));
+          const std::string what = data.c.name() + " page " + std::to_string(page_size);
+          run_and_check(data, data.args, true, what + " contiguous");
+          const Outputs contiguous(data);
+          const PagedCopy paged(data, page_size);
+          poison_outputs(data);
+          run_and_check(data, paged.args, true, what + " paged");
+          EXPECT_TRUE(Outputs(data) == contiguous) << what << ": paged differs from contiguous";
+        }
+}
+
+// Key counts around AVX-512's key tile (partial tiles, tiles of fewer than 8
+// keys, one key) and long enough to be split into key ranges and merged.
+TEST_F(Avx512EmulatedDecode, ShortSequencesPartialTilesAndKeySplits) {
+  for (DType dtype : kDTypes)
+    for (int64_t seqlen_k : {2, 7, 8, 63, 64, 65, 129, 1100, 2500})
+      for (const Stack& st : {Stack{4, 1}, Stack{3, 2}}) {
+        CaseData data(decode_case(st, dtype, 59, seqlen_k));
+        const bool split = detail::plan_forward(data.args, Isa::avx512, 1).kv_splits > 1;
+        EXPECT_EQ(split, seqlen_k >= 1100) << data.c.name();
+        run_and_check(data, data.args, true, data.c.name());
+        if (split) {
+          const PagedCopy paged(data, 16);
+          const Outputs contiguous(data);
+          poison_outputs(data);
+          run_and_check(data, paged.args, true, data.c.name() + " paged");
+          EXPECT_TRUE(Outputs(data) == contiguous) << data.c.name() << ": paged differs";
+        }
+      }
+}
+
+// One stacked row past the limit (9, and 10 = 5 heads x 2 tokens): the packed
+// products run, with the same accuracy.
+TEST_F(Avx512EmulatedDecode, PastTheRowLimitThePackedProductsRun) {
+  ASSERT_EQ(NativeFewRowsKernels::kFewRowsMax, 8);
+  for (const Stack& st : {Stack{9, 1}, Stack{5, 2}})
+    for (DType dtype : kDTypes) {
+      CaseData data(decode_case(st, dtype, 59, 100));
+      run_and_check(data, data.args, false, data.c.name());
+    }
+}
+
+}  // namespace
+}  // namespace tileattn::testing
