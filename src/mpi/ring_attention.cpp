@@ -3,7 +3,6 @@
 // right neighbour and the receive of the next one from the left, attends to
 // the slice it holds while both are in flight, then waits. Two buffers
 // alternate, so the slice being read is never the one being received into.
-#include <optional>
 #include <vector>
 
 #include "mpi/ring_block.hpp"
@@ -20,35 +19,26 @@ constexpr int kRingTag = 7411;
 
 RingStats ring_attention_forward(const RingArgs& a) {
   const double start = MPI_Wtime();
-  int rank = 0, ranks = 1;
-  MPI_Comm_rank(a.comm, &rank);
-  MPI_Comm_size(a.comm, &ranks);
-
-  // Every rank checks its own arguments, then all learn whether any failed,
-  // so that a bad rank cannot leave the others blocked in the ring.
-  std::optional<ShardPlan> plan;
-  detail::agree_on_arguments(a, [&] {
-    detail::check_global(a);
-    plan.emplace(a.shape.seqlen_q, ranks, a.layout);
-    validate(detail::local_args(a, plan->rows(rank)));
-    detail::check_message_size(a, plan->max_rows());
-  }, "ring_attention_forward");
+  const detail::RingSetup ring = detail::set_up_ring(
+      a, [&](int64_t rows) { validate(detail::local_args(a, rows)); }, "ring_attention_forward");
+  const int rank = ring.rank, ranks = ring.ranks;
+  const ShardPlan& plan = ring.plan;
   const int64_t row_bytes = a.shape.head_dim * int64_t(dtype_size(a.dtype));
 
   const AttentionShape& s = a.shape;
   const int64_t esize = int64_t(dtype_size(a.dtype));
   // Elements of one K (or V) slice of `rows` rows, packed [batch, kv_heads, rows, head_dim].
   auto slice_elements = [&](int64_t rows) { return s.batch * s.kv_heads * rows * s.head_dim; };
-  auto message_rows = [&](int holder) { return int(2 * s.batch * s.kv_heads * plan->rows(holder)); };
+  auto message_rows = [&](int holder) { return int(2 * s.batch * s.kv_heads * plan.rows(holder)); };
 
   // Pack this rank's K then V into the first buffer.
   std::vector<unsigned char> buffers[2];
-  for (auto& b : buffers) b.resize(size_t(2 * slice_elements(plan->max_rows()) * esize));
-  const int64_t own_rows = plan->rows(rank);
+  for (auto& b : buffers) b.resize(size_t(2 * slice_elements(plan.max_rows()) * esize));
+  const int64_t own_rows = plan.rows(rank);
   detail::pack_rows(a.k, s, s.kv_heads, own_rows, size_t(esize), buffers[0].data());
   detail::pack_rows(a.v, s, s.kv_heads, own_rows, size_t(esize), buffers[0].data() + slice_elements(own_rows) * esize);
 
-  detail::RingAccumulator acc(detail::block_problem(a), a.q, plan->segments(rank));
+  detail::RingAccumulator acc(detail::block_problem(a), a.q, plan.segments(rank));
 
   MPI_Datatype row_type;
   MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &row_type);
@@ -73,13 +63,13 @@ RingStats ring_attention_forward(const RingArgs& a) {
     }
 
     const double compute_start = MPI_Wtime();
-    const int64_t n = plan->rows(holder);
+    const int64_t n = plan.rows(holder);
     const std::array<int64_t, 4> packed{s.kv_heads * n * s.head_dim, n * s.head_dim, s.head_dim, 1};
     const InputView k{current, packed};
     const InputView v{current + slice_elements(n) * esize, packed};
     // Without an asynchronous progress thread MPI moves large messages only
     // inside MPI calls: test the requests between pieces of work.
-    acc.absorb(k, v, plan->segments(holder), [&] {
+    acc.absorb(k, v, plan.segments(holder), [&] {
       int done = 0;
       if (pending) MPI_Testall(pending, requests, &done, MPI_STATUSES_IGNORE);
     });

@@ -15,7 +15,6 @@
 // So each accumulator makes P-1 hops (owner's right neighbour first, owner
 // last), and only the very last hop is not hidden behind compute.
 #include <algorithm>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -51,17 +50,10 @@ BackwardArgs local_backward_args(const RingBackwardArgs& a, int64_t rows) {
 RingStats ring_attention_backward(const RingBackwardArgs& args) {
   const double start = MPI_Wtime();
   const RingArgs& a = args.forward;
-  int rank = 0, ranks = 1;
-  MPI_Comm_rank(a.comm, &rank);
-  MPI_Comm_size(a.comm, &ranks);
-
-  std::optional<ShardPlan> plan;
-  detail::agree_on_arguments(a, [&] {
-    detail::check_global(a);
-    plan.emplace(a.shape.seqlen_q, ranks, a.layout);
-    validate(local_backward_args(args, plan->rows(rank)));
-    detail::check_message_size(a, plan->max_rows());
-  }, "ring_attention_backward");
+  const detail::RingSetup ring = detail::set_up_ring(
+      a, [&](int64_t rows) { validate(local_backward_args(args, rows)); }, "ring_attention_backward");
+  const int rank = ring.rank, ranks = ring.ranks;
+  const ShardPlan& plan = ring.plan;
 
   const AttentionShape& s = a.shape;
   const int64_t esize = int64_t(dtype_size(a.dtype));
@@ -69,24 +61,24 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
   // Elements of one K (or V, dK, dV) slice of `rows` rows, packed [batch, kv_heads, rows, head_dim].
   auto slice_elements = [&](int64_t rows) { return s.batch * s.kv_heads * rows * s.head_dim; };
   // Rows of one message (K then V, or dK then dV) of `holder`'s slice.
-  auto message_rows = [&](int holder) { return int(2 * s.batch * s.kv_heads * plan->rows(holder)); };
+  auto message_rows = [&](int holder) { return int(2 * s.batch * s.kv_heads * plan.rows(holder)); };
 
   std::vector<unsigned char> kv_buffers[2];
-  for (auto& b : kv_buffers) b.resize(size_t(2 * slice_elements(plan->max_rows()) * esize));
-  const int64_t own_rows = plan->rows(rank);
+  for (auto& b : kv_buffers) b.resize(size_t(2 * slice_elements(plan.max_rows()) * esize));
+  const int64_t own_rows = plan.rows(rank);
   detail::pack_rows(a.k, s, s.kv_heads, own_rows, size_t(esize), kv_buffers[0].data());
   detail::pack_rows(a.v, s, s.kv_heads, own_rows, size_t(esize),
                     kv_buffers[0].data() + slice_elements(own_rows) * esize);
 
   // fp32 (dK, dV) of one slice: this rank's share of its own slice, the share
   // being computed, the accumulator coming in and the one going out.
-  const size_t gradient_elements = size_t(2 * slice_elements(plan->max_rows()));
+  const size_t gradient_elements = size_t(2 * slice_elements(plan.max_rows()));
   std::vector<float> own(size_t(2 * slice_elements(own_rows))), share(gradient_elements),
       incoming(gradient_elements), outgoing(gradient_elements);
 
   const double widen_start = MPI_Wtime();
   detail::RingGradients gradients(detail::block_problem(a), a.q, args.o, args.d_o, args.lse, args.lse_stride,
-                                  plan->segments(rank));
+                                  plan.segments(rank));
 
   MPI_Datatype kv_row, gradient_row;
   MPI_Type_contiguous(int(kv_row_bytes), MPI_BYTE, &kv_row);
@@ -117,11 +109,11 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
     }
 
     const double compute_start = MPI_Wtime();
-    const int64_t n = plan->rows(holder);
+    const int64_t n = plan.rows(holder);
     const std::array<int64_t, 4> packed{s.kv_heads * n * s.head_dim, n * s.head_dim, s.head_dim, 1};
     float* target = step == 0 ? own.data() : share.data();
     std::fill(target, target + 2 * slice_elements(n), 0.0f);
-    gradients.absorb({current, packed}, {current + slice_elements(n) * esize, packed}, plan->segments(holder),
+    gradients.absorb({current, packed}, {current + slice_elements(n) * esize, packed}, plan.segments(holder),
                      target, target + slice_elements(n), [&] {
                        // Without an asynchronous progress thread MPI moves
                        // large messages only inside MPI calls.

@@ -2,7 +2,9 @@
 
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace tileattn::mpi::detail {
 
@@ -66,6 +68,21 @@ void agree_on_arguments(const RingArgs& a, const std::function<void()>& check_th
   MPI_Allreduce(mine, hi, kFingerprint, MPI_LONG_LONG, MPI_MAX, a.comm);
   if (std::memcmp(lo, hi, sizeof lo) != 0)
     throw Error(std::string(who) + ": ranks disagree on shape, dtype, mask or layout");
+}
+
+RingSetup set_up_ring(const RingArgs& a, const std::function<void(int64_t rows)>& validate_local,
+                      const char* who) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(a.comm, &rank);
+  MPI_Comm_size(a.comm, &ranks);
+  std::optional<ShardPlan> plan;
+  agree_on_arguments(a, [&] {
+    check_global(a);
+    plan.emplace(a.shape.seqlen_q, ranks, a.layout);
+    validate_local(plan->rows(rank));
+    check_message_size(a, plan->max_rows());
+  }, who);
+  return {rank, ranks, std::move(*plan)};
 }
 
 void check_message_size(const RingArgs& a, int64_t max_rows) {

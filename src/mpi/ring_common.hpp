@@ -27,6 +27,18 @@ ForwardArgs local_args(const RingArgs& args, int64_t rows);
 void agree_on_arguments(const RingArgs& args, const std::function<void()>& check_this_rank,
                         const char* who);
 
+// This rank's place in the ring, agreed by every rank.
+struct RingSetup {
+  int rank = 0, ranks = 1;
+  ShardPlan plan;
+};
+// Collective over args.comm, the start of both rings: every rank checks its
+// own arguments (check_global, the shard plan, `validate_local` on its rows,
+// check_message_size), then all learn whether any failed (agree_on_arguments),
+// so that a bad rank cannot leave the others blocked in the ring.
+RingSetup set_up_ring(const RingArgs& args, const std::function<void(int64_t rows)>& validate_local,
+                      const char* who);
+
 // Throws Error when the largest K/V slice (K then V, max_rows rows each per
 // (batch, kv head)) cannot be one MPI message counted in rows.
 void check_message_size(const RingArgs& args, int64_t max_rows);
