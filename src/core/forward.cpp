@@ -160,6 +160,25 @@ void merge_splits(const Problem& p) {
   }
 }
 
+void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
+  const std::vector<WorkItem> items = make_schedule(p, threads);
+  if (items.empty()) return;
+  const int workers = int(min64(threads, int64_t(items.size())));
+  Workspace scratch(forward_scratch_floats(p), workers);
+  std::vector<float> partial_o, partial_lse;
+  if (p.kv_splits > 1) {
+    const int64_t slots = p.kv_splits * p.args.shape.batch * p.args.shape.heads * p.max_rows_q;
+    partial_o.resize(size_t(slots * p.head_dim_padded));
+    partial_lse.resize(size_t(slots));
+    p.partial_o = partial_o.data();
+    p.partial_lse = partial_lse.data();
+  }
+  parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
+    run_item(p, items[size_t(item)], scratch.for_worker(worker));
+  });
+  if (p.kv_splits > 1) merge_splits(p);
+}
+
 }  // namespace detail
 
 void attention_forward(const ForwardArgs& args) {
@@ -173,24 +192,7 @@ void attention_forward(const ForwardArgs& args) {
   }
   const int threads = detail::effective_threads(args.threads);
   detail::Problem p = detail::plan_forward(args, isa, threads);
-  const std::vector<detail::WorkItem> items = detail::make_schedule(p, threads);
-  if (items.empty()) return;
-  const int64_t per_thread = detail::forward_scratch_floats(p);
-  const int workers = int(detail::min64(threads, int64_t(items.size())));
-  detail::Workspace scratch(per_thread, workers);
-  const detail::ForwardItemFn run_item = detail::forward_item_fn(isa);
-  std::vector<float> partial_o, partial_lse;
-  if (p.kv_splits > 1) {
-    const int64_t slots = p.kv_splits * args.shape.batch * args.shape.heads * p.max_rows_q;
-    partial_o.resize(size_t(slots * p.head_dim_padded));
-    partial_lse.resize(size_t(slots));
-    p.partial_o = partial_o.data();
-    p.partial_lse = partial_lse.data();
-  }
-  detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
-    run_item(p, items[size_t(item)], scratch.for_worker(worker));
-  });
-  if (p.kv_splits > 1) detail::merge_splits(p);
+  detail::run_forward_plan(p, threads, detail::forward_item_fn(isa));
 }
 
 }  // namespace tileattn

@@ -17,5 +17,8 @@ int effective_threads(int requested);
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads);
 // Merges the key splits' partial O and LSE into args.o / args.lse (kv_splits > 1).
 void merge_splits(const Problem& p);
+// Runs a planned call: the schedule, per-worker scratch, every work item through
+// `run_item` on `threads` threads, then the merge of key splits.
+void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item);
 
 }  // namespace tileattn::detail

@@ -38,22 +38,7 @@ bool emulated_avx512_forward(const ForwardArgs& args) {
   const int threads = detail::effective_threads(args.threads);
   detail::Problem p = detail::plan_forward(args, Isa::avx512, threads);
   if (few_rows_path(p) && !isa_available(Isa::avx2)) return false;
-  const std::vector<detail::WorkItem> items = detail::make_schedule(p, threads);
-  if (items.empty()) return true;
-  const int workers = int(detail::min64(threads, int64_t(items.size())));
-  detail::Workspace scratch(detail::forward_scratch_floats(p), workers);
-  std::vector<float> partial_o, partial_lse;
-  if (p.kv_splits > 1) {
-    const int64_t slots = p.kv_splits * args.shape.batch * args.shape.heads * p.max_rows_q;
-    partial_o.resize(size_t(slots * p.head_dim_padded));
-    partial_lse.resize(size_t(slots));
-    p.partial_o = partial_o.data();
-    p.partial_lse = partial_lse.data();
-  }
-  detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
-    detail::avx512_emulated::run_forward_item(p, items[size_t(item)], scratch.for_worker(worker));
-  });
-  if (p.kv_splits > 1) detail::merge_splits(p);
+  detail::run_forward_plan(p, threads, detail::avx512_emulated::run_forward_item);
   return true;
 }
 
