@@ -209,11 +209,10 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
   const ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
   if (ranges_overlap(o, k) || ranges_overlap(o, v)) fail("o: output overlaps the cache (k_cache or v_cache)");
-  if (a.lse) {
-    const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
-    const ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
-    if (ranges_overlap(lse, k) || ranges_overlap(lse, v)) fail("lse: overlaps the cache (k_cache or v_cache)");
-  }
+  // lse, when asked for: its range, computed once for both checks below.
+  const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
+  const ByteRange lse = a.lse ? view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3) : ByteRange{};
+  if (a.lse && (ranges_overlap(lse, k) || ranges_overlap(lse, v))) fail("lse: overlaps the cache (k_cache or v_cache)");
   const bool appends = std::any_of(plan.counts.begin(), plan.counts.end(), [](int32_t n) { return n > 0; });
   const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   if (appends && (ranges_overlap(q, k) || ranges_overlap(q, v)))
@@ -226,11 +225,7 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
     const ByteRange k_new = view_range("k_new", a.k_new.data, esize, new_sizes, a.k_new.stride.data(), 4);
     const ByteRange v_new = view_range("v_new", a.v_new.data, esize, new_sizes, a.v_new.stride.data(), 4);
     if (ranges_overlap(o, k_new) || ranges_overlap(o, v_new)) fail("o: output overlaps k_new or v_new");
-    if (a.lse) {
-      const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
-      const ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
-      if (ranges_overlap(lse, k_new) || ranges_overlap(lse, v_new)) fail("lse: overlaps k_new or v_new");
-    }
+    if (a.lse && (ranges_overlap(lse, k_new) || ranges_overlap(lse, v_new))) fail("lse: overlaps k_new or v_new");
   }
 }
 
