@@ -17,7 +17,9 @@
 // split): load the Q tiles -> for each visible KV tile: pack K^T and V once,
 // then for the stacked query rows of the group: S = Q K^T -> mask (partial
 // tiles only) -> online softmax -> acc += P V -> epilogue: O = acc / row_sum
-// and LSE (or, for a key split, the partial pair merged afterwards).
+// and LSE (or, for a key split, the partial pair merged afterwards). Decode
+// on small pages walks several KV heads per item (Problem::kv_heads_per_item):
+// each KV tile then runs once per KV head, with that head's group of rows.
 // Masks, dtypes, layouts and KV sources are policies of this one loop, and
 // so is the tile product: with at most K::kFewRowsMax stacked rows (decode)
 // and a Kernels that has few_rows_scores / few_rows_accumulate, nothing is
@@ -36,7 +38,8 @@ template <class K>
 class ForwardMainloop {
  public:
   ForwardMainloop(const Problem& p, float* scratch) : p_(p), a_(p.args) {
-    const int64_t bq = p.block_q, dp = p.head_dim_padded, hc = p.heads_per_item;
+    const int64_t bq = p.block_q, dp = p.head_dim_padded;
+    const int64_t hc = p.heads_per_item * p.kv_heads_per_item;  // query heads of an item
     kv_pad_ = round_up(p.block_kv, kPanelWidth);
     float* cursor = scratch;
     auto take = [&](int64_t floats) {
@@ -59,7 +62,7 @@ class ForwardMainloop {
     // a few rows (decode) the products read K/V rows in place through row
     // tables, and the unused K^T tile holds those tables (this tile's and
     // the next one's, 4 x BLOCK_KV_pad pointers <= D_pad x BLOCK_KV_pad floats).
-    if constexpr (kHasFewRows) direct_ = hc * bq <= K::kFewRowsMax;
+    if constexpr (kHasFewRows) direct_ = p.heads_per_item * bq <= K::kFewRowsMax;
     k_rows_ = reinterpret_cast<const void**>(k_t_);
     v_rows_ = k_rows_ + kv_pad_;
     k_ahead_ = v_rows_ + kv_pad_;
@@ -77,6 +80,9 @@ class ForwardMainloop {
       row_max_[s] = -std::numeric_limits<float>::infinity();
       row_sum_[s] = 0.0f;
     }
+    // Query heads of each KV head the item walks (its whole group when it
+    // walks several).
+    const int64_t heads_per_kv = w.head_count / w.kv_head_count;
     // Heads per product: as many as fit the S tile (BLOCK_Q rows). Prefill
     // tiles (rows = BLOCK_Q) go one head at a time; decode stacks the group.
     const int64_t heads_per_gemm = max64(1, score_tile_rows(p_) / rows_);
@@ -85,58 +91,69 @@ class ForwardMainloop {
     keys.first = max64(keys.first, w.key_begin);
     keys.last = min64(keys.last, w.key_end);
     const int64_t first_tile = keys.first / p_.block_kv * p_.block_kv;
-    bool ahead_filled = false;  // direct_: this tile's tables were the last tile's ahead tables
+    bool ahead_filled = false;  // direct_: this step's tables were the last step's ahead tables
+    // Steps (key tile, KV head), tile-major: a paged item reads every KV
+    // head's rows of a page before the next page.
     for (int64_t j0 = first_tile; j0 < keys.last; j0 += p_.block_kv) {
       const int64_t j_begin = max64(j0, keys.first);
       const int64_t j1 = min64(j0 + p_.block_kv, keys.last);
       const int64_t n = j1 - j_begin;
+      const int64_t n_after = j1 < keys.last ? min64(j1 + p_.block_kv, keys.last) - j1 : 0;
       const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
-      if (direct_) {
-        if (ahead_filled) {
-          const void** k = k_rows_;
-          k_rows_ = k_ahead_, k_ahead_ = k;
-          const void** v = v_rows_;
-          v_rows_ = v_ahead_, v_ahead_ = v;
-        } else {
-          fill_key_rows(a_.k, seq, w, j_begin, n, k_rows_);
-          fill_key_rows(a_.v, seq, w, j_begin, n, v_rows_);
-        }
-        // The next tile's rows, which the score product prefetches a few
-        // lines per key while it computes this tile.
-        ahead_ = j1 < keys.last ? min64(j1 + p_.block_kv, keys.last) - j1 : 0;
-        ahead_filled = ahead_ > 0;
-        if (ahead_filled) {
-          fill_key_rows(a_.k, seq, w, j1, ahead_, k_ahead_);
-          fill_key_rows(a_.v, seq, w, j1, ahead_, v_ahead_);
-        }
-      } else {
-        load_kv_tile(seq, w, j_begin, n);
-      }
-      prefetch_.reset(nullptr, 0, 0);
-      if (j1 < keys.last && !direct_)
-        queue_next_tile(seq, w, j1, min64(j1 + p_.block_kv, keys.last) - j1);
-      const int64_t n_pad = round_up(n, kPanelWidth);
       // A band-partial tile (causal diagonal, window edge) of one head's rows:
       // only the rows that see one of its keys take part. The others would
       // add exact zeros; with 256-row tiles at N = 4096 causal they are 3% of
       // the pairs computed.
       const KeyRange tile_rows = visible_rows(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
       const bool row_subset = band_partial && heads_per_gemm == 1;
-      for (int64_t g0 = 0; g0 < w.head_count; g0 += heads_per_gemm) {
-        int64_t s0 = g0 * rows_;
-        int64_t m = min64(heads_per_gemm, w.head_count - g0) * rows_;
-        if (row_subset) {
-          s0 += tile_rows.first - w.q_begin;
-          m = tile_rows.last - tile_rows.first;
-          if (m == 0) continue;
+      for (int64_t g = 0; g < w.kv_head_count; ++g) {
+        const int64_t kv_head = w.kv_head + g;
+        // The step after this one: the next KV head on this tile, else the
+        // first KV head on the next tile.
+        const bool last_head = g + 1 == w.kv_head_count;
+        const int64_t next_kv_head = last_head ? w.kv_head : kv_head + 1;
+        const int64_t next_begin = last_head ? j1 : j_begin;
+        const int64_t next_n = last_head ? n_after : n;
+        if (direct_) {
+          if (ahead_filled) {
+            const void** k = k_rows_;
+            k_rows_ = k_ahead_, k_ahead_ = k;
+            const void** v = v_rows_;
+            v_rows_ = v_ahead_, v_ahead_ = v;
+          } else {
+            fill_key_rows(a_.k, seq, w.batch, kv_head, j_begin, n, k_rows_);
+            fill_key_rows(a_.v, seq, w.batch, kv_head, j_begin, n, v_rows_);
+          }
+          // The next step's rows, which the score product prefetches a few
+          // lines per key while it computes this step.
+          ahead_ = next_n;
+          ahead_filled = ahead_ > 0;
+          if (ahead_filled) {
+            fill_key_rows(a_.k, seq, w.batch, next_kv_head, next_begin, ahead_, k_ahead_);
+            fill_key_rows(a_.v, seq, w.batch, next_kv_head, next_begin, ahead_, v_ahead_);
+          }
+        } else {
+          load_kv_tile(seq, w.batch, kv_head, j_begin, n);
         }
-        scores(s0, m, n, n_pad);
-        if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
-          apply_mask(seq, w, s0, m, j_begin, n, band_partial);
-        online_softmax(w, s0, m, n, j_begin);
-        accumulate(s0, m, n);
+        prefetch_.reset(nullptr, 0, 0);
+        if (next_n > 0 && !direct_) queue_next_tile(seq, w.batch, next_kv_head, next_begin, next_n);
+        const int64_t n_pad = round_up(n, kPanelWidth);
+        for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm) {
+          int64_t s0 = (g * heads_per_kv + g0) * rows_;
+          int64_t m = min64(heads_per_gemm, heads_per_kv - g0) * rows_;
+          if (row_subset) {
+            s0 += tile_rows.first - w.q_begin;
+            m = tile_rows.last - tile_rows.first;
+            if (m == 0) continue;
+          }
+          scores(s0, m, n, n_pad);
+          if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
+            apply_mask(seq, w, s0, m, j_begin, n, band_partial);
+          online_softmax(w, s0, m, n, j_begin);
+          accumulate(s0, m, n);
+        }
+        prefetch_.finish();  // lines the products had no blocks left for
       }
-      prefetch_.finish();  // lines the products had no blocks left for
     }
     epilogue(seq, w);
   }
@@ -187,25 +204,25 @@ class ForwardMainloop {
     }
   }
 
-  // rows[c] = address of key row j0 + c (c < n) of `view` for this sequence
-  // and KV head. A paged cache is walked page by page: one table lookup per
-  // page, not a division per row.
-  void fill_key_rows(const InputView& view, const Sequence& seq, const WorkItem& w, int64_t j0,
-                     int64_t n, const void** rows) const {
+  // rows[c] = address of key row j0 + c (c < n) of `view` for sequence
+  // `batch` and `kv_head`. A paged cache is walked page by page: one table
+  // lookup per page, not a division per row.
+  void fill_key_rows(const InputView& view, const Sequence& seq, int64_t batch, int64_t kv_head,
+                     int64_t j0, int64_t n, const void** rows) const {
     const int64_t esize = int64_t(dtype_size(a_.dtype));
     const char* base = static_cast<const char*>(view.data);
     const int64_t row_step = view.stride[2] * esize;
     if (!a_.kv.block_table) {
-      const char* first = base + (seq.k_batch * view.stride[0] + w.kv_head * view.stride[1] +
+      const char* first = base + (seq.k_batch * view.stride[0] + kv_head * view.stride[1] +
                                   (seq.k_row0 + j0) * view.stride[2]) * esize;
       for (int64_t c = 0; c < n; ++c) rows[c] = first + c * row_step;
       return;
     }
-    const int32_t* table = a_.kv.block_table + w.batch * a_.kv.block_table_stride;
+    const int32_t* table = a_.kv.block_table + batch * a_.kv.block_table_stride;
     const int64_t page_size = a_.kv.page_size;
     int64_t page_index = j0 / page_size, in_page = j0 % page_size;
     for (int64_t c = 0; c < n; ++page_index, in_page = 0) {
-      const char* page = base + (table[page_index] * view.stride[0] + w.kv_head * view.stride[1]) * esize;
+      const char* page = base + (table[page_index] * view.stride[0] + kv_head * view.stride[1]) * esize;
       const int64_t take = min64(page_size - in_page, n - c);
       for (int64_t t = 0; t < take; ++t, ++c) rows[c] = page + (in_page + t) * row_step;
     }
@@ -219,11 +236,11 @@ class ForwardMainloop {
   // L1's 64 sets; the panel then evicts itself and P V ran 13% slower than Q K^T
   // (58k against 52k cycles per 128x64 tile, D = 128); panel-major, both
   // run at 52k.
-  void load_kv_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
+  void load_kv_tile(const Sequence& seq, int64_t batch, int64_t kv_head, int64_t j0, int64_t n) {
     const int64_t d = a_.shape.head_dim;
-    fill_key_rows(a_.k, seq, w, j0, n, key_rows_);
+    fill_key_rows(a_.k, seq, batch, kv_head, j0, n, key_rows_);
     K::pack_transposed(key_rows_, n, a_.dtype, d, a_.k.stride[3], k_t_, kPanelWidth, kPanelWidth * d);
-    fill_key_rows(a_.v, seq, w, j0, n, key_rows_);
+    fill_key_rows(a_.v, seq, batch, kv_head, j0, n, key_rows_);
     for (int64_t c = 0; c < n; ++c)
       K::load_row(key_rows_[c], a_.dtype, d, a_.v.stride[3], 1.0f, v_tile_ + c * kPanelWidth,
                   kPanelWidth * n);
@@ -234,10 +251,10 @@ class ForwardMainloop {
   // half of double buffering, which matters most for paged and strided
   // sources that the hardware prefetcher cannot follow. Element-strided rows
   // (stride[3] != 1) are not prefetched.
-  void queue_next_tile(const Sequence& seq, const WorkItem& w, int64_t j0, int64_t n) {
+  void queue_next_tile(const Sequence& seq, int64_t batch, int64_t kv_head, int64_t j0, int64_t n) {
     if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
-    fill_key_rows(a_.k, seq, w, j0, n, key_rows_);
-    fill_key_rows(a_.v, seq, w, j0, n, key_rows_ + n);
+    fill_key_rows(a_.k, seq, batch, kv_head, j0, n, key_rows_);
+    fill_key_rows(a_.v, seq, batch, kv_head, j0, n, key_rows_ + n);
     prefetch_.reset(key_rows_, 2 * n, a_.shape.head_dim * int64_t(dtype_size(a_.dtype)));
   }
 

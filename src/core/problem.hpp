@@ -37,6 +37,11 @@ struct Problem {
   int block_q = 0;              // query rows per tile
   int block_kv = 0;             // keys per tile
   int heads_per_item = 1;       // query heads of one KV group handled together
+  // KV heads one work item walks together, tile by tile (each with its whole
+  // query group): > 1 for decode on a paged cache of small pages, which hold every KV
+  // head's rows side by side, so that the item reads each page front to back
+  // instead of one 4 KiB run per head (see plan_forward).
+  int64_t kv_heads_per_item = 1;
   // Rows of the score tile: stacked (head, query) rows of one product. At
   // least block_q; a decode step keeps the prefill tile's rows here so that
   // a whole GQA group of single queries stacks into one product. 0 = block_q.
@@ -127,9 +132,11 @@ static inline bool tile_fully_visible(const Band& band, const Sequence& s, int64
 
 struct WorkItem {
   int64_t batch = 0;
-  int64_t kv_head = 0;
+  int64_t kv_head = 0;        // first KV head
+  int64_t kv_head_count = 1;  // consecutive KV heads (Problem::kv_heads_per_item)
   int64_t head_begin = 0;  // first query head (absolute index)
-  int64_t head_count = 0;  // consecutive query heads of this KV group
+  int64_t head_count = 0;  // consecutive query heads of these KV heads (whole groups when
+                           // kv_head_count > 1)
   int64_t q_begin = 0, q_end = 0;
   int64_t split = 0;                            // key split index (0 without split-KV)
   int64_t key_begin = 0, key_end = kUnbounded;  // keys of this split

@@ -11,7 +11,8 @@ std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
   // consecutive items reuse the same K/V from L2/L3.
   for (int64_t b = 0; b < a.shape.batch; ++b) {
     const Sequence s = sequence_of(p, b);
-    for (int64_t kvh = 0; kvh < a.shape.kv_heads; ++kvh) {
+    for (int64_t kvh = 0; kvh < a.shape.kv_heads; kvh += p.kv_heads_per_item) {
+      const int64_t kv_count = min64(p.kv_heads_per_item, a.shape.kv_heads - kvh);
       for (int64_t g0 = 0; g0 < p.group; g0 += p.heads_per_item) {
         for (int64_t q0 = 0; q0 < s.nq; q0 += p.block_q) {
           const int64_t q1 = min64(q0 + p.block_q, s.nq);
@@ -21,8 +22,10 @@ std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
             WorkItem w;
             w.batch = b;
             w.kv_head = kvh;
+            w.kv_head_count = kv_count;
             w.head_begin = kvh * p.group + g0;
-            w.head_count = min64(p.heads_per_item, p.group - g0);
+            // Several KV heads only with whole groups (plan_forward).
+            w.head_count = min64(p.heads_per_item, p.group - g0) * kv_count;
             w.q_begin = q0;
             w.q_end = q1;
             int64_t split_pairs = pairs;
@@ -50,7 +53,7 @@ std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
 
 int64_t forward_scratch_floats(const Problem& p) {
   const int64_t bq = p.block_q, bkv = round_up(p.block_kv, kPanelWidth);
-  const int64_t dp = p.head_dim_padded, hc = p.heads_per_item;
+  const int64_t dp = p.head_dim_padded, hc = p.heads_per_item * p.kv_heads_per_item;
   auto aligned = [](int64_t floats) { return round_up(floats, 16); };  // 64-byte aligned pieces
   return aligned(hc * bq * dp)          // q_tile   (heads, BLOCK_Q, D_pad), pre-scaled Q
          + aligned(hc * bq * dp)        // acc      (heads, BLOCK_Q, D_pad), un-normalized O

@@ -70,6 +70,33 @@ TEST(PagedCache, BatchGqaWindowAndHalfPrecision) {
   expect_paged_equals_contiguous(spec);
 }
 
+// Decode on small pages walks several KV heads per work item, a key tile at
+// a time (plan_forward): batches of few sequences, long caches split across
+// items, GQA groups and a multi-token step of up to 8 stacked rows, on the
+// AVX2 and portable paths.
+TEST(PagedCache, DecodeWalkingEveryKvHeadOfAPage) {
+  for (Isa isa : {Isa::automatic, Isa::generic}) {
+    DecodeSpec spec;
+    spec.isa = isa;
+    spec.page_size = 16;
+    spec.heads = 32;
+    spec.kv_heads = 8;
+    spec.cached = {5, 40, 0, 100};  // 4 items of 4 KV heads
+    expect_paged_equals_contiguous(spec);
+    spec.new_tokens = 2;  // 8 stacked rows per KV head
+    spec.dtype = DType::f16;
+    spec.page_size = 7;
+    expect_paged_equals_contiguous(spec);
+    spec.new_tokens = 1;
+    spec.heads = 8;
+    spec.kv_heads = 4;
+    spec.cached = {4100};  // 8 key splits of all 4 KV heads
+    spec.dtype = DType::bf16;
+    spec.page_size = 16;
+    expect_paged_equals_contiguous(spec);
+  }
+}
+
 // A generation loop: many appends of different sizes that start and end at
 // every offset within a page.
 TEST(PagedCache, RepeatedAppendsAcrossPages) {
