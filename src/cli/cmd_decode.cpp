@@ -39,7 +39,9 @@ const char* const kHelp =
     "step) and fraction_of_bandwidth (median over steps of the step's rate / the pass's), and\n"
     "speedup_vs_recompute against a causal forward over the whole sequence each step (timed\n"
     "for R steps: it is slow). With --paged a contiguous cache is timed as well\n"
-    "(paged_vs_contiguous), with T > 1 one thread (thread_speedup): those loops run\n"
+    "(paged_vs_contiguous), with T > 1 one thread (thread_speedup; read1_gb_per_s and\n"
+    "read_thread_speedup: a one-thread pass after each read pass, and the per-step ratio of\n"
+    "the two passes' rates, what the memory gives T threads over one): those loops run\n"
     "interleaved with the main one, step by step, and each ratio is the median over steps of\n"
     "the two times of that step.\n";
 
@@ -148,11 +150,12 @@ class ReadBandwidth {
         buffer_(static_cast<size_t>(words_)), sums_(size_t(threads) * 8, 0) {
     for (int64_t i = 0; i < words_; ++i) buffer_[size_t(i)] = uint64_t(i) * 0x9E3779B97F4A7C15ull;
   }
-  // One pass, GB/s.
-  double pass() {
-    const int64_t parts = int64_t(threads_) * 16;
+  // One pass on the reader's threads (or `threads`), GB/s.
+  double pass(int threads = 0) {
+    if (threads <= 0 || threads > threads_) threads = threads_;
+    const int64_t parts = int64_t(threads) * 16;
     const double ms = time_ms([&] {
-      detail::parallel_for(parts, threads_, [&](int64_t part, int worker) {
+      detail::parallel_for(parts, threads, [&](int64_t part, int worker) {
         const int64_t begin = words_ * part / parts, end = words_ * (part + 1) / parts;
         uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent chains keep the loads in flight
         int64_t i = begin;
@@ -168,6 +171,7 @@ class ReadBandwidth {
     });
     return double(words_ * 8) / (ms * 1e-3) * 1e-9;
   }
+  int threads() const { return threads_; }
   ~ReadBandwidth() {
     volatile uint64_t keep = std::accumulate(sums_.begin(), sums_.end(), uint64_t{0});
     (void)keep;
@@ -186,6 +190,9 @@ struct LoopResult {
   int64_t kv_bytes_last = 0;
   double read_gb_per_s = 0;  // median of the interleaved read passes (when asked)
   double fraction_of_bandwidth = 0;  // median over steps of step rate / that step's read pass
+  // With more than one reader thread: one-thread passes right after those,
+  // and the median over steps of the two passes' rate ratio.
+  double read1_gb_per_s = 0, read_thread_speedup = 0;
   std::vector<double> step_ms;
 };
 
@@ -219,7 +226,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
   const int64_t row_bytes = 2 * s.batch * s.kv_heads * s.dim * int64_t(dtype_size(s.dtype));
   const size_t n = variants.size();
   std::vector<LoopResult> r(n);
-  std::vector<double> gb_per_s, read_gb, fraction;
+  std::vector<double> gb_per_s, read_gb, fraction, read1_gb, read_ratio;
   for (int64_t i = 0; i < s.steps; ++i) {
     for (size_t k = 0; k < n; ++k) {
       const size_t v = (size_t(i) + k) % n;
@@ -232,6 +239,10 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
       if (reader) {
         read_gb.push_back(reader->pass());
         fraction.push_back(gb_per_s.back() / read_gb.back());
+        if (reader->threads() > 1) {
+          read1_gb.push_back(reader->pass(1));
+          read_ratio.push_back(read_gb.back() / read1_gb.back());
+        }
       }
     }
   }
@@ -241,6 +252,10 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
   if (reader) {
     r[0].read_gb_per_s = median(read_gb);
     r[0].fraction_of_bandwidth = median(fraction);
+    if (!read1_gb.empty()) {
+      r[0].read1_gb_per_s = median(read1_gb);
+      r[0].read_thread_speedup = median(read_ratio);
+    }
   }
   return r;
 }
@@ -363,6 +378,10 @@ int cmd_decode(int argc, char** argv) {
     const LoopResult& one = loops.back();
     rep.number("threads1_ms_per_token", one.ms_per_token);
     rep.number("thread_speedup", paired_ratio(one, main));
+    // What the memory itself gives T threads over one: the ceiling
+    // thread_speedup has wherever one thread already streams at full speed.
+    rep.number("read1_gb_per_s", main.read1_gb_per_s);
+    rep.number("read_thread_speedup", main.read_thread_speedup);
   }
   if (recompute_steps > 0) {
     const double recompute_ms = time_recompute(s, t, threads, rope, recompute_steps);

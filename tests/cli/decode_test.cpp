@@ -1,0 +1,80 @@
+// `tileattn decode`: its JSON fields (docs/inference.md), which of them a
+// run has (paged, threads), their relations, and usage errors (exit 2).
+#include <gtest/gtest.h>
+
+#include "cli/cli_support.hpp"
+
+namespace tileattn::cli_test {
+namespace {
+
+// A small decode run: 64 cached tokens, 4 steps, 4/2 heads of 32 dims, bf16.
+const char* const kSmall = "decode --prompt 64 --steps 4 --heads 4 --kv-heads 2 --dim 32 --recompute-steps 1 --json";
+
+Json decode_json(const std::string& flags) {
+  TempDir dir;
+  const Result r = run_cli(std::string(kSmall) + " " + flags, dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  Json j;
+  EXPECT_TRUE(JsonParser(r.out).parse(j)) << "not one JSON value: " << r.out;
+  EXPECT_EQ(j.type, Json::object);
+  return j;
+}
+
+double number(const Json& j, const std::string& key) {
+  const Json* v = j.get(key);
+  EXPECT_NE(v, nullptr) << "missing field " << key;
+  if (v == nullptr) return 0;
+  EXPECT_EQ(v->type, Json::number) << key;
+  return v->num;
+}
+
+TEST(cliDecode, PagedTwoThreadsReportsEveryRatio) {
+  const Json j = decode_json("--paged --threads 2");
+  EXPECT_TRUE(j.get("paged") && j.get("paged")->flag);
+  EXPECT_EQ(number(j, "page_size"), 16);
+  EXPECT_EQ(number(j, "threads"), 2);
+  // K and V of the last step: 2 x batch 1 x 2 KV heads x (64 + 4) tokens x 32 dims x 2 bytes.
+  EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 68 * 32 * 2);
+  for (const char* key : {"ms_per_token", "tokens_per_s", "kv_gb_per_s", "read_gb_per_s",
+                          "fraction_of_bandwidth", "contiguous_ms_per_token", "paged_vs_contiguous",
+                          "threads1_ms_per_token", "thread_speedup", "read1_gb_per_s",
+                          "read_thread_speedup", "recompute_ms_per_token", "speedup_vs_recompute"})
+    EXPECT_GT(number(j, key), 0) << key;
+  EXPECT_NEAR(number(j, "tokens_per_s"), 1e3 / number(j, "ms_per_token"), 1e-6 * number(j, "tokens_per_s"));
+  EXPECT_EQ(number(j, "recompute_steps"), 1);
+}
+
+TEST(cliDecode, ContiguousOneThreadHasNoPairedRatios) {
+  const Json j = decode_json("--threads 1 --dtype fp32");
+  EXPECT_TRUE(j.get("paged") && !j.get("paged")->flag);
+  ASSERT_NE(j.get("page_size"), nullptr);
+  EXPECT_EQ(j.get("page_size")->type, Json::null);
+  EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 68 * 32 * 4);
+  for (const char* key : {"paged_vs_contiguous", "contiguous_ms_per_token", "thread_speedup",
+                          "threads1_ms_per_token", "read1_gb_per_s", "read_thread_speedup"})
+    EXPECT_EQ(j.get(key), nullptr) << key << " without --paged / with one thread";
+  EXPECT_GT(number(j, "fraction_of_bandwidth"), 0);
+}
+
+TEST(cliDecode, UsageErrorsNameTheFlag) {
+  TempDir dir;
+  const struct {
+    const char* flags;
+    const char* names;
+  } cases[] = {
+      {"--page-size 8", "--page-size"},  // without --paged
+      {"--heads 4 --kv-heads 3", "--kv-heads"},  // does not divide --heads
+      {"--dim 33", "--dim"},             // RoPE needs an even head dim
+      {"--steps 0", "--steps"},
+      {"--dtype fp64", "fp64"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run_cli(std::string("decode --prompt 16 --steps 2 --json ") + c.flags, dir);
+    EXPECT_EQ(r.status, 2) << c.flags;
+    EXPECT_NE(r.err.find(c.names), std::string::npos) << c.flags << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.flags << ": " << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace tileattn::cli_test
