@@ -143,6 +143,12 @@ def cases(only):
             out.append((name, f"flash_attention {name} {fw}",
                         lambda qq=qq, kk=kk, vv=vv: tileattn.flash_attention(qq, kk, vv, is_causal=True),
                         direct))
+            # The same call writing an output the loop reuses (out=): no allocation.
+            buf = torch.empty_like(q) if fw == "torch" else np.empty(q.shape, np.float32)
+            out.append((name, f"flash_attention {name} {fw} out=",
+                        lambda qq=qq, kk=kk, vv=vv, buf=buf: tileattn.flash_attention(
+                            qq, kk, vv, is_causal=True, out=buf),
+                        direct))
         if nk > 1:
             # A decode step of a Llama-style layer (what tileattn.FlashAttention's
             # incremental_forward calls): append one token at position nk - 1 of a cache of
@@ -159,6 +165,12 @@ def cases(only):
                             lambda a=a, n=seqlen: tileattn.attention_with_kvcache(
                                 a[0], a[1], a[2], a[3], a[4], cache_seqlens=n,
                                 rotary_cos=a[5], rotary_sin=a[6]),
+                            direct))
+                buf = torch.empty_like(q) if fw == "torch" else np.empty(q.shape, np.float32)
+                out.append((name, f"attention_with_kvcache {name} RoPE {fw} out=",
+                            lambda a=a, n=seqlen, buf=buf: tileattn.attention_with_kvcache(
+                                a[0], a[1], a[2], a[3], a[4], cache_seqlens=n,
+                                rotary_cos=a[5], rotary_sin=a[6], out=buf),
                             direct))
         if not only or "SDPA" in only:
             out.append((name, f"torch SDPA {name} (whole call)",

@@ -152,29 +152,6 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   return call;
 }
 
-// Checks an output array: `expected` is its shape, `type` its element type:
-// q's (`q` given) or float32 (`q` null).
-ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type,
-                      nb::handle q, const int64_t* expected, int rank) {
-  if (framework_of(name, obj) != fw) {
-    fail_type(std::string(name) + ": must be a " + framework_name(fw) + " array like q");
-  }
-  ArrayView a = read_array(name, obj, Access::write);
-  if (a.type != type) {
-    fail_type(std::string(name) + ": dtype " + dtype_text(obj) + ", expected " +
-              (q.is_valid() ? "q's " + dtype_text(q) : std::string("float32")));
-  }
-  bool same = a.rank == rank;
-  for (int i = 0; same && i < rank; ++i) same = a.shape[i] == expected[i];
-  if (!same) {
-    ArrayView want;
-    want.rank = rank;
-    for (int i = 0; i < rank; ++i) want.shape[i] = expected[i];
-    fail_value(std::string(name) + ": expected shape " + shape_text(want) + ", got " + shape_text(a));
-  }
-  return a;
-}
-
 // flash_attention on arrays. o (q's shape, dtype and framework, contiguous)
 // is allocated when none is given; lse (float32 [B, H, Nq]) is written into
 // the given array, else allocated when with_lse, else not computed. Returns
@@ -197,7 +174,9 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
   if (lse.is_none() && with_lse) {
     lse_obj = new_float32(call.framework, {s.batch, s.heads, s.seqlen_q});
   }
-  const ArrayView ov = read_output("o", o_obj, call.framework, call.q.type, q, call.q.shape.data(), 4);
+  // A given output is the public functions' `out=`.
+  const ArrayView ov = read_output(o.is_none() ? "o" : "out", o_obj, call.framework, call.q.type, q,
+                                   call.q.shape.data(), 4);
   a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};
   if (!lse_obj.is_none()) {
     const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, nb::handle(), lse_shape, 3);

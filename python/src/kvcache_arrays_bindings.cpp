@@ -150,10 +150,12 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
                          nb::handle v, nb::handle cache_seqlens, nb::handle block_table,
                          nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                          std::optional<double> scale, bool causal, int64_t window_left,
-                         int64_t window_right, int threads, bool with_lse, bool eager_only) {
+                         int64_t window_right, int threads, bool with_lse, nb::handle o_given,
+                         bool eager_only) {
   const Framework fw = framework_of("q", q);
   if (eager_only && fw == Framework::torch &&
-      !torch_call_is_plain_eager({q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin})) {
+      !torch_call_is_plain_eager(
+          {q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, o_given})) {
     return nb::none();
   }
   const std::pair<const char*, nb::handle> others[] = {
@@ -278,8 +280,10 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.window_right = window_right;
   a.threads = threads;
 
-  const nb::object o = new_array_like(q, qa);
-  const ArrayView ov = read_array("o", o, Access::write);
+  const nb::object o = o_given.is_none() ? new_array_like(q, qa) : nb::borrow(o_given);
+  const ArrayView ov = o_given.is_none()
+                           ? read_array("o", o, Access::write)
+                           : read_output("out", o, fw, qa.type, q, qa.shape.data(), 4);
   a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
   nb::object lse = nb::none();
   if (with_lse) {
@@ -304,9 +308,9 @@ void bind_kvcache_arrays(nb::module_& m) {
   m.def("kvcache_arrays", &kvcache_arrays, "q"_a, "k_cache"_a, "v_cache"_a, "k"_a.none(), "v"_a.none(),
         "cache_seqlens"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(), "rotary_sin"_a.none(),
         "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
-        "threads"_a, "with_lse"_a, "eager_only"_a = false,
-        "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; returns (o, lse or "
-        "None), or None (nothing done) with eager_only when torch could observe the custom op "
+        "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "eager_only"_a = false,
+        "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; writes o (q's shape "
+        "and dtype) when given, else allocates it; returns (o, lse or None), or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.attention_with_kvcache (a tensor subclass, autograd, a tracer or mode)");
 }
 

@@ -2,6 +2,10 @@
 // that are never released (see array_view.cpp).
 #include "new_arrays.hpp"
 
+#include <string>
+
+#include "dtype_checks.hpp"
+
 namespace tileattn::python {
 
 namespace {
@@ -70,6 +74,27 @@ nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape) {
   int i = 0;
   for (int64_t size : shape) view.shape[i++] = size;
   return empty(fw, shape_tuple(view), float32_dtype(fw));
+}
+
+ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type,
+                      nb::handle q, const int64_t* expected, int rank) {
+  if (framework_of(name, obj) != fw) {
+    fail_type(std::string(name) + ": must be a " + framework_name(fw) + " array like q");
+  }
+  ArrayView a = read_array(name, obj, Access::write);
+  if (a.type != type) {
+    fail_type(std::string(name) + ": dtype " + dtype_text(obj) + ", expected " +
+              (q.is_valid() ? "q's " + dtype_text(q) : std::string("float32")));
+  }
+  bool same = a.rank == rank;
+  for (int i = 0; same && i < rank; ++i) same = a.shape[i] == expected[i];
+  if (!same) {
+    ArrayView want;
+    want.rank = rank;
+    for (int i = 0; i < rank; ++i) want.shape[i] = expected[i];
+    fail_value(std::string(name) + ": expected shape " + shape_text(want) + ", got " + shape_text(a));
+  }
+  return a;
 }
 
 }  // namespace tileattn::python

@@ -1,6 +1,7 @@
-// The outputs the one-call bindings (forward_arrays, kvcache_arrays) allocate:
-// new contiguous NumPy arrays or torch tensors, made through the framework's
-// own allocator so that the caller gets an ordinary array it owns.
+// The outputs of the one-call bindings (forward_arrays, kvcache_arrays): new
+// contiguous NumPy arrays or torch tensors, made through the framework's own
+// allocator so that the caller gets an ordinary array it owns, or arrays the
+// caller gives (`out=`), checked.
 #pragma once
 
 #include <cstdint>
@@ -16,5 +17,11 @@ nb::object new_array_like(nb::handle like, const ArrayView& view);
 
 // A new float32 array of `shape` in framework `fw`.
 nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape);
+
+// Checks a given output array `obj` named `name`: framework `fw`, writable,
+// element type `type` (q's when `q` is given, else float32) and shape
+// `expected` (`rank` sizes). Errors name the argument.
+ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type, nb::handle q,
+                      const int64_t* expected, int rank);
 
 }  // namespace tileattn::python

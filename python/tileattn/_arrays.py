@@ -25,12 +25,12 @@ def torch_module():
 
 
 def torch_entry_point(op_name):
-    """(torch.Tensor, torch.compiler.is_compiling, the custom-op path _torch_ops.<op_name>): what
+    """(torch.Tensor, _torch_ops.dynamo_is_tracing, the custom-op path _torch_ops.<op_name>): what
     a public function binds to its module globals at its first call with torch tensors, so its
     hot path reads globals and Dynamo sees is_compiling() called from Python. Importing
     _torch_ops (which registers the custom ops) waits until then."""
     from . import _torch_ops
-    return torch_module().Tensor, _torch_ops.is_compiling, getattr(_torch_ops, op_name)
+    return torch_module().Tensor, _torch_ops.dynamo_is_tracing, getattr(_torch_ops, op_name)
 
 
 def is_torch(x):

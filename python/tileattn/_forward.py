@@ -5,7 +5,7 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_options
 
-# torch.Tensor, torch.compiler.is_compiling and the custom op path _torch_ops.flash_attention,
+# torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.flash_attention,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
 _torch_tensor = _is_compiling = _torch_flash_attention = None
 
@@ -16,7 +16,7 @@ def _bind_torch():
 
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
-                    window=None, layout="bhsd", return_lse=False):
+                    window=None, layout="bhsd", return_lse=False, out=None):
     """Exact attention ``softmax(softmax_scale * q @ k^T + mask) @ v``, FlashAttention-2 style on the CPU.
 
     Args:
@@ -52,10 +52,16 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             ``[B, H, Nq, Nk]``.
         return_lse: also return the log-sum-exp (natural log) of each row's scaled, masked
             scores, float32 ``[B, H, Nq]``; -inf for a row that sees no key.
+        out: optional output array to write instead of allocating one: q's shape, dtype and
+            framework, writable, any strides, not overlapping an input. A decode loop that
+            reuses one saves the allocation (about half of the call's time outside the kernel
+            right after a decode-sized kernel, docs/python.md). With torch tensors only for
+            calls that autograd, tracers and torch.compile do not see (no input requires
+            grad, or under ``torch.no_grad()``; no dropout); otherwise ValueError.
 
     Returns:
-        ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array), or
-        ``(o, lse)`` with ``return_lse=True``. Rows that see no key are zeros.
+        ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array, or
+        ``out``), or ``(o, lse)`` with ``return_lse=True``. Rows that see no key are zeros.
 
     With torch tensors the call goes through the custom op ``torch.ops.tileattn.flash_attention``
     (visible to torch.compile and tracing) and supports autograd for q, k and v (the mask gets no
@@ -69,8 +75,16 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     """
     # Python checks the scalar options; one C++ call checks the arrays (frameworks, ranks,
     # dtypes, devices, shapes, strides), allocates the outputs and runs the kernel.
-    mask, dropout_p, scale, causal, left, right, code = parse_options(
-        attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
+    if (attn_mask is None and window is None and softmax_scale is None
+            and type(dropout_p) is float and dropout_p == 0.0
+            and (is_causal is True or is_causal is False)
+            and type(layout) is str and layout == "bhsd"):
+        # The decode call's options, tested in one expression: parse_options' five function
+        # calls cost ~5 us right after a decode-sized kernel has evicted their code.
+        mask, scale, causal, left, right, code = None, None, is_causal, -1, -1, 0
+    else:
+        mask, dropout_p, scale, causal, left, right, code = parse_options(
+            attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:
@@ -79,14 +93,21 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             # The common inference call: one C++ call, which declines (None) when torch could
             # observe the custom op (autograd, a tensor subclass, a tracer or mode); Dynamo
             # must see the is_compiling() test here, in Python.
-            out = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0, threads,
-                                    return_lse, eager_only=True)
-            if out is not None:
-                return out if return_lse else out[0]
+            result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0,
+                                       threads, return_lse, o=out, eager_only=True)
+            if result is not None:
+                return result if return_lse else result[0]
+        if out is not None:
+            raise ValueError(_OUT_ON_OP_PATH)
         o, lse = _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
                                         return_lse)
         return (o, lse) if return_lse else o
     seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
     o, lse = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
-                               threads, return_lse)
+                               threads, return_lse, o=out)
     return (o, lse) if return_lse else o
+
+
+_OUT_ON_OP_PATH = ("out: not supported when torch can observe the call (an input that requires grad "
+                   "with grad mode on, dropout, a tensor subclass, tracing or torch.compile); call "
+                   "without out, or under torch.no_grad()")

@@ -5,7 +5,7 @@ from . import _arrays, _kernel
 from . import _tileattn as _C
 from ._problem import parse_causal_window, parse_scale
 
-# torch.Tensor, torch.compiler.is_compiling and the custom op path _torch_ops.attention_with_kvcache,
+# torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.attention_with_kvcache,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
 _torch_tensor = _is_compiling = _torch_attention_with_kvcache = None
 
@@ -18,7 +18,8 @@ def _bind_torch():
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                           softmax_scale=None, is_causal=True, window=None, return_lse=False):
+                           softmax_scale=None, is_causal=True, window=None, return_lse=False,
+                           out=None):
     """Append ``k``/``v`` into a KV cache in place and attend ``q`` to everything cached.
 
     Modeled on FlashAttention-2's ``flash_attn_with_kvcache``, with tileattn's ``[B, H, N, D]``
@@ -49,9 +50,14 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             alignment).
         window: ``(left, right)`` sliding window, inclusive, -1 = unbounded.
         return_lse: also return the float32 ``[B, H, Nq]`` log-sum-exp.
+        out: optional output ``[B, H, Nq, D]`` to write instead of allocating one (q's dtype and
+            framework, writable, any strides, not overlapping an input or the cache); a
+            decode loop reuses one. With torch tensors only for calls that autograd, tracers
+            and torch.compile do not see (plain tensors, no input requiring grad under grad
+            mode); otherwise ValueError.
 
     Returns:
-        ``o`` ``[B, H, Nq, D]`` in q's dtype and framework, or ``(o, lse)``.
+        ``o`` ``[B, H, Nq, D]`` in q's dtype and framework (``out`` when given), or ``(o, lse)``.
 
     Copies: q, k, v, k_cache, v_cache are never copied. Small index and table arguments are
     converted when they are not already in the kernel's form: cache_seqlens is always copied
@@ -70,21 +76,27 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:
             _bind_torch()
-        out = None
+        result = None
         if not _is_compiling():
             # One C++ call, which declines (None) when torch could observe the custom op (a
             # tensor subclass, autograd, a tracer or mode); Dynamo must see is_compiling() here.
-            out = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
-                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
-                                    return_lse, eager_only=True)
-        o, lse = out if out is not None else _torch_attention_with_kvcache(
+            result = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                       rotary_cos, rotary_sin, interleaved, scale, is_causal, left,
+                                       right, threads, return_lse, o=out, eager_only=True)
+        if result is None and out is not None:
+            raise ValueError(_OUT_ON_OP_PATH)
+        o, lse = result if result is not None else _torch_attention_with_kvcache(
             q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
             interleaved, scale, is_causal, left, right)
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
-                                   return_lse)
+                                   return_lse, o=out)
     return (o, lse) if return_lse else o
+
+
+_OUT_ON_OP_PATH = ("out: not supported when torch can observe the call (an input that requires grad "
+                   "with grad mode on, a tensor subclass, tracing or torch.compile); call without out")
 
 
 def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,

@@ -15,6 +15,12 @@ from ._problem import heads_rows
 
 # Dynamo recognises this function (by identity) and treats it as True while compiling.
 is_compiling = torch.compiler.is_compiling
+# The public functions' per-call test, in Python where Dynamo sees it: a plain function that
+# Dynamo treats as True while it traces. It costs 1.3 us less than is_compiling right after a
+# decode-sized kernel (4.8 against 6.1 us, the code cold). torch.export and the other tracers
+# that is_compiling also reports run on fake tensors or under dispatch modes, which the C++
+# check (torch_eager.cpp) declines.
+dynamo_is_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def _output_shapes(q, layout):

@@ -61,13 +61,13 @@ def test_given_outputs_are_written_and_checked():
 
     read_only = o.copy()
     read_only.flags.writeable = False
-    with pytest.raises(ValueError, match="o: array is read-only"):
+    with pytest.raises(ValueError, match="out: array is read-only"):
         run(o=read_only)
-    with pytest.raises(ValueError, match=r"o: expected shape \(2, 4, 5, 16\), got \(1, 4, 5, 16\)"):
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 4, 5, 16\), got \(1, 4, 5, 16\)"):
         run(o=o[:1].copy())
-    with pytest.raises(TypeError, match="o: dtype float16, expected q's float32"):
+    with pytest.raises(TypeError, match="out: dtype float16, expected q's float32"):
         run(o=o.astype(np.float16))
-    with pytest.raises(TypeError, match="o: must be a numpy array like q"):
+    with pytest.raises(TypeError, match="out: must be a numpy array like q"):
         run(o=torch.from_numpy(o))
     with pytest.raises(TypeError, match="lse: dtype float64, expected float32"):
         run(o=o, lse=lse.astype(np.float64))
