@@ -168,3 +168,15 @@ def test_plain_inference_calls_skip_the_ops(monkeypatch):
     with pytest.raises(AssertionError, match="the custom op was called"):
         tileattn.flash_attention(q.requires_grad_(True), kc, vc)
     assert _forward._torch_tensor is torch.Tensor and _kvcache._torch_tensor is torch.Tensor
+
+
+def test_jit_trace_records_the_op():
+    """torch.jit.trace sees plain tensors with no gradient: the direct C++ path must decline
+    (torch_eager.cpp asks torch._C._is_tracing()) or the trace would miss the attention."""
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    with torch.no_grad():
+        traced = torch.jit.trace(lambda q, k, v: tileattn.flash_attention(q, k, v), (q, k, v),
+                                 check_trace=False)
+    assert "tileattn::flash_attention" in str(traced.graph)
+    q2 = torch.randn(1, 2, 4, 8)
+    assert torch.equal(traced(q2, k, v), tileattn.flash_attention(q2, k, v))
