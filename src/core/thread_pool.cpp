@@ -1,11 +1,17 @@
 #include "core/thread_pool.hpp"
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "tileattn/types.hpp"
 
 namespace tileattn::detail {
 
@@ -21,6 +27,57 @@ int hardware_threads() {
 
 namespace {
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Waits up to `spin` for pred() to hold, checking it between pause
+// instructions; returns whether it did.
+template <class Pred>
+bool spin_until(std::chrono::nanoseconds spin, Pred pred) {
+  if (spin.count() <= 0) return pred();
+  const auto deadline = std::chrono::steady_clock::now() + spin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+  }
+}
+
+// How long a worker keeps polling for the next parallel region after one
+// ends, and the calling thread for its helpers to finish, before each sleeps
+// on a condition variable. A sleeping worker on this VM (2-core Zen 3 guest)
+// takes about 100 us to wake: a decode step on 256 cached tokens (bf16, 32/8
+// heads) took 125 us on one thread and 139 us on two when both slept at once,
+// 67 us on two with 200 us of polling (back-to-back calls); 16 tokens: 58 ->
+// 12 us. At 8192 tokens, paired with a 64 MB sweep between calls, two threads
+// ran 1.4-7% faster with it. OpenMP runtimes poll likewise (libgomp's
+// GOMP_SPINCOUNT, Intel's KMP_BLOCKTIME). TILEATTN_SPIN_US sets it (0: sleep
+// at once). Throws Error for a value that is not an integer in 0..10^7; the
+// first call is parallel_for's, on the calling thread.
+std::chrono::nanoseconds spin_window() {
+  static const std::chrono::nanoseconds window = [] {
+    constexpr long long kDefaultMicroseconds = 200, kMaxMicroseconds = 10'000'000;
+    const char* e = std::getenv("TILEATTN_SPIN_US");
+    long long us = kDefaultMicroseconds;
+    if (e && *e) {
+      char* end = nullptr;
+      errno = 0;
+      us = std::strtoll(e, &end, 10);
+      if (*end != '\0' || errno != 0 || us < 0 || us > kMaxMicroseconds)
+        throw Error(std::string("TILEATTN_SPIN_US: expected microseconds 0..10000000, got '") + e + "'");
+    }
+    return std::chrono::nanoseconds(us * 1000);
+  }();
+  return window;
+}
+
 class ThreadPool {
  public:
   explicit ThreadPool(int workers) {
@@ -29,7 +86,7 @@ class ThreadPool {
   ~ThreadPool() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
+      stopping_.store(true, std::memory_order_release);
     }
     wake_.notify_all();
     for (auto& t : threads_) t.join();
@@ -38,20 +95,23 @@ class ThreadPool {
 
   // Caller must hold busy_.
   void run(int64_t count, int helpers, const std::function<void(int64_t, int)>& body) {
+    body_ = &body;
+    count_ = count;
+    next_.store(0, std::memory_order_relaxed);
+    helpers_ = helpers;
+    pending_.store(helpers, std::memory_order_relaxed);
+    error_ = nullptr;
     {
+      // Under the mutex: a worker about to sleep checks the generation under it.
       std::lock_guard<std::mutex> lock(mutex_);
-      body_ = &body;
-      count_ = count;
-      next_.store(0, std::memory_order_relaxed);
-      helpers_ = helpers;
-      pending_ = helpers;
-      error_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     drain(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return pending_ == 0; });
+    if (!spin_until(spin_window(), [this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
     body_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -76,29 +136,35 @@ class ThreadPool {
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
-      {
+      auto news = [&] {
+        return stopping_.load(std::memory_order_acquire) ||
+               generation_.load(std::memory_order_acquire) != seen;
+      };
+      if (!spin_until(spin_window(), news)) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
-        seen = generation_;
-        if (worker > helpers_) continue;  // not needed this round
+        wake_.wait(lock, news);
       }
+      if (stopping_.load(std::memory_order_acquire)) return;
+      seen = generation_.load(std::memory_order_acquire);
+      if (worker > helpers_) continue;  // not needed this round
       drain(worker);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_all();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_.notify_all();
+      }
     }
   }
 
   std::vector<std::thread> threads_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  bool stopping_ = false;
-  uint64_t generation_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> generation_{0};
   const std::function<void(int64_t, int)>* body_ = nullptr;
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};
   int helpers_ = 0;
-  int pending_ = 0;
+  std::atomic<int> pending_{0};
   std::exception_ptr error_;
 };
 
@@ -111,6 +177,7 @@ ThreadPool& pool() {
 
 void parallel_for(int64_t count, int threads, const std::function<void(int64_t, int)>& body) {
   if (count <= 0) return;
+  spin_window();  // a bad TILEATTN_SPIN_US fails here, on the caller's thread
   int helpers = threads - 1;
   if (helpers > count - 1) helpers = static_cast<int>(count - 1);
   ThreadPool& p = pool();

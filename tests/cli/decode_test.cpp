@@ -2,6 +2,8 @@
 // run has (paged, threads), their relations, and usage errors (exit 2).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "cli/cli_support.hpp"
 
 namespace tileattn::cli_test {
@@ -74,6 +76,25 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
     EXPECT_NE(r.err.find(c.names), std::string::npos) << c.flags << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << c.flags << ": " << r.out;
   }
+}
+
+// The thread pool's polling window (core/thread_pool.cpp): read at the first
+// parallel region; 0 is valid (workers sleep at once), anything else but an
+// integer in 0..10^7 is an error naming the variable.
+TEST(cliDecode, SpinWindowSetting) {
+  TempDir dir;
+  const std::string run = std::string(kSmall) + " --threads 2";
+  ASSERT_EQ(setenv("TILEATTN_SPIN_US", "0", 1), 0);
+  Result r = run_cli(run, dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* bad : {"abc", "-1", "20000000", "5us"}) {
+    ASSERT_EQ(setenv("TILEATTN_SPIN_US", bad, 1), 0);
+    r = run_cli(run, dir);
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_NE(r.err.find("TILEATTN_SPIN_US"), std::string::npos) << bad << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << bad;
+  }
+  unsetenv("TILEATTN_SPIN_US");
 }
 
 }  // namespace
