@@ -39,11 +39,11 @@ const char* const kHelp =
     "step) and fraction_of_bandwidth (median over steps of the step's rate / the pass's), and\n"
     "speedup_vs_recompute against a causal forward over the whole sequence each step (timed\n"
     "for R steps: it is slow). With --paged a contiguous cache is timed as well\n"
-    "(paged_vs_contiguous), with T > 1 one thread (thread_speedup; read1_gb_per_s and\n"
-    "read_thread_speedup: a one-thread pass after each read pass, and the per-step ratio of\n"
-    "the two passes' rates, what the memory gives T threads over one): those loops run\n"
-    "interleaved with the main one, step by step, and each ratio is the median over steps of\n"
-    "the two times of that step.\n";
+    "(paged_vs_contiguous), with T > 1 attention to the main cache on one thread\n"
+    "(thread_speedup; read1_gb_per_s and read_thread_speedup: a one-thread pass after each\n"
+    "read pass, and the per-step ratio of the two passes' rates, what the memory gives T\n"
+    "threads over one): those run interleaved with the main loop, step by step, a read pass\n"
+    "after each, and each ratio is the median over steps of the two times of that step.\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
 constexpr double kLlama3RopeTheta = 500000.0;
@@ -128,6 +128,20 @@ class DecodeLoop {
     attention_with_kvcache(a);
   }
 
+  // Token `step`'s query attends to the cache as it stands (no append), on
+  // `threads` threads: a step's bytes, read from this same cache.
+  void attend(const TypedBuffer& q, TypedBuffer& o, int64_t step, int threads) {
+    KvCacheArgs a = args_;
+    const int64_t esize = int64_t(dtype_size(s_.dtype));
+    const auto q_stride = dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim);
+    a.threads = threads;
+    a.seqlen_q = 1;
+    a.seqlen_new = 0;
+    a.q = {static_cast<const char*>(q.data()) + step * s_.batch * s_.heads * s_.dim * esize, q_stride};
+    a.o = {o.data(), q_stride};
+    attention_with_kvcache(a);
+  }
+
   int64_t length() const { return seqlens_[0]; }
   // The contiguous cache as keys/values of an ordinary forward call.
   const KvCacheArgs& args() const { return args_; }
@@ -206,19 +220,28 @@ struct Tokens {
 struct Variant {
   int64_t page_size;
   int threads;
+  // Attends (no append) to variant 0's cache instead of keeping its own: the
+  // one-thread comparison then reads the very bytes, in the very pages, the
+  // main loop reads, and nothing but the thread count differs.
+  bool on_main_cache = false;
 };
 
 // Times the variants' decode loops interleaved, step by step: step i runs one
 // step of each (in an order that rotates with i), so that the load of other
 // processes, which moves by 2x within minutes here, falls on all of them
 // alike, and ratios are taken per step. With `reader`, one streaming-read pass
-// follows every step of variant 0, so the two rates are measured under the
-// same conditions (other processes, caches: the pass evicts the cache from L3
-// as the rest of a model would).
+// follows every timed step: after variant 0 it is the bandwidth the step is
+// compared with (same conditions: other processes, caches), after every step
+// it evicts the cache from L3 as the rest of a model would, so that no step
+// finds the bytes the one before it read.
 std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::vector<Variant>& variants,
                                     const RopeTables& rope, ReadBandwidth* reader = nullptr) {
   std::vector<std::unique_ptr<DecodeLoop>> loops;
   for (const Variant& v : variants) {
+    if (v.on_main_cache) {
+      loops.push_back(nullptr);
+      continue;
+    }
     loops.push_back(std::make_unique<DecodeLoop>(s, v.page_size, v.threads, rope));
     loops.back()->prefill(t.prompt_k, t.prompt_v);
   }
@@ -230,11 +253,18 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
   for (int64_t i = 0; i < s.steps; ++i) {
     for (size_t k = 0; k < n; ++k) {
       const size_t v = (size_t(i) + k) % n;
-      DecodeLoop& loop = *loops[v];
-      const double ms = time_ms([&] { loop.step(t.q, t.k, t.v, o, i); });
+      const Variant& variant = variants[v];
+      DecodeLoop& loop = variant.on_main_cache ? *loops[0] : *loops[v];
+      const double ms = time_ms([&] {
+        if (variant.on_main_cache) loop.attend(t.q, o, i, variant.threads);
+        else loop.step(t.q, t.k, t.v, o, i);
+      });
       r[v].kv_bytes_last = row_bytes * loop.length();
       r[v].step_ms.push_back(ms);
-      if (v != 0) continue;
+      if (v != 0) {
+        if (reader) reader->pass();  // eviction only
+        continue;
+      }
       gb_per_s.push_back(double(r[v].kv_bytes_last) / (ms * 1e-3) * 1e-9);
       if (reader) {
         read_gb.push_back(reader->pass());
@@ -344,7 +374,7 @@ int cmd_decode(int argc, char** argv) {
   // Variant 0 is the loop asked for; then contiguous (with --paged) and one thread (T > 1).
   std::vector<Variant> variants = {{paged ? page_size : 0, threads}};
   if (paged) variants.push_back({0, threads});
-  if (threads > 1) variants.push_back({paged ? page_size : 0, 1});
+  if (threads > 1) variants.push_back({paged ? page_size : 0, 1, true});
   const std::vector<LoopResult> loops = time_decode(s, t, variants, rope, &reader);
   const LoopResult& main = loops[0];
   const double read_gb = main.read_gb_per_s;
