@@ -51,19 +51,21 @@ bool spin_until(std::chrono::nanoseconds spin, Pred pred) {
 }
 
 // How long a worker keeps polling for the next parallel region after one
-// ends, and the calling thread for its helpers to finish, before each sleeps
-// on a condition variable. A sleeping worker on this VM (2-core Zen 3 guest)
-// takes about 100 us to wake: a decode step on 256 cached tokens (bf16, 32/8
-// heads) took 125 us on one thread and 139 us on two when both slept at once,
-// 67 us on two with 200 us of polling (back-to-back calls); 16 tokens: 58 ->
-// 12 us. At 8192 tokens, paired with a 64 MB sweep between calls, two threads
-// ran 1.4-7% faster with it. OpenMP runtimes poll likewise (libgomp's
-// GOMP_SPINCOUNT, Intel's KMP_BLOCKTIME). TILEATTN_SPIN_US sets it (0: sleep
-// at once). Throws Error for a value that is not an integer in 0..10^7; the
-// first call is parallel_for's, on the calling thread.
+// ends before it sleeps on a condition variable. A sleeping thread on this VM
+// (2-core Zen 3 guest) takes about 100 us to wake. Decode steps back to back
+// (bf16, 32/8 heads, 2 threads): 256 cached tokens 93 -> 55 us with polling
+// (121 us on one thread), 16 tokens 30 -> 12.5 us. Kept short (50 us) because
+// in a model the next attention call comes after other layers' work, which
+// a polling worker would take a core from: whole Llama layer per token
+// (projections on torch's threads), 200 us of polling gave sdpa/tileattn
+// 1.05 / 1.03 against 1.06 / 1.04 without, within the noise. OpenMP runtimes
+// poll likewise (libgomp's GOMP_SPINCOUNT, Intel's KMP_BLOCKTIME).
+// TILEATTN_SPIN_US sets it (0: no polling anywhere). Throws Error for a value
+// that is not an integer in 0..10^7; the first call is parallel_for's, on
+// the calling thread.
 std::chrono::nanoseconds spin_window() {
   static const std::chrono::nanoseconds window = [] {
-    constexpr long long kDefaultMicroseconds = 200, kMaxMicroseconds = 10'000'000;
+    constexpr long long kDefaultMicroseconds = 50, kMaxMicroseconds = 10'000'000;
     const char* e = std::getenv("TILEATTN_SPIN_US");
     long long us = kDefaultMicroseconds;
     if (e && *e) {
@@ -77,6 +79,12 @@ std::chrono::nanoseconds spin_window() {
   }();
   return window;
 }
+
+// How long the calling thread polls for its helpers to finish before it
+// sleeps: it has nothing else to do, and a sleeping caller woken by the last
+// helper added ~100 us to every call (16 cached tokens: 34 us on 2 threads
+// against 23 us on one).
+std::chrono::nanoseconds caller_spin_window() { return 10 * spin_window(); }
 
 class ThreadPool {
  public:
@@ -98,17 +106,27 @@ class ThreadPool {
     body_ = &body;
     count_ = count;
     next_.store(0, std::memory_order_relaxed);
-    helpers_ = helpers;
-    pending_.store(helpers, std::memory_order_relaxed);
     error_ = nullptr;
     {
-      // Under the mutex: a worker about to sleep checks the generation under it.
+      // Under the mutex: a worker about to sleep checks the generation under
+      // it, and a worker joins only while the region is open (worker_loop).
       std::lock_guard<std::mutex> lock(mutex_);
+      helpers_ = helpers;
+      open_ = true;
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     drain(0);
-    if (!spin_until(spin_window(), [this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    {
+      // Every item is claimed: close the region, so that a worker that wakes
+      // only now stays out of it, and wait only for those that joined. A
+      // sleeping worker takes ~100 us to wake; waiting for it made a small
+      // call slower on two threads than on one (256 cached tokens, the
+      // worker asleep: 138 us against 84 us on one thread).
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = false;
+    }
+    if (!spin_until(caller_spin_window(), [this] { return pending_.load(std::memory_order_acquire) == 0; })) {
       std::unique_lock<std::mutex> lock(mutex_);
       done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
     }
@@ -146,7 +164,13 @@ class ThreadPool {
       }
       if (stopping_.load(std::memory_order_acquire)) return;
       seen = generation_.load(std::memory_order_acquire);
-      if (worker > helpers_) continue;  // not needed this round
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        // Not needed this round, or the region closed (or a newer one opened)
+        // while this worker was waking.
+        if (worker > helpers_ || !open_ || generation_.load(std::memory_order_relaxed) != seen) continue;
+        pending_.fetch_add(1, std::memory_order_relaxed);
+      }
       drain(worker);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -163,8 +187,9 @@ class ThreadPool {
   const std::function<void(int64_t, int)>* body_ = nullptr;
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};
-  int helpers_ = 0;
-  std::atomic<int> pending_{0};
+  int helpers_ = 0;       // guarded by mutex_
+  bool open_ = false;     // guarded by mutex_: workers may still join the region
+  std::atomic<int> pending_{0};  // workers that joined and have not finished
   std::exception_ptr error_;
 };
 

@@ -2,8 +2,9 @@
 // understands every synchronization (libgomp is opaque to it) and so that
 // concurrent callers from several application threads never deadlock: when
 // the pool is busy, the caller simply runs its items itself. Workers poll for
-// the next region for TILEATTN_SPIN_US (default 200) microseconds before
-// sleeping (thread_pool.cpp has the measurements).
+// the next region for TILEATTN_SPIN_US (default 50) microseconds before
+// sleeping, the caller 10 times as long for its helpers to finish
+// (thread_pool.cpp has the measurements).
 #pragma once
 
 #include <cstdint>
