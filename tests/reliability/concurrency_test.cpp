@@ -41,12 +41,14 @@ std::vector<Case> mixed_cases() {
     cases.push_back(c);
   }
   // A decode-shaped case: split-KV partial buffers are per call, not shared.
+  // 6000 keys: 8 splits, and enough work (384 K pair-dims) that a call with
+  // 2 threads uses both (run_forward_plan keeps smaller calls on one thread).
   Case decode;
   decode.batch = 1;
   decode.heads = 2;
   decode.kv_heads = 1;
   decode.seqlen_q = 1;
-  decode.seqlen_k = 1500;
+  decode.seqlen_k = 6000;
   decode.head_dim = 32;
   cases.push_back(decode);
   return cases;
