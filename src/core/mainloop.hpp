@@ -211,15 +211,19 @@ class ForwardMainloop {
                      int64_t j0, int64_t n, const void** rows) const {
     const int64_t esize = int64_t(dtype_size(a_.dtype));
     const char* base = static_cast<const char*>(view.data);
-    const int64_t row_step = view.stride[2] * esize;
+    // The row step is formed only where a second row exists: a dimension of
+    // size 1 may have any stride (validate.cpp), and stride * esize can then
+    // overflow (fuzz_forward: a one-key cache with a row stride of -5e18).
     if (!a_.kv.block_table) {
       const char* first = base + (seq.k_batch * view.stride[0] + kv_head * view.stride[1] +
                                   (seq.k_row0 + j0) * view.stride[2]) * esize;
+      const int64_t row_step = n > 1 ? view.stride[2] * esize : 0;
       for (int64_t c = 0; c < n; ++c) rows[c] = first + c * row_step;
       return;
     }
     const int32_t* table = a_.kv.block_table + batch * a_.kv.block_table_stride;
     const int64_t page_size = a_.kv.page_size;
+    const int64_t row_step = page_size > 1 ? view.stride[2] * esize : 0;
     int64_t page_index = j0 / page_size, in_page = j0 % page_size;
     for (int64_t c = 0; c < n; ++page_index, in_page = 0) {
       const char* page = base + (table[page_index] * view.stride[0] + kv_head * view.stride[1]) * esize;
