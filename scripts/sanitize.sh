@@ -66,8 +66,10 @@ case "$mode" in
     TILEATTN_TEST_QUICK=1 run_tests build-fuzz '*' "${asan_targets_ci[@]}"
     TILEATTN_TEST_QUICK=1 run_tests build-fuzz "$training_filter_ci" training_tests
     scripts/fuzz.sh 20
-    build build-tsan thread OFF reliability_tests capi_tests
+    build build-tsan thread OFF reliability_tests capi_tests core_tests
     run_tests build-tsan "$tsan_filter" reliability_tests capi_tests
+    # The thread pool's own tests (polling, late workers, region closing).
+    run_tests build-tsan 'ThreadPool.*' core_tests
     ;;
   *)
     echo "usage: scripts/sanitize.sh asan|tsan|ci" >&2
