@@ -87,13 +87,12 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // (each head's rows are one sequential run) but take the same key tile
   // and key splits, so that paged and contiguous results stay bitwise
   // equal; 32-key tiles cost contiguous decode 0-2%. Items keep whole GQA
-  // groups of at most kFewRows stacked rows (the decode products) and their
+  // groups of at most kFewRowsMax stacked rows (the decode products) and their
   // Q and accumulator tiles within a quarter of L2.
-  constexpr int64_t kFewRows = 8;  // Kernels::kFewRowsMax of every ISA
   constexpr int kDecodeKeyTile = 32;
   constexpr int64_t kMaxWalkedRunBytes = 8192;
   int64_t walk = 1;  // KV heads per item, for the key splits
-  if (p.heads_per_item == p.group && p.group * int64_t(p.block_q) <= kFewRows) {
+  if (p.heads_per_item == p.group && p.group * int64_t(p.block_q) <= kFewRowsMax) {
     if (args.block_kv <= 0 && tiles.reason != "TILEATTN_TILES") p.block_kv = kDecodeKeyTile;
     const int64_t per_kv_head_bytes = 2 * p.group * int64_t(p.block_q) * p.head_dim_padded * 4;
     walk = min64(args.shape.kv_heads, max64(1, cache_sizes().l2 / 4 / per_kv_head_bytes));

@@ -62,7 +62,10 @@ class ForwardMainloop {
     // a few rows (decode) the products read K/V rows in place through row
     // tables, and the unused K^T tile holds those tables (this tile's and
     // the next one's, 4 x BLOCK_KV_pad pointers <= D_pad x BLOCK_KV_pad floats).
-    if constexpr (kHasFewRows) direct_ = p.heads_per_item * bq <= K::kFewRowsMax;
+    if constexpr (kHasFewRows) {
+      static_assert(K::kFewRowsMax == kFewRowsMax, "plan_forward plans decode items for kFewRowsMax rows");
+      direct_ = p.heads_per_item * bq <= K::kFewRowsMax;
+    }
     k_rows_ = reinterpret_cast<const void**>(k_t_);
     v_rows_ = k_rows_ + kv_pad_;
     k_ahead_ = v_rows_ + kv_pad_;

@@ -59,6 +59,11 @@ struct Problem {
   float* partial_lse = nullptr;
 };
 
+// Stacked query rows the decode (few-rows) tile products take at most: every
+// ISA's Kernels::kFewRowsMax (checked in mainloop.hpp). plan_forward plans
+// decode work items around it.
+inline constexpr int64_t kFewRowsMax = 8;
+
 static inline int64_t score_tile_rows(const Problem& p) {
   return p.stack_rows > p.block_q ? p.stack_rows : p.block_q;
 }
