@@ -1,8 +1,10 @@
 """Python call overhead of tileattn's functions: what a call costs beyond the C++ kernel.
 
-Every number is the calling thread's CPU time (clock_gettime(CLOCK_THREAD_CPUTIME_ID), so
-waiting for a core on a shared, loaded machine does not count), threads = 1 (the kernel runs
-on the calling thread). Each repetition makes, in alternating order, one pair of calls of the
+Every number is wall time from CLOCK_MONOTONIC (time.perf_counter_ns in Python, the same
+clock inside the binding), read in user space for ~25 ns; threads = 1 (the kernel runs on the
+calling thread), and the medians drop the calls a busy machine preempted. (Until 2026-11-30
+this was the thread's CPU clock: a system call, whose cost right after a decode-sized kernel,
+2-8 us for the two reads inside the binding, was counted as call overhead.) Each repetition makes, in alternating order, one pair of calls of the
 same problem:
 
   call:   the public function (tileattn.flash_attention / tileattn.attention_with_kvcache),
@@ -40,7 +42,7 @@ from tileattn import _arrays
 from tileattn._module import rope_tables
 from tileattn import _tileattn as _C
 
-_clock = time.thread_time_ns
+_clock = time.perf_counter_ns
 
 
 def clock_cost_ns(n=2000):

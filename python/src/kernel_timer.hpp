@@ -1,9 +1,12 @@
 // A benchmark aid (python/benchmarks/call_overhead.py): the bindings run the
 // library's entry points (attention_forward, attention_with_kvcache) through
-// run_timed, which, when timing is on, adds the calling thread's CPU time
-// spent in the library call to a counter. The cost of everything around the
-// kernel can then be told apart from the kernel's in the very same calls. Off
-// by default: reading a thread's CPU clock is a system call.
+// run_timed, which, when timing is on, adds the time spent in the library
+// call to a counter. The cost of everything around the kernel can then be
+// told apart from the kernel's in the very same calls. The clock is
+// CLOCK_MONOTONIC, read in user space (vDSO, ~25 ns), not the thread's CPU
+// clock: that one is a system call, and right after a decode-sized kernel the
+// two system calls cost 2-8 us of their own here, which the benchmark counted
+// as call overhead. Off by default.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -14,7 +17,7 @@ namespace tileattn::python {
 
 // Timing state, see kernel_timer.cpp.
 bool kernel_timing_enabled();
-double thread_seconds();
+double clock_seconds();
 void add_kernel_seconds(double seconds);
 
 // call(), timed when timing is on. Call without the GIL.
@@ -24,9 +27,9 @@ void run_timed(Call&& call) {
     call();
     return;
   }
-  const double start = thread_seconds();
+  const double start = clock_seconds();
   call();
-  add_kernel_seconds(thread_seconds() - start);
+  add_kernel_seconds(clock_seconds() - start);
 }
 
 // attention_forward(args), timed when timing is on. Call without the GIL.
