@@ -1,10 +1,82 @@
 #include "testing/case_table.hpp"
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <tuple>
 
 namespace tileattn::testing {
+
+// Every mask with Nq = Nk, Nq < Nk and Nq > Nk, and windows open on either side.
+void add_mask_cases(const std::function<void(Case)>& add) {
+  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::window, MaskCase::boolean,
+                     MaskCase::additive, MaskCase::causal_boolean})
+    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {17, 130}, {130, 17}}) {
+      Case c;
+      c.seqlen_q = nq;
+      c.seqlen_k = nk;
+      c.head_dim = 40;
+      c.mask = m;
+      add(c);
+    }
+  for (auto [left, right] : {std::pair<int64_t, int64_t>{5, 3}, {-1, 7}, {20, -1}, {0, 0}}) {
+    Case c;
+    c.seqlen_q = 97;
+    c.seqlen_k = 150;
+    c.mask = MaskCase::window;
+    c.window_left = left;
+    c.window_right = right;
+    add(c);
+  }
+}
+
+// Both layouts, contiguous and with a non-contiguous stride.
+void add_layout_cases(const std::function<void(Case)>& add) {
+  for (Layout layout : {Layout::bhsd, Layout::bshd})
+    for (bool strided : {false, true}) {
+      Case c;
+      c.batch = 2;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.seqlen_q = 50;
+      c.seqlen_k = 77;
+      c.layout = layout;
+      c.strided = strided;
+      c.mask = MaskCase::causal;
+      add(c);
+    }
+}
+
+// Variable-length batches with empty and length-1 sequences.
+void add_varlen_cases(const std::function<void(Case)>& add) {
+  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::boolean}) {
+    Case c;
+    c.varlen = true;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
+    c.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
+    c.mask = m;
+    add(c);
+  }
+}
+
+// fp16 and bf16 inputs (fp32 accumulation).
+void add_half_precision_cases(const std::function<void(Case)>& add) {
+  for (DType dt : {DType::f16, DType::bf16})
+    for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::additive}) {
+      Case c;
+      c.dtype = dt;
+      c.batch = 2;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.seqlen_q = 97;
+      c.seqlen_k = 130;
+      c.head_dim = 80;
+      c.mask = m;
+      add(c);
+    }
+}
 
 std::vector<Case> correctness_cases() {
   std::vector<Case> cases;
@@ -39,26 +111,7 @@ std::vector<Case> correctness_cases() {
     c.mask = MaskCase::causal;
     add(c);
   }
-  // Every mask, with Nq < Nk, Nq > Nk and equal.
-  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::window, MaskCase::boolean,
-                     MaskCase::additive, MaskCase::causal_boolean})
-    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {17, 130}, {130, 17}}) {
-      Case c;
-      c.seqlen_q = nq;
-      c.seqlen_k = nk;
-      c.head_dim = 40;
-      c.mask = m;
-      add(c);
-    }
-  for (auto [left, right] : {std::pair<int64_t, int64_t>{5, 3}, {-1, 7}, {20, -1}, {0, 0}}) {
-    Case c;
-    c.seqlen_q = 97;
-    c.seqlen_k = 150;
-    c.mask = MaskCase::window;
-    c.window_left = left;
-    c.window_right = right;
-    add(c);
-  }
+  add_mask_cases(add);
   // GQA ratios 1, 4, 8 and MQA.
   for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {4, 1}, {12, 3}}) {
     Case c;
@@ -69,45 +122,9 @@ std::vector<Case> correctness_cases() {
     c.mask = MaskCase::causal;
     add(c);
   }
-  // Layouts and a non-contiguous stride.
-  for (Layout layout : {Layout::bhsd, Layout::bshd})
-    for (bool strided : {false, true}) {
-      Case c;
-      c.batch = 2;
-      c.heads = 4;
-      c.kv_heads = 2;
-      c.seqlen_q = 50;
-      c.seqlen_k = 77;
-      c.layout = layout;
-      c.strided = strided;
-      c.mask = MaskCase::causal;
-      add(c);
-    }
-  // Variable-length batches with empty and length-1 sequences.
-  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::boolean}) {
-    Case c;
-    c.varlen = true;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
-    c.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
-    c.mask = m;
-    add(c);
-  }
-  // 16-bit inputs.
-  for (DType dt : {DType::f16, DType::bf16})
-    for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::additive}) {
-      Case c;
-      c.dtype = dt;
-      c.batch = 2;
-      c.heads = 4;
-      c.kv_heads = 2;
-      c.seqlen_q = 97;
-      c.seqlen_k = 130;
-      c.head_dim = 80;
-      c.mask = m;
-      add(c);
-    }
+  add_layout_cases(add);
+  add_varlen_cases(add);
+  add_half_precision_cases(add);
   {
     Case c;
     c.dtype = DType::bf16;

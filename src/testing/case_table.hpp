@@ -1,6 +1,7 @@
 // The table of cases shared by the correctness tests and the benchmarks.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "testing/problem_case.hpp"
@@ -9,5 +10,12 @@ namespace tileattn::testing {
 
 // Awkward sizes, every mask, GQA ratios, layouts, strides, varlen, dtypes.
 std::vector<Case> correctness_cases();
+
+// Groups of correctness_cases that the backward's table
+// (tests/training/backward_test.cpp) shares, each handed to `add` in order.
+void add_mask_cases(const std::function<void(Case)>& add);            // every mask, 3 length pairs; windows
+void add_layout_cases(const std::function<void(Case)>& add);          // bhsd/bshd x contiguous/strided
+void add_varlen_cases(const std::function<void(Case)>& add);          // packed batches, empty sequences
+void add_half_precision_cases(const std::function<void(Case)>& add);  // fp16, bf16
 
 }  // namespace tileattn::testing

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "backward_support.hpp"
+#include "testing/case_table.hpp"
 
 namespace tileattn::testing {
 namespace {
@@ -16,6 +17,7 @@ std::vector<BackwardCase> backward_cases() {
     bc.dropout_p = dropout;
     cases.push_back(bc);
   };
+  const auto add_case = [&](Case c) { add(c); };  // the shared groups (testing/case_table.hpp)
   // Head dims with partial SIMD vectors and panels.
   for (int64_t d : {1, 59, 64, 111, 128})
     for (MaskCase m : {MaskCase::none, MaskCase::causal}) {
@@ -35,26 +37,7 @@ std::vector<BackwardCase> backward_cases() {
     c.mask = (nq + nk) % 2 ? MaskCase::causal : MaskCase::none;
     add(c);
   }
-  // Every mask with Nq = Nk, Nq < Nk, Nq > Nk.
-  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::window, MaskCase::boolean,
-                     MaskCase::additive, MaskCase::causal_boolean})
-    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {17, 130}, {130, 17}}) {
-      Case c;
-      c.seqlen_q = nq;
-      c.seqlen_k = nk;
-      c.head_dim = 40;
-      c.mask = m;
-      add(c);
-    }
-  for (auto [left, right] : {std::pair<int64_t, int64_t>{5, 3}, {-1, 7}, {20, -1}, {0, 0}}) {
-    Case c;
-    c.seqlen_q = 97;
-    c.seqlen_k = 150;
-    c.mask = MaskCase::window;
-    c.window_left = left;
-    c.window_right = right;
-    add(c);
-  }
+  add_mask_cases(add_case);
   {
     Case c;  // rows that see no key (LSE -inf): zero gradients, never NaN
     c.seqlen_q = 40;
@@ -86,45 +69,9 @@ std::vector<BackwardCase> backward_cases() {
     c.window_left = 300;
     add(c);
   }
-  // Layouts and strided views.
-  for (Layout layout : {Layout::bhsd, Layout::bshd})
-    for (bool strided : {false, true}) {
-      Case c;
-      c.batch = 2;
-      c.heads = 4;
-      c.kv_heads = 2;
-      c.seqlen_q = 50;
-      c.seqlen_k = 77;
-      c.layout = layout;
-      c.strided = strided;
-      c.mask = MaskCase::causal;
-      add(c);
-    }
-  // Variable-length batches with empty and length-1 sequences.
-  for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::boolean}) {
-    Case c;
-    c.varlen = true;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
-    c.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
-    c.mask = m;
-    add(c);
-  }
-  // 16-bit inputs, fp32 accumulation, rounded once.
-  for (DType dt : {DType::f16, DType::bf16})
-    for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::additive}) {
-      Case c;
-      c.dtype = dt;
-      c.batch = 2;
-      c.heads = 4;
-      c.kv_heads = 2;
-      c.seqlen_q = 97;
-      c.seqlen_k = 130;
-      c.head_dim = 80;
-      c.mask = m;
-      add(c);
-    }
+  add_layout_cases(add_case);
+  add_varlen_cases(add_case);
+  add_half_precision_cases(add_case);  // fp32 accumulation, rounded once
   // Dropout: the reference applies the very same mask.
   {
     Case c;
