@@ -134,9 +134,7 @@ void write_reference(const ForwardArgs& a) {
         for (int64_t c = 0; c < s.head_dim; ++c) {
           const float value = float(ref.o[size_t(ref_row * s.head_dim + c)]);
           const int64_t off = o_off + c * a.o.stride[3];
-          if (a.dtype == DType::f32) static_cast<float*>(a.o.data)[off] = value;
-          if (a.dtype == DType::f16) static_cast<uint16_t*>(a.o.data)[off] = float_to_f16(value);
-          if (a.dtype == DType::bf16) static_cast<uint16_t*>(a.o.data)[off] = float_to_bf16(value);
+          store_element(a.o.data, int(a.dtype), off, value);
         }
         if (a.lse)
           a.lse[seq.q_batch * a.lse_stride[0] + h * a.lse_stride[1] + row * a.lse_stride[2]] =

@@ -74,4 +74,14 @@ static inline float load_element(const void* base, int dtype, int64_t index) {
   return dtype == 1 ? f16_to_float(bits) : bf16_to_float(bits);
 }
 
+// Stores `value` as one element of storage type `dtype` (as load_element),
+// `index` elements from `base`; 16-bit types round to nearest even.
+static inline void store_element(void* base, int dtype, int64_t index, float value) {
+  if (dtype == 0) {
+    static_cast<float*>(base)[index] = value;
+  } else {
+    static_cast<uint16_t*>(base)[index] = dtype == 1 ? float_to_f16(value) : float_to_bf16(value);
+  }
+}
+
 }  // namespace tileattn::detail

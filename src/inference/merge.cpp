@@ -9,16 +9,6 @@
 
 namespace tileattn {
 
-namespace {
-
-void store(void* base, DType dtype, int64_t off, float value) {
-  if (dtype == DType::f32) static_cast<float*>(base)[off] = value;
-  else if (dtype == DType::f16) static_cast<uint16_t*>(base)[off] = detail::float_to_f16(value);
-  else static_cast<uint16_t*>(base)[off] = detail::float_to_bf16(value);
-}
-
-}  // namespace
-
 void merge_states(const MergeArgs& m) {
   using detail::ByteRange;
   if (m.batch < 0 || m.heads < 0 || m.rows < 0) throw Error("merge_states: sizes must be >= 0");
@@ -69,7 +59,7 @@ void merge_states(const MergeArgs& m) {
           row[size_t(c)] = xa + xb;
         }
         const int64_t oo = b * m.o_out.stride[0] + h * m.o_out.stride[1] + r * m.o_out.stride[2];
-        for (int64_t c = 0; c < m.head_dim; ++c) store(m.o_out.data, m.dtype, oo + c * m.o_out.stride[3], row[size_t(c)]);
+        for (int64_t c = 0; c < m.head_dim; ++c) detail::store_element(m.o_out.data, int(m.dtype), oo + c * m.o_out.stride[3], row[size_t(c)]);
         if (m.lse_out)
           m.lse_out[b * m.lse_out_stride[0] + h * m.lse_out_stride[1] + r * m.lse_out_stride[2]] = lse;
       }

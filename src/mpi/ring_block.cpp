@@ -19,12 +19,6 @@ T* advance(T* base, int64_t elements, int64_t element_size) {
   return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + elements * element_size);
 }
 
-void store(void* base, DType dtype, int64_t index, float value) {
-  if (dtype == DType::f32) static_cast<float*>(base)[index] = value;
-  else if (dtype == DType::f16) static_cast<uint16_t*>(base)[index] = tileattn::detail::float_to_f16(value);
-  else static_cast<uint16_t*>(base)[index] = tileattn::detail::float_to_bf16(value);
-}
-
 }  // namespace
 
 Band make_band(bool causal, int64_t window_left, int64_t window_right) {
@@ -146,7 +140,7 @@ void RingAccumulator::write(OutputView o, float* lse, std::array<int64_t, 3> lse
         const int64_t row = (b * p.heads + h) * rows_ + r;
         const int64_t out = b * o.stride[0] + h * o.stride[1] + r * o.stride[2];
         for (int64_t c = 0; c < p.head_dim; ++c)
-          store(o.data, p.dtype, out + c * o.stride[3], o_[size_t(row * p.head_dim + c)]);
+          tileattn::detail::store_element(o.data, int(p.dtype), out + c * o.stride[3], o_[size_t(row * p.head_dim + c)]);
         if (lse) lse[b * lse_stride[0] + h * lse_stride[1] + r * lse_stride[2]] = lse_[size_t(row)];
       }
 }

@@ -142,20 +142,14 @@ float CaseData::lse_at(int64_t qb, int64_t h, int64_t row) const {
   return args.lse[qb * s[0] + h * s[1] + row * s[2]];
 }
 
-static void set_element(void* base, DType dtype, int64_t off, float value) {
-  if (dtype == DType::f32) static_cast<float*>(base)[off] = value;
-  else if (dtype == DType::f16) static_cast<uint16_t*>(base)[off] = detail::float_to_f16(value);
-  else static_cast<uint16_t*>(base)[off] = detail::float_to_bf16(value);
-}
-
 void CaseData::set_q(int64_t qb, int64_t h, int64_t row, int64_t d, float value) {
   const auto& s = args.q.stride;
-  set_element(const_cast<void*>(args.q.data), c.dtype, qb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
+  detail::store_element(const_cast<void*>(args.q.data), int(c.dtype), qb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
 }
 
 void CaseData::set_k(int64_t kb, int64_t h, int64_t row, int64_t d, float value) {
   const auto& s = args.k.stride;
-  set_element(const_cast<void*>(args.k.data), c.dtype, kb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
+  detail::store_element(const_cast<void*>(args.k.data), int(c.dtype), kb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
 }
 
 double tolerance_floor(DType dtype) {

@@ -120,14 +120,6 @@ std::vector<BackwardItem> make_backward_schedule(const BackwardProblem& p, int t
   return items;
 }
 
-void store_element(void* base, DType dtype, int64_t offset, float value) {
-  switch (dtype) {
-    case DType::f32: static_cast<float*>(base)[offset] = value; break;
-    case DType::f16: static_cast<uint16_t*>(base)[offset] = float_to_f16(value); break;
-    case DType::bf16: static_cast<uint16_t*>(base)[offset] = float_to_bf16(value); break;
-  }
-}
-
 // Pass 1, one (sequence, head): LSE in log2 units and D = rowsum(dO o O) per
 // query row; zeroes this head's dQ partial rows of every chunk.
 void row_statistics(const BackwardProblem& p, int64_t b, int64_t h) {
@@ -170,7 +162,7 @@ void finish_dq(const BackwardProblem& p, int64_t b, int64_t h) {
       float sum = first[c];
       for (int64_t chunk = 1; chunk < p.kv_chunks; ++chunk)
         sum += p.dq_partial[dq_slot(p, chunk, b, h, i) * dp + c];
-      store_element(args.dq.data, args.forward.dtype, out + c * args.dq.stride[3], sum * scale);
+      store_element(args.dq.data, int(args.forward.dtype), out + c * args.dq.stride[3], sum * scale);
     }
   }
 }
@@ -190,7 +182,7 @@ void write_reference_backward(const BackwardArgs& args) {
         const size_t at = size_t(((seq.q_batch * s.heads + h) * s.seqlen_q + row) * d);
         const int64_t out = seq.q_batch * args.dq.stride[0] + h * args.dq.stride[1] + row * args.dq.stride[2];
         for (int64_t c = 0; c < d; ++c)
-          store_element(args.dq.data, a.dtype, out + c * args.dq.stride[3], float(ref.dq[at + size_t(c)]));
+          store_element(args.dq.data, int(a.dtype), out + c * args.dq.stride[3], float(ref.dq[at + size_t(c)]));
       }
     for (int64_t h = 0; h < s.kv_heads; ++h)
       for (int64_t j = 0; j < seq.nk; ++j) {
@@ -199,8 +191,8 @@ void write_reference_backward(const BackwardArgs& args) {
         const int64_t k_out = seq.k_batch * args.dk.stride[0] + h * args.dk.stride[1] + row * args.dk.stride[2];
         const int64_t v_out = seq.k_batch * args.dv.stride[0] + h * args.dv.stride[1] + row * args.dv.stride[2];
         for (int64_t c = 0; c < d; ++c) {
-          store_element(args.dk.data, a.dtype, k_out + c * args.dk.stride[3], float(ref.dk[at + size_t(c)]));
-          store_element(args.dv.data, a.dtype, v_out + c * args.dv.stride[3], float(ref.dv[at + size_t(c)]));
+          store_element(args.dk.data, int(a.dtype), k_out + c * args.dk.stride[3], float(ref.dk[at + size_t(c)]));
+          store_element(args.dv.data, int(a.dtype), v_out + c * args.dv.stride[3], float(ref.dv[at + size_t(c)]));
         }
       }
   }

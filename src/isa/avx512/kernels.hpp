@@ -219,12 +219,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: isa/avx2/few_rows_kerne
       return;
     }
     for (; j < n; ++j) {
-      const float value = src[j] * scale;
-      switch (dtype) {
-        case DType::f32: static_cast<float*>(dst)[j * stride] = value; break;
-        case DType::f16: static_cast<uint16_t*>(dst)[j * stride] = float_to_f16(value); break;
-        case DType::bf16: static_cast<uint16_t*>(dst)[j * stride] = float_to_bf16(value); break;
-      }
+      store_element(dst, int(dtype), j * stride, src[j] * scale);
     }
   }
 

@@ -107,14 +107,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
 
   static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
                         int64_t stride) {
-    for (int64_t j = 0; j < n; ++j) {
-      const float value = src[j] * scale;
-      switch (dtype) {
-        case DType::f32: static_cast<float*>(dst)[j * stride] = value; break;
-        case DType::f16: static_cast<uint16_t*>(dst)[j * stride] = float_to_f16(value); break;
-        case DType::bf16: static_cast<uint16_t*>(dst)[j * stride] = float_to_bf16(value); break;
-      }
-    }
+    for (int64_t j = 0; j < n; ++j) store_element(dst, int(dtype), j * stride, src[j] * scale);
   }
 
   // dst[c * ld + r] = rows[r][c * stride] for r < n_rows, c < d; columns
