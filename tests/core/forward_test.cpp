@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "support/forward_edge_checks.hpp"
 #include "testing/case_table.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/machine.hpp"
@@ -53,100 +54,34 @@ INSTANTIATE_TEST_SUITE_P(Table, ForwardCases,
                                             ::testing::ValuesIn(paths())),
                          case_test_name);
 
+// The edge checks of tests/support/forward_edge_checks.hpp on each path.
 class ForwardEdges : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
     if (!isa_available(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not available";
   }
-  void run(CaseData& data) {
-    data.args.isa = GetParam();
-    attention_forward(data.args);
+  edges::ForwardPath path() const {
+    const Isa isa = GetParam();
+    return {[isa](CaseData& data) {
+              data.args.isa = isa;
+              attention_forward(data.args);
+              return true;
+            },
+            "", isa};
   }
 };
 
 TEST_P(ForwardEdges, WindowHidingEverythingGivesZerosAndMinusInfLse) {
-  Case c;
-  c.seqlen_q = 40;
-  c.seqlen_k = 8;  // bottom-right alignment: rows 0..31 see no key with window (0, 0)
-  c.mask = MaskCase::window;
-  c.window_left = 0;
-  c.window_right = 0;
-  CaseData data(c);
-  run(data);
-  EXPECT_TRUE(compare_with_reference(data).ok());
-  for (int64_t row = 0; row < 32; ++row) {
-    EXPECT_EQ(data.lse_at(0, 0, row), -std::numeric_limits<float>::infinity());
-    for (int64_t d = 0; d < c.head_dim; ++d) ASSERT_EQ(data.o_at(0, 1, row, d), 0.0f);
-  }
+  edges::window_hiding_everything(path());
 }
-
-TEST_P(ForwardEdges, AllFalseBooleanMaskGivesZeros) {
-  Case c;
-  c.mask = MaskCase::boolean;
-  CaseData data(c);
-  std::fill(data.bool_mask.begin(), data.bool_mask.end(), 0);
-  run(data);
-  for (float x : data.o32) ASSERT_EQ(x, 0.0f);
-  for (float x : data.lse) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
+TEST_P(ForwardEdges, AllFalseBooleanMaskGivesZeros) { edges::all_false_boolean_mask(path()); }
+TEST_P(ForwardEdges, LargeScoresDoNotOverflow) { edges::large_scores(path()); }
+TEST_P(ForwardEdges, NaNInOneQueryRowStaysInThatRow) { edges::nan_in_one_query_row(path()); }
+TEST_P(ForwardEdges, NaNInOneKeyRowReachesOnlyRowsThatSeeIt) { edges::nan_in_one_key_row(path()); }
+TEST_P(ForwardEdges, NaNInAKeyRowOfADecodeSplitReachesTheMergedRow) {
+  edges::nan_in_a_decode_split(path());
 }
-
-TEST_P(ForwardEdges, LargeScoresDoNotOverflow) {
-  Case c;
-  c.head_dim = 8;
-  c.input_scale = 60.0f;  // |q.k| up to ~3e4
-  c.scale = 1.0f;
-  c.seqlen_q = c.seqlen_k = 97;
-  CaseData data(c);
-  run(data);
-  const Comparison cmp = compare_with_reference(data);
-  EXPECT_TRUE(cmp.ok()) << cmp.describe();
-  for (float x : data.o32) ASSERT_TRUE(std::isfinite(x));
-}
-
-TEST_P(ForwardEdges, NaNInOneQueryRowStaysInThatRow) {
-  Case c;
-  c.seqlen_q = c.seqlen_k = 97;
-  CaseData data(c);
-  data.set_q(0, 1, 5, 3, std::numeric_limits<float>::quiet_NaN());
-  run(data);
-  for (int64_t h = 0; h < c.heads; ++h)
-    for (int64_t row = 0; row < c.seqlen_q; ++row) {
-      const bool poisoned = h == 1 && row == 5;
-      EXPECT_EQ(std::isnan(data.o_at(0, h, row, 0)), poisoned) << "head " << h << " row " << row;
-    }
-  EXPECT_TRUE(compare_with_reference(data).ok());
-}
-
-TEST_P(ForwardEdges, NaNInOneKeyRowReachesOnlyRowsThatSeeIt) {
-  Case c;
-  c.seqlen_q = c.seqlen_k = 97;
-  c.mask = MaskCase::causal;
-  CaseData data(c);
-  data.set_k(0, 0, 50, 0, std::numeric_limits<float>::quiet_NaN());
-  run(data);
-  for (int64_t row = 0; row < c.seqlen_q; ++row)
-    EXPECT_EQ(std::isnan(data.o_at(0, 0, row, 0)), row >= 50) << "row " << row;
-  EXPECT_TRUE(compare_with_reference(data).ok());
-}
-
-TEST_P(ForwardEdges, EveryTileShapeIsCorrect) {
-  // Every block_q `tileattn tune` may pick (and odd ones); 300 query rows so
-  // that the tall tiles are not shrunk to the sequence.
-  for (int bq : {1, 7, 16, 64, 128, 192, 256})
-    for (int bkv : {1, 13, 16, 64, 256}) {
-      Case c;
-      c.seqlen_q = 300;
-      c.seqlen_k = 131;
-      c.head_dim = 59;
-      c.mask = MaskCase::causal;
-      CaseData data(c);
-      data.args.block_q = bq;
-      data.args.block_kv = bkv;
-      run(data);
-      const Comparison cmp = compare_with_reference(data);
-      EXPECT_TRUE(cmp.ok()) << bq << "x" << bkv << ": " << cmp.describe();
-    }
-}
+TEST_P(ForwardEdges, EveryTileShapeIsCorrect) { edges::every_tile_shape(path()); }
 
 INSTANTIATE_TEST_SUITE_P(Paths, ForwardEdges, ::testing::ValuesIn(paths()),
                          [](const ::testing::TestParamInfo<Isa>& info) {
