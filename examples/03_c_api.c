@@ -77,9 +77,9 @@ int main(void) {
   if (major != TILEATTN_VERSION_MAJOR) return 1;
 
   srand(7);
-  for (i = 0; i < sizeof q / sizeof q[0]; ++i) q[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-  for (i = 0; i < sizeof k / sizeof k[0]; ++i) k[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-  for (i = 0; i < sizeof v / sizeof v[0]; ++i) v[i] = 2.0f * rand() / RAND_MAX - 1.0f;
+  for (i = 0; i < sizeof q / sizeof q[0]; ++i) q[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
+  for (i = 0; i < sizeof k / sizeof k[0]; ++i) k[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
+  for (i = 0; i < sizeof v / sizeof v[0]; ++i) v[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
 
   /* init sets struct_size and every default (no mask, scale 1/sqrt(dim), ...). */
   if (!check(tileattn_forward_args_init(&args), "tileattn_forward_args_init")) return 1;

@@ -119,10 +119,14 @@ struct Json {
   double num = 0;
   std::string str;
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> fields;
+  // An object's members in order: keys[i] names fields[i]. Two vectors, not
+  // one of pair<string, Json>: a pair may not hold the still-incomplete Json
+  // (clang with libstdc++ rejects it).
+  std::vector<std::string> keys;
+  std::vector<Json> fields;
   const Json* get(const std::string& key) const {
-    for (const auto& f : fields)
-      if (f.first == key) return &f.second;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &fields[i];
     return nullptr;
   }
 };
@@ -188,7 +192,8 @@ class JsonParser {
         if (i_ >= t_.size() || t_[i_++] != ':') return false;
         Json item;
         if (!value(item)) return false;
-        v.fields.emplace_back(key, item);
+        v.keys.push_back(key);
+        v.fields.push_back(item);
         space();
         if (i_ < t_.size() && t_[i_] == ',') { ++i_; continue; }
         if (i_ < t_.size() && t_[i_] == '}') return ++i_, true;

@@ -24,9 +24,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   srand(11);
-  for (i = 0; i < Q_SIZE; ++i) q[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-  for (i = 0; i < KV_SIZE; ++i) k[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-  for (i = 0; i < KV_SIZE; ++i) v[i] = 2.0f * rand() / RAND_MAX - 1.0f;
+  for (i = 0; i < Q_SIZE; ++i) q[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
+  for (i = 0; i < KV_SIZE; ++i) k[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
+  for (i = 0; i < KV_SIZE; ++i) v[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
 
   tileattn_forward_args_init(&args);
   args.batch = BATCH;
