@@ -13,9 +13,6 @@ namespace tileattn::python {
 
 namespace {
 
-using Stride4 = std::array<int64_t, 4>;
-using Stride3 = std::array<int64_t, 3>;
-
 // Shape [batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim].
 void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const Stride4& q_stride,
               Address k, const Stride4& k_stride, Address v, const Stride4& v_stride, Address o,
@@ -24,25 +21,10 @@ void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const S
               const Stride4& dk_stride, Address dv, const Stride4& dv_stride, int mask_kind,
               Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
               int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads) {
-  if (dtype < 0 || dtype > int(DType::bf16)) throw Error("dtype: unknown code");
-  if (mask_kind < 0 || mask_kind > int(MaskSpec::Kind::additive)) throw Error("attn_mask: unknown kind");
   BackwardArgs a;
-  ForwardArgs& f = a.forward;
-  f.dtype = DType(dtype);
-  f.shape = AttentionShape{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
-  f.q = InputView{from_address<const void>(q), q_stride};
-  f.k = InputView{from_address<const void>(k), k_stride};
-  f.v = InputView{from_address<const void>(v), v_stride};
-  f.mask.kind = MaskSpec::Kind(mask_kind);
-  f.mask.data = from_address<const void>(mask);
-  f.mask.stride = mask_stride;
-  f.mask.causal = causal;
-  f.mask.window_left = window_left;
-  f.mask.window_right = window_right;
-  f.scale = scale;
-  f.dropout_p = dropout_p;
-  f.seed = seed;
-  f.threads = threads;
+  a.forward = forward_inputs(dtype, shape, q, q_stride, k, k_stride, v, v_stride, mask_kind, mask,
+                             mask_stride, causal, window_left, window_right, scale, dropout_p, seed,
+                             threads);
   a.o = InputView{from_address<const void>(o), o_stride};
   a.d_o = InputView{from_address<const void>(d_o), d_o_stride};
   a.lse = from_address<const float>(lse);

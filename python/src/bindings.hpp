@@ -10,9 +10,12 @@
 // address/stride combination is an Error (ValueError), never a crash.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include <nanobind/nanobind.h>
+
+#include "tileattn/attention.hpp"
 
 namespace tileattn::python {
 
@@ -25,6 +28,20 @@ template <typename T>
 inline T* from_address(Address a) {
   return reinterpret_cast<T*>(a);
 }
+
+using Stride4 = std::array<int64_t, 4>;
+using Stride3 = std::array<int64_t, 3>;
+
+// The inputs and options of a forward call on raw addresses, as the
+// raw-address forward and backward bindings take them (shape [batch, heads,
+// kv_heads, seqlen_q, seqlen_k, head_dim]); the dtype and mask codes are
+// checked (Error names them). The outputs are left unset.
+ForwardArgs forward_inputs(int dtype, const std::array<int64_t, 6>& shape, Address q,
+                           const Stride4& q_stride, Address k, const Stride4& k_stride, Address v,
+                           const Stride4& v_stride, int mask_kind, Address mask,
+                           const Stride4& mask_stride, bool causal, int64_t window_left,
+                           int64_t window_right, float scale, float dropout_p, uint64_t seed,
+                           int threads);
 
 void bind_forward(nb::module_& m);
 void bind_forward_arrays(nb::module_& m);

@@ -11,28 +11,20 @@
 
 namespace tileattn::python {
 
-namespace {
-
-using Stride4 = std::array<int64_t, 4>;
-using Stride3 = std::array<int64_t, 3>;
-
-// Shape [batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim].
-void forward(int dtype, const std::array<int64_t, 6>& shape, Address q, const Stride4& q_stride,
-             Address k, const Stride4& k_stride, Address v, const Stride4& v_stride, Address o,
-             const Stride4& o_stride, Address lse, const Stride3& lse_stride, int mask_kind,
-             Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
-             int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads) {
-  ForwardArgs a;
+ForwardArgs forward_inputs(int dtype, const std::array<int64_t, 6>& shape, Address q,
+                           const Stride4& q_stride, Address k, const Stride4& k_stride, Address v,
+                           const Stride4& v_stride, int mask_kind, Address mask,
+                           const Stride4& mask_stride, bool causal, int64_t window_left,
+                           int64_t window_right, float scale, float dropout_p, uint64_t seed,
+                           int threads) {
   if (dtype < 0 || dtype > int(DType::bf16)) throw Error("dtype: unknown code");
   if (mask_kind < 0 || mask_kind > int(MaskSpec::Kind::additive)) throw Error("attn_mask: unknown kind");
+  ForwardArgs a;
   a.dtype = DType(dtype);
   a.shape = AttentionShape{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]};
   a.q = InputView{from_address<const void>(q), q_stride};
   a.k = InputView{from_address<const void>(k), k_stride};
   a.v = InputView{from_address<const void>(v), v_stride};
-  a.o = OutputView{from_address<void>(o), o_stride};
-  a.lse = from_address<float>(lse);
-  a.lse_stride = lse_stride;
   a.mask.kind = MaskSpec::Kind(mask_kind);
   a.mask.data = from_address<const void>(mask);
   a.mask.stride = mask_stride;
@@ -43,6 +35,23 @@ void forward(int dtype, const std::array<int64_t, 6>& shape, Address q, const St
   a.dropout_p = dropout_p;
   a.seed = seed;
   a.threads = threads;
+  return a;
+}
+
+namespace {
+
+// Shape [batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim].
+void forward(int dtype, const std::array<int64_t, 6>& shape, Address q, const Stride4& q_stride,
+             Address k, const Stride4& k_stride, Address v, const Stride4& v_stride, Address o,
+             const Stride4& o_stride, Address lse, const Stride3& lse_stride, int mask_kind,
+             Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
+             int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads) {
+  ForwardArgs a = forward_inputs(dtype, shape, q, q_stride, k, k_stride, v, v_stride, mask_kind, mask,
+                                 mask_stride, causal, window_left, window_right, scale, dropout_p,
+                                 seed, threads);
+  a.o = OutputView{from_address<void>(o), o_stride};
+  a.lse = from_address<float>(lse);
+  a.lse_stride = lse_stride;
   nb::gil_scoped_release release;  // the caller's objects stay referenced by its frame
   run_forward(a);
 }

@@ -13,9 +13,6 @@ namespace tileattn::python {
 
 namespace {
 
-using Stride4 = std::array<int64_t, 4>;
-using Stride3 = std::array<int64_t, 3>;
-
 // sizes: [batch, heads, kv_heads, head_dim, seqlen_q, seqlen_new]
 // cache: [capacity, block_table_stride, page_size, num_pages] (paged when block_table != 0)
 // rotary: [rotary_dim, rotary_positions]

@@ -11,9 +11,6 @@ namespace tileattn::python {
 
 namespace {
 
-using Stride4 = std::array<int64_t, 4>;
-using Stride3 = std::array<int64_t, 3>;
-
 // Shape [batch, heads, rows, head_dim].
 void merge(int dtype, const std::array<int64_t, 4>& shape, Address o_a, const Stride4& o_a_stride,
            Address lse_a, const Stride3& lse_a_stride, Address o_b, const Stride4& o_b_stride,
