@@ -78,30 +78,45 @@ void add_half_precision_cases(const std::function<void(Case)>& add) {
     }
 }
 
+Case head_dim_case(int64_t d, MaskCase m) {
+  Case c;
+  c.head_dim = d;
+  c.seqlen_q = c.seqlen_k = 97;
+  c.mask = m;
+  return c;
+}
+
+Case length_case(int64_t nq, int64_t nk) {
+  Case c;
+  c.heads = c.kv_heads = 1;
+  c.seqlen_q = nq;
+  c.seqlen_k = nk;
+  c.head_dim = 32;
+  c.mask = (nq + nk) % 2 ? MaskCase::causal : MaskCase::none;
+  return c;
+}
+
+Case gqa_case(int64_t h, int64_t kv_h) {
+  Case c;
+  c.heads = h;
+  c.kv_heads = kv_h;
+  c.seqlen_q = 33;
+  c.seqlen_k = 70;
+  c.mask = MaskCase::causal;
+  return c;
+}
+
 std::vector<Case> correctness_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) { cases.push_back(c); };
   // Head dims, including ones that leave partial SIMD vectors and panels.
-  for (int64_t d : {1, 8, 59, 64, 80, 96, 111, 128, 256}) {
-    for (MaskCase m : {MaskCase::none, MaskCase::causal}) {
-      Case c;
-      c.head_dim = d;
-      c.seqlen_q = c.seqlen_k = 97;
-      c.mask = m;
-      add(c);
-    }
-  }
+  for (int64_t d : {1, 8, 59, 64, 80, 96, 111, 128, 256})
+    for (MaskCase m : {MaskCase::none, MaskCase::causal}) add(head_dim_case(d, m));
   // Sequence lengths, equal and unequal both ways.
   for (int64_t nq : {1, 17, 64, 97, 1025})
     for (int64_t nk : {1, 17, 64, 97, 1025}) {
       if (nq == 1025 && nk == 1025) continue;  // covered below, once
-      Case c;
-      c.heads = c.kv_heads = 1;
-      c.seqlen_q = nq;
-      c.seqlen_k = nk;
-      c.head_dim = 32;
-      c.mask = (nq + nk) % 2 ? MaskCase::causal : MaskCase::none;
-      add(c);
+      add(length_case(nq, nk));
     }
   {
     Case c;
@@ -113,15 +128,8 @@ std::vector<Case> correctness_cases() {
   }
   add_mask_cases(add);
   // GQA ratios 1, 4, 8 and MQA.
-  for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {4, 1}, {12, 3}}) {
-    Case c;
-    c.heads = h;
-    c.kv_heads = kvh;
-    c.seqlen_q = 33;
-    c.seqlen_k = 70;
-    c.mask = MaskCase::causal;
-    add(c);
-  }
+  for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {4, 1}, {12, 3}})
+    add(gqa_case(h, kvh));
   add_layout_cases(add);
   add_varlen_cases(add);
   add_half_precision_cases(add);

@@ -18,4 +18,12 @@ void add_layout_cases(const std::function<void(Case)>& add);          // bhsd/bs
 void add_varlen_cases(const std::function<void(Case)>& add);          // packed batches, empty sequences
 void add_half_precision_cases(const std::function<void(Case)>& add);  // fp16, bf16
 
+// Head dim d (97 queries and keys, the default heads) with mask m.
+Case head_dim_case(int64_t d, MaskCase m);
+// One head, head_dim 32, nq queries against nk keys; causal when nq + nk is
+// odd: the sequence-length cases of both tables.
+Case length_case(int64_t nq, int64_t nk);
+// h query heads sharing kv_h KV heads (GQA, MQA), 33 causal queries, 70 keys.
+Case gqa_case(int64_t h, int64_t kv_h);
+
 }  // namespace tileattn::testing

@@ -20,23 +20,10 @@ std::vector<BackwardCase> backward_cases() {
   const auto add_case = [&](Case c) { add(c); };  // the shared groups (testing/case_table.hpp)
   // Head dims with partial SIMD vectors and panels.
   for (int64_t d : {1, 59, 64, 111, 128})
-    for (MaskCase m : {MaskCase::none, MaskCase::causal}) {
-      Case c;
-      c.head_dim = d;
-      c.seqlen_q = c.seqlen_k = 97;
-      c.mask = m;
-      add(c);
-    }
+    for (MaskCase m : {MaskCase::none, MaskCase::causal}) add(head_dim_case(d, m));
   // Lengths equal and unequal both ways, single rows.
-  for (auto [nq, nk] : {std::pair<int64_t, int64_t>{1, 1}, {1, 70}, {70, 1}, {17, 130}, {130, 17}, {200, 257}}) {
-    Case c;
-    c.heads = c.kv_heads = 1;
-    c.seqlen_q = nq;
-    c.seqlen_k = nk;
-    c.head_dim = 32;
-    c.mask = (nq + nk) % 2 ? MaskCase::causal : MaskCase::none;
-    add(c);
-  }
+  for (auto [nq, nk] : {std::pair<int64_t, int64_t>{1, 1}, {1, 70}, {70, 1}, {17, 130}, {130, 17}, {200, 257}})
+    add(length_case(nq, nk));
   add_mask_cases(add_case);
   {
     Case c;  // rows that see no key (LSE -inf): zero gradients, never NaN
@@ -47,15 +34,7 @@ std::vector<BackwardCase> backward_cases() {
     add(c);
   }
   // GQA and MQA: dK, dV summed over the group.
-  for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}, {12, 3}}) {
-    Case c;
-    c.heads = h;
-    c.kv_heads = kvh;
-    c.seqlen_q = 33;
-    c.seqlen_k = 70;
-    c.mask = MaskCase::causal;
-    add(c);
-  }
+  for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}, {12, 3}}) add(gqa_case(h, kvh));
   // Long keys with few (sequence, KV head) pairs: keys cut into chunks whose
   // dQ partial sums are added afterwards.
   for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::window}) {
