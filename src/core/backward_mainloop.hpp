@@ -76,8 +76,12 @@ class BackwardMainloop {
     if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
       apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial);
     for (int64_t t = 0; t < rows; ++t) {
-      // P = exp2(S - LSE2): exactly the forward's normalized probabilities.
-      K::exp2_sum(s_ + t * kv_pad_, n, p_.row_lse2[row_slot(p_, w.batch, h, i_begin + t)]);
+      // P = exp2(S - LSE2): exactly the forward's normalized probabilities
+      // (times 1 / sum for the rows whose LSE was too large to hold them).
+      const int64_t slot = row_slot(p_, w.batch, h, i_begin + t);
+      K::exp2_sum(s_ + t * kv_pad_, n, p_.row_lse2[slot]);
+      if (const float inv_sum = p_.row_inv_sum[slot]; inv_sum != 1.0f)
+        for (int64_t c = 0; c < n; ++c) s_[t * kv_pad_ + c] *= inv_sum;
       if (p_.dropout.active) {
         float* z = z_ + t * kv_pad_;
         const float* p = s_ + t * kv_pad_;

@@ -2,6 +2,7 @@
 // backward main loops so both see exactly the same visible set.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -33,8 +34,20 @@ static inline void mask_score_row(float* s, int64_t n, const Problem& p, const S
     for (int64_t c = 0; c < n; ++c)
       if (!keep[(j0 + c) * ms[3]]) s[c] = kMinusInf;
   } else {
+    // A finite bias stays finite in log2 units: bias * log2(e) overflows to
+    // -inf for |bias| > FLT_MAX / log2(e) ~ 2.36e38, and a row of
+    // numpy.finfo(float32).min (a common "masked" value) would then see no
+    // key at all, where naive attention (and the float64 reference) average
+    // its keys uniformly. Clamped to +-FLT_MAX such a row stays uniform. Two
+    // different biases beyond 2.36e38 in one row become equal: both are
+    // "infinitely" far from every ordinary score, only their tie changes.
+    constexpr float kMax = std::numeric_limits<float>::max();
     const float* bias = static_cast<const float*>(mask.data) + row_offset;
-    for (int64_t c = 0; c < n; ++c) s[c] += bias[(j0 + c) * ms[3]] * kLog2e;
+    for (int64_t c = 0; c < n; ++c) {
+      const float b = bias[(j0 + c) * ms[3]];
+      const float scaled = b * kLog2e;
+      s[c] += std::fabs(b) <= kMax ? std::fmin(std::fmax(scaled, -kMax), kMax) : scaled;
+    }
   }
 }
 

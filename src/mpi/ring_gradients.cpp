@@ -4,6 +4,7 @@
 
 #include "core/half.hpp"
 #include "tileattn/backward.hpp"
+#include "training/backward_problem.hpp"
 
 namespace tileattn::mpi::detail {
 
@@ -125,7 +126,7 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
     bw.dq = {part_dq_.data(), {group * nq * d, nq * d, d, 1}};
     bw.dk = {part_dk_.data(), {nk * d, nk * d, d, 1}};
     bw.dv = {part_dv_.data(), bw.dk.stride};
-    attention_backward(bw);
+    tileattn::detail::run_backward(bw, /*lse_of_these_keys=*/false);  // the LSE covers every rank's keys
 
     for (int64_t h = 0; h < group; ++h) {
       float* acc = dq_.data() + dq_at + h * rows_ * d;

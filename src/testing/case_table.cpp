@@ -10,7 +10,7 @@ namespace tileattn::testing {
 // Every mask with Nq = Nk, Nq < Nk and Nq > Nk, and windows open on either side.
 void add_mask_cases(const std::function<void(Case)>& add) {
   for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::window, MaskCase::boolean,
-                     MaskCase::additive, MaskCase::causal_boolean})
+                     MaskCase::additive, MaskCase::causal_boolean, MaskCase::additive_extreme})
     for (auto [nq, nk] : {std::pair<int64_t, int64_t>{97, 97}, {17, 130}, {130, 17}}) {
       Case c;
       c.seqlen_q = nq;
@@ -64,7 +64,7 @@ void add_varlen_cases(const std::function<void(Case)>& add) {
 // fp16 and bf16 inputs (fp32 accumulation).
 void add_half_precision_cases(const std::function<void(Case)>& add) {
   for (DType dt : {DType::f16, DType::bf16})
-    for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::additive}) {
+    for (MaskCase m : {MaskCase::none, MaskCase::causal, MaskCase::additive, MaskCase::additive_extreme}) {
       Case c;
       c.dtype = dt;
       c.batch = 2;

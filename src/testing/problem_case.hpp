@@ -12,7 +12,10 @@
 
 namespace tileattn::testing {
 
-enum class MaskCase { none, causal, window, boolean, additive, causal_boolean };
+// additive_extreme: the additive mask with rows 0, 1 and 2 of every (batch,
+// head) set whole to -1e9, numpy.finfo(float32).min and +1e30 (padding masks
+// as Hugging Face writes them: finite, but beyond the scores' precision).
+enum class MaskCase { none, causal, window, boolean, additive, causal_boolean, additive_extreme };
 
 struct Case {
   int64_t batch = 1, heads = 2, kv_heads = 2, seqlen_q = 64, seqlen_k = 64, head_dim = 64;

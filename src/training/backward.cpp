@@ -9,6 +9,7 @@
 
 #include "core/half.hpp"
 #include "core/isa_entry.hpp"
+#include "core/mask_row.hpp"
 #include "core/thread_pool.hpp"
 #include "core/workspace.hpp"
 #include "tileattn/backward.hpp"
@@ -120,21 +121,69 @@ std::vector<BackwardItem> make_backward_schedule(const BackwardProblem& p, int t
   return items;
 }
 
-// Pass 1, one (sequence, head): LSE in log2 units and D = rowsum(dO o O) per
-// query row; zeroes this head's dQ partial rows of every chunk.
+// |LSE| (natural log) from which a row's normalizer is recomputed instead of
+// taken from the LSE. The LSE is m + log(sum) rounded to fp32; with a large
+// |m| the log(sum) part is rounded away (the fp32 spacing at 1e9 is 64) and
+// exp(S - LSE) is off by the factor sum, up to the key count: a row masked
+// with a large finite bias (-1e9, as Hugging Face pads; finfo(float32).min)
+// got P = 1 for each of its keys instead of 1 / n, and gradients 3-4x off.
+// Below this the LSE's rounding moves P by < 2^-13 relative, no more than
+// the rounding of scores of that size moves naive attention's P; |LSE| this
+// large only comes from such masks or scores in the thousands, so the
+// scalar recompute costs ordinary problems nothing.
+constexpr float kRecomputedNormalizerLse = 2048.0f;
+
+// Query row i of (sequence b, head h): the max of its scores S (log2 units,
+// as the main loop forms them: Q scaled in fp32, then the mask) and 1 / sum
+// exp2(S - max), into shift and inv_sum. False when no key is visible.
+bool recompute_normalizer(const BackwardProblem& p, const Sequence& seq, int64_t b, int64_t h,
+                          int64_t i, std::vector<float>& scores, float& shift, float& inv_sum) {
+  const ForwardArgs& a = p.args->forward;
+  const int dt = int(a.dtype);
+  const int64_t d = a.shape.head_dim, kv_head = h / p.fwd.group;
+  const int64_t q_off = seq.q_batch * a.q.stride[0] + h * a.q.stride[1] + (seq.q_row0 + i) * a.q.stride[2];
+  scores.resize(size_t(seq.nk));
+  for (int64_t j = 0; j < seq.nk; ++j) {
+    const int64_t k_off = seq.k_batch * a.k.stride[0] + kv_head * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
+    float dot = 0.0f;
+    for (int64_t c = 0; c < d; ++c)
+      dot += load_element(a.q.data, dt, q_off + c * a.q.stride[3]) * p.fwd.score_scale *
+             load_element(a.k.data, dt, k_off + c * a.k.stride[3]);
+    scores[size_t(j)] = dot;
+  }
+  mask_score_row(scores.data(), seq.nk, p.fwd, seq, b, h, i, 0, /*band_partial=*/true);
+  float max = -std::numeric_limits<float>::infinity();
+  for (float x : scores) max = x > max ? x : max;
+  if (max == -std::numeric_limits<float>::infinity()) return false;
+  float sum = 0.0f;
+  for (float x : scores) sum += std::exp2(x - max);
+  shift = max;
+  inv_sum = 1.0f / sum;
+  return true;
+}
+
+// Pass 1, one (sequence, head): LSE in log2 units (or the recomputed
+// normalizer) and D = rowsum(dO o O) per query row; zeroes this head's dQ
+// partial rows of every chunk.
 void row_statistics(const BackwardProblem& p, int64_t b, int64_t h) {
   const BackwardArgs& args = *p.args;
   const ForwardArgs& a = args.forward;
   const Sequence seq = sequence_of(p.fwd, b);
   const int dt = int(a.dtype);
   const int64_t d = a.shape.head_dim, dp = p.fwd.head_dim_padded;
+  std::vector<float> scores;  // a recomputed row's scores
   for (int64_t i = 0; i < seq.nq; ++i) {
     const int64_t row = seq.q_row0 + i;
     const float lse = args.lse[seq.q_batch * args.lse_stride[0] + h * args.lse_stride[1] +
                                row * args.lse_stride[2]];
     // A row that sees no key has LSE -inf: +inf makes its P = exp2(s - inf) = 0.
-    p.row_lse2[row_slot(p, b, h, i)] =
+    const int64_t slot = row_slot(p, b, h, i);
+    p.row_lse2[slot] =
         lse == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity() : lse * kLog2e;
+    p.row_inv_sum[slot] = 1.0f;
+    if (p.lse_of_these_keys && std::fabs(lse) >= kRecomputedNormalizerLse &&
+        std::fabs(lse) <= std::numeric_limits<float>::max())
+      recompute_normalizer(p, seq, b, h, i, scores, p.row_lse2[slot], p.row_inv_sum[slot]);
     const int64_t o_off = seq.q_batch * args.o.stride[0] + h * args.o.stride[1] + row * args.o.stride[2];
     const int64_t g_off = seq.q_batch * args.d_o.stride[0] + h * args.d_o.stride[1] + row * args.d_o.stride[2];
     float delta = 0.0f;
@@ -202,7 +251,9 @@ void write_reference_backward(const BackwardArgs& args) {
 
 }  // namespace detail
 
-void attention_backward(const BackwardArgs& args) {
+void attention_backward(const BackwardArgs& args) { detail::run_backward(args, true); }
+
+void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   detail::validate(args);
   const Isa isa = resolve_isa(args.forward.isa);
   if (isa == Isa::reference) {
@@ -217,8 +268,11 @@ void attention_backward(const BackwardArgs& args) {
 
   // Scratch, all sized up front: row statistics, dQ partial sums, per-thread tiles.
   const int64_t rows = s.batch * s.heads * p.max_rows_q;
-  std::vector<float> lse2(static_cast<size_t>(rows)), delta(static_cast<size_t>(rows));
+  std::vector<float> lse2(static_cast<size_t>(rows)), inv_sum(static_cast<size_t>(rows)),
+      delta(static_cast<size_t>(rows));
   p.row_lse2 = lse2.data();
+  p.row_inv_sum = inv_sum.data();
+  p.lse_of_these_keys = lse_of_these_keys;
   p.row_delta = delta.data();
   detail::Workspace dq_partial(p.kv_chunks * rows * p.fwd.head_dim_padded, 1);
   p.dq_partial = dq_partial.for_worker(0);

@@ -29,10 +29,17 @@ struct BackwardProblem {
   int64_t kv_chunks = 1;   // key chunks per sequence
   int64_t chunk_keys = 0;  // keys per chunk (a multiple of block_kv)
   int64_t max_rows_q = 0;  // longest query sequence
-  // Per query row (slot (b * heads + h) * max_rows_q + i): LSE in log2 units
-  // (+inf for a row that sees no key, so that exp2(s - it) = 0) and D.
+  // Per query row (slot (b * heads + h) * max_rows_q + i): P = exp2(S -
+  // row_lse2) * row_inv_sum. Usually row_lse2 is the LSE in log2 units (+inf
+  // for a row that sees no key, so that exp2(s - it) = 0) and row_inv_sum 1;
+  // for a row with a huge |LSE| they are its score max and 1 / sum, recomputed
+  // (see row_statistics in backward.cpp). And D = rowsum(dO o O).
   float* row_lse2 = nullptr;
+  float* row_inv_sum = nullptr;
   float* row_delta = nullptr;
+  // args->lse is the LSE over exactly the keys this call sees (false: ring
+  // attention's blocks, whose LSE covers every rank's keys).
+  bool lse_of_these_keys = true;
   // [chunk, batch, heads, max_rows_q, D_pad] fp32 dQ partial sums (unscaled).
   float* dq_partial = nullptr;
 };
@@ -54,6 +61,12 @@ struct BackwardItem {
 };
 
 void validate(const BackwardArgs& args);
+
+// attention_backward, told whether args.lse is the LSE over exactly the keys
+// of this call (attention_backward: yes; a ring attention block: no, its LSE
+// covers every rank's keys, and a row's normalizer cannot be recomputed from
+// this block's keys alone).
+void run_backward(const BackwardArgs& args, bool lse_of_these_keys);
 
 // Query rows [first, last) that may see some key in [j_begin, j_end): the
 // inverse of visible_keys().

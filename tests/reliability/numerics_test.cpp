@@ -130,7 +130,9 @@ TEST(Numerics, NanOrInfInAKeyReachesOnlyTheRowsThatSeeIt) {
     for (int64_t i = 0; i < c.seqlen_q; ++i) {
       // Rows that see key 20: NaN for a NaN key; for an infinite key, NaN
       // where the score is +inf (inf - inf), as the reference says above.
-      if (i < 20 || std::isnan(bad)) EXPECT_EQ(row_has_nan(data, 0, 0, i), i >= 20) << "row " << i;
+      if (i < 20 || std::isnan(bad)) {
+        EXPECT_EQ(row_has_nan(data, 0, 0, i), i >= 20) << "row " << i;
+      }
       EXPECT_FALSE(row_has_nan(data, 1, 0, i)) << "other sequence, row " << i;
     }
   }
