@@ -33,13 +33,21 @@ int64_t parse_integer(const std::string& what, const std::string& text, int64_t 
   return value;
 }
 
-Args::Args(int argc, char** argv, std::initializer_list<Flag> flags) {
-  const std::string command = argc > 0 ? argv[0] : "tileattn";
+Args::Args(int argc, char** argv, std::initializer_list<Flag> flags)
+    : Args(argc, argv, flags, std::string(argc > 0 ? argv[0] : "tileattn") + ": ",
+           std::string("tileattn ") + (argc > 0 ? argv[0] : "")) {}
+
+Args Args::program(const std::string& program, int argc, char** argv, std::initializer_list<Flag> flags) {
+  return Args(argc, argv, flags, "", program);
+}
+
+Args::Args(int argc, char** argv, std::initializer_list<Flag> flags, const std::string& context,
+           const std::string& help_command) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i], value;
     bool inline_value = false;
     if (arg.rfind("--", 0) != 0)
-      throw UsageError(command + ": unexpected argument '" + arg + "' (see tileattn " + command + " --help)");
+      throw UsageError(context + "unexpected argument '" + arg + "' (see " + help_command + " --help)");
     if (const std::size_t eq = arg.find('='); eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg.resize(eq);
@@ -50,7 +58,7 @@ Args::Args(int argc, char** argv, std::initializer_list<Flag> flags) {
       if (arg == f.name) known = &f;
     static const Flag help{"--help", false};
     if (arg == "--help") known = &help;
-    if (!known) throw UsageError(command + ": unknown flag '" + arg + "' (see tileattn " + command + " --help)");
+    if (!known) throw UsageError(context + "unknown flag '" + arg + "' (see " + help_command + " --help)");
     if (known->takes_value && !inline_value) {
       if (i + 1 >= argc) throw UsageError(arg + ": missing value");
       value = argv[++i];

@@ -28,6 +28,9 @@ class Args {
  public:
   // argv[0] is the subcommand's name; --help is always accepted.
   Args(int argc, char** argv, std::initializer_list<Flag> flags);
+  // For a program without subcommands (tileattn-ring): argv[0] is skipped
+  // and errors point to `<program> --help`.
+  static Args program(const std::string& program, int argc, char** argv, std::initializer_list<Flag> flags);
 
   bool has(const std::string& flag) const;
   std::string text(const std::string& flag, const std::string& fallback = "") const;
@@ -44,6 +47,10 @@ class Args {
                                      const std::vector<std::string>& fallback) const;
 
  private:
+  // `context` starts the messages that need one ("run: "); `help_command` is the
+  // command whose --help they point to ("tileattn run").
+  Args(int argc, char** argv, std::initializer_list<Flag> flags, const std::string& context,
+       const std::string& help_command);
   std::map<std::string, std::string> values_;
 };
 

@@ -54,7 +54,12 @@ std::vector<Isa> isas_to_check(const std::string& choice) {
       if (isa_available(isa)) out.push_back(isa);
     return out;
   }
-  const Isa isa = parse_isa(choice);
+  Isa isa = Isa::automatic;
+  try {
+    isa = parse_isa(choice);
+  } catch (const Error&) {  // its message lists the library's names, not "all"
+    throw UsageError("--isa: expected all, auto, generic, avx2 or avx512, got '" + choice + "'");
+  }
   if (isa == Isa::reference) throw UsageError("--isa: reference is what the paths are checked against");
   return {resolve_isa(isa)};
 }

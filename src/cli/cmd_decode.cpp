@@ -32,7 +32,8 @@ const char* const kHelp =
     "                       [--dim D] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
     "                       [--page-size N] [--recompute-steps R] [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
-    "thread, page size 16, R=2. RoPE (theta 500000) is fused into the append and the query.\n"
+    "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
+    "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
     "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
     "(a streaming read of a buffer of the same bytes, same threads, one pass right after each\n"
@@ -346,7 +347,12 @@ int cmd_decode(int argc, char** argv) {
   const bool paged = args.has("--paged");
   const int64_t page_size = args.integer("--page-size", 16, 1, kMaxSize);
   if (args.has("--page-size") && !paged) throw UsageError("--page-size: needs --paged");
-  const int64_t recompute_steps = args.integer("--recompute-steps", 2, 0, s.steps);
+  // Each recompute step appends one of the S generated tokens to a cache of
+  // capacity P + S: more than S steps would write past it.
+  const int64_t recompute_steps = args.integer("--recompute-steps", std::min<int64_t>(2, s.steps), 0, 1 << 20);
+  if (recompute_steps > s.steps)
+    throw UsageError("--recompute-steps: must be at most --steps (" + std::to_string(s.steps) + "), got " +
+                     std::to_string(recompute_steps));
   if (s.heads % s.kv_heads != 0)
     throw UsageError("--kv-heads: " + std::to_string(s.kv_heads) + " must divide --heads " +
                      std::to_string(s.heads));

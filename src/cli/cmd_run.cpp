@@ -1,7 +1,11 @@
 // `tileattn run`: attention on .npy files. Every input is read and checked,
 // the computation runs, and only then are the outputs written (each to a
-// temporary name first, then renamed), so a failure never leaves a file.
+// temporary name first; every target is checked, then all are renamed), so a
+// failure never leaves a file (io::StagedFiles says what a crash can leave).
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 
 #include "cli/args.hpp"
@@ -38,7 +42,8 @@ const char* const kHelp =
     "     generator: the same seed gives the same mask in the forward and the backward).\n"
     "  --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy: the backward pass; dO is shaped like\n"
     "     Q, gradients come back in the layout (and output dtype) of the inputs.\n"
-    "Outputs are written only when everything succeeded; errors exit with status 2.\n";
+    "Outputs are written only when everything succeeded; errors exit with status 2. Two\n"
+    "output flags may not name the same file.\n";
 
 struct Operands {
   int64_t batch, heads, rows, dim;
@@ -52,6 +57,34 @@ Operands operands_of(const io::NpyArray& a, Layout layout, const std::string& na
                 shape_text(a.shape));
   const auto& s = a.shape;
   return layout == Layout::bhsd ? Operands{s[0], s[1], s[2], s[3]} : Operands{s[0], s[2], s[1], s[3]};
+}
+
+// Whether two output paths name one directory entry, so that one output
+// would replace the other: the same text, or the same name in one directory
+// reached two ways ("o.npy" and "./o.npy"). Entries, not files: rename()
+// replaces the entry, so a symlink and its target, or two hard links, are
+// two outputs that both survive.
+bool same_entry(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const std::size_t sa = a.rfind('/'), sb = b.rfind('/');
+  const std::string name_a = sa == std::string::npos ? a : a.substr(sa + 1);
+  const std::string name_b = sb == std::string::npos ? b : b.substr(sb + 1);
+  if (name_a != name_b) return false;
+  const std::string dir_a = sa == std::string::npos ? "." : a.substr(0, sa + 1);
+  const std::string dir_b = sb == std::string::npos ? "." : b.substr(0, sb + 1);
+  struct stat da, db;
+  return ::stat(dir_a.c_str(), &da) == 0 && ::stat(dir_b.c_str(), &db) == 0 && da.st_dev == db.st_dev &&
+         da.st_ino == db.st_ino;
+}
+
+// Two output flags naming one file would lose one output: a usage error
+// before anything is read or computed.
+void check_distinct_outputs(const Args& args, std::initializer_list<const char*> flags) {
+  for (auto i = flags.begin(); i != flags.end(); ++i)
+    for (auto j = i + 1; j != flags.end(); ++j)
+      if (args.has(*i) && args.has(*j) && same_entry(args.text(*i), args.text(*j)))
+        throw UsageError(std::string("run: ") + *i + " and " + *j + " name the same file '" + args.text(*j) +
+                         "'");
 }
 
 }  // namespace
@@ -79,6 +112,7 @@ int cmd_run(int argc, char** argv) {
       if (!args.has(required))
         throw UsageError(std::string("run: the backward needs --dout, --dq, --dk and --dv; ") + required +
                          " is missing");
+  check_distinct_outputs(args, {"--out", "--lse", "--dq", "--dk", "--dv"});
 
   const io::NpyArray q_file = io::read_npy(q_path);
   const io::NpyArray k_file = io::read_npy(k_path);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -275,10 +276,48 @@ StagedFiles::~StagedFiles() {
   for (const Entry& e : entries_) std::remove(e.temp.c_str());
 }
 
+namespace {
+
+// The directory part of `path` with its slash ("" for a bare name).
+std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+// Why rename(temp, path) would fail, or "" when nothing is known to stop it.
+// `temp` already exists in path's directory, so that directory exists and is
+// writable; what is left is the entry at `path` itself.
+std::string rename_obstacle(const std::string& temp, const std::string& path) {
+  struct stat target, staged, dir;
+  if (::lstat(path.c_str(), &target) != 0)
+    return errno == ENOENT ? "" : std::strerror(errno);  // ENAMETOOLONG, ELOOP, EACCES...
+  if (S_ISDIR(target.st_mode)) return "is a directory";
+  if (::stat(temp.c_str(), &staged) == 0 && staged.st_dev != target.st_dev)
+    return "is a mount point";  // rename fails with EBUSY or EXDEV
+  // Sticky directory (/tmp): only the owner of the file or of the directory
+  // (or root) may replace the file.
+  const std::string d = directory_of(path);
+  if (::stat(d.empty() ? "." : d.c_str(), &dir) == 0 && (dir.st_mode & S_ISVTX) && ::geteuid() != 0 &&
+      target.st_uid != ::geteuid() && dir.st_uid != ::geteuid())
+    return "owned by another user in a sticky directory";
+  return "";
+}
+
+}  // namespace
+
 void StagedFiles::stage(const std::string& path, const std::vector<unsigned char>& bytes) {
-  // Same directory as the target, so that rename() is atomic.
-  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(entries_.size());
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
+  // Same directory as the target, so that rename() is atomic; a short name of
+  // its own, so that a target name near NAME_MAX (255) still gets one. The
+  // counter is per process (several StagedFiles may stage into one
+  // directory); "x" (O_EXCL) never reuses a file left by a crashed process.
+  static std::atomic<uint64_t> counter{0};
+  std::string temp;
+  std::FILE* f = nullptr;
+  do {
+    temp = directory_of(path) + ".tileattn." + std::to_string(::getpid()) + "." + std::to_string(counter++) +
+           ".tmp";
+    f = std::fopen(temp.c_str(), "wbx");
+  } while (!f && errno == EEXIST);
   if (!f) fail(path, std::string("cannot write (") + std::strerror(errno) + ")");
   entries_.push_back({temp, path});
   const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
@@ -287,6 +326,14 @@ void StagedFiles::stage(const std::string& path, const std::vector<unsigned char
 }
 
 void StagedFiles::commit() {
+  // Every target is checked before the first rename, so that an error we can
+  // foresee (a directory in the way, a name too long) leaves every target as
+  // it was; the destructor then removes the staged files. What stays
+  // non-atomic: a crash, or a rename failing for a reason not checked here,
+  // between two renames leaves the earlier targets replaced.
+  for (const Entry& e : entries_)
+    if (const std::string why = rename_obstacle(e.temp, e.path); !why.empty())
+      fail(e.path, "cannot write (" + why + ")");
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     if (std::rename(entries_[i].temp.c_str(), entries_[i].path.c_str()) != 0) {
       const std::string reason = std::strerror(errno);

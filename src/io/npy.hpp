@@ -45,7 +45,8 @@ void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>
                const void* data);
 
 // Two-phase writing for several outputs of one computation: stage() writes
-// each file under a temporary name, commit() renames them all into place.
+// each file under a temporary name in its target's directory, commit()
+// checks every target and only then renames them all into place.
 // Files staged but never committed are removed by the destructor.
 class StagedFiles {
  public:

@@ -17,6 +17,7 @@ struct Options {
   int threads = 0;
   bool check = false;
   bool backward = false;
+  bool help = false;  // --help: print the usage, run nothing
 };
 
 // Copies rows of a [batch, heads, rows, dim] tensor between a full view and a

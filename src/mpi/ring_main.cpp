@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.hpp"
 #include "mpi/ring_cli.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/mpi.hpp"
@@ -35,7 +36,7 @@ using tileattn::mpi::cli::Options;
 const char* kUsage =
     "usage: mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D [--batch B] [--causal]\n"
     "       [--window L,R] [--layout zigzag|contiguous] [--dtype fp32|fp16|bf16] [--threads T]\n"
-    "       [--seed S] [--check] [--backward]\n";
+    "       [--seed S] [--check] [--backward] [--help]\n";
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
   size_t used = 0;
@@ -50,43 +51,41 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min)
   return value;
 }
 
+// The flags go through the parser `tileattn` uses (cli/args.hpp): --help,
+// `--flag=value`, and a flag given twice is an error, not "last wins".
 Options parse(int argc, char** argv) {
+  const tileattn::cli::Args args = tileattn::cli::Args::program(
+      "tileattn-ring", argc, argv,
+      {{"--seq", true}, {"--heads", true}, {"--kv-heads", true}, {"--dim", true}, {"--batch", true},
+       {"--seed", true}, {"--threads", true}, {"--causal", false}, {"--check", false}, {"--backward", false},
+       {"--dtype", true}, {"--layout", true}, {"--window", true}});
   Options o;
+  o.help = args.has("--help");
+  if (o.help) return o;
   o.c.mask = tileattn::testing::MaskCase::none;  // the mask is set on the arguments below
   o.c.with_lse = true;
-  bool seen_seq = false, seen_heads = false, seen_dim = false, seen_kv = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(flag + ": missing value");
-      return argv[++i];
-    };
-    if (flag == "--seq") o.c.seqlen_q = o.c.seqlen_k = parse_int(flag, value(), 1), seen_seq = true;
-    else if (flag == "--heads") o.c.heads = parse_int(flag, value(), 1), seen_heads = true;
-    else if (flag == "--kv-heads") o.c.kv_heads = parse_int(flag, value(), 1), seen_kv = true;
-    else if (flag == "--dim") o.c.head_dim = parse_int(flag, value(), 1), seen_dim = true;
-    else if (flag == "--batch") o.c.batch = parse_int(flag, value(), 1);
-    else if (flag == "--seed") o.c.seed = uint64_t(parse_int(flag, value(), 0));
-    else if (flag == "--threads") o.threads = int(parse_int(flag, value(), 0));
-    else if (flag == "--causal") o.causal = true;
-    else if (flag == "--check") o.check = true;
-    else if (flag == "--backward") o.backward = true;
-    else if (flag == "--dtype") o.c.dtype = tileattn::parse_dtype(value());
-    else if (flag == "--layout") o.layout = tileattn::mpi::parse_shard_layout(value());
-    else if (flag == "--window") {
-      const std::string w = value();
-      const size_t comma = w.find(',');
-      if (comma == std::string::npos) throw Error("--window: expected L,R, got '" + w + "'");
-      o.window_left = parse_int("--window", w.substr(0, comma), -1);
-      o.window_right = parse_int("--window", w.substr(comma + 1), -1);
-    } else {
-      throw Error("unknown argument '" + flag + "'");
-    }
+  for (const char* required : {"--seq", "--heads", "--dim"})
+    if (!args.has(required)) throw Error(std::string(required) + " is required");
+  auto integer = [&](const std::string& flag, int64_t min) { return parse_int(flag, args.text(flag), min); };
+  o.c.seqlen_q = o.c.seqlen_k = integer("--seq", 1);
+  o.c.heads = integer("--heads", 1);
+  o.c.kv_heads = args.has("--kv-heads") ? integer("--kv-heads", 1) : o.c.heads;
+  o.c.head_dim = integer("--dim", 1);
+  if (args.has("--batch")) o.c.batch = integer("--batch", 1);
+  if (args.has("--seed")) o.c.seed = uint64_t(integer("--seed", 0));
+  if (args.has("--threads")) o.threads = int(integer("--threads", 0));
+  o.causal = args.has("--causal");
+  o.check = args.has("--check");
+  o.backward = args.has("--backward");
+  if (args.has("--dtype")) o.c.dtype = tileattn::parse_dtype(args.text("--dtype"));
+  if (args.has("--layout")) o.layout = tileattn::mpi::parse_shard_layout(args.text("--layout"));
+  if (args.has("--window")) {
+    const std::string w = args.text("--window");
+    const size_t comma = w.find(',');
+    if (comma == std::string::npos) throw Error("--window: expected L,R, got '" + w + "'");
+    o.window_left = parse_int("--window", w.substr(0, comma), -1);
+    o.window_right = parse_int("--window", w.substr(comma + 1), -1);
   }
-  if (!seen_seq) throw Error("--seq is required");
-  if (!seen_heads) throw Error("--heads is required");
-  if (!seen_dim) throw Error("--dim is required");
-  if (!seen_kv) o.c.kv_heads = o.c.heads;
   if (o.c.heads % o.c.kv_heads != 0) throw Error("--kv-heads must divide --heads");
   if (o.c.head_dim > 256) throw Error("--dim must be in 1..256, got " + std::to_string(o.c.head_dim));
   return o;
@@ -205,7 +204,9 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "tileattn-ring: error: %s\n%s", e.what(), kUsage);
     status = 2;
   }
-  if (status == 0) try {
+  if (status == 0 && options.help) {
+    if (rank == 0) std::fputs(kUsage, stdout);
+  } else if (status == 0) try {
     status = run(options, rank, ranks);
   } catch (const tileattn::Error& e) {
     // From the collective argument checks: the rank whose own slice failed

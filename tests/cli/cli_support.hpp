@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -52,13 +53,15 @@ class TempDir {
   ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }
   const std::string& path() const { return path_; }
+  // Every entry, hidden ones too: staged outputs are hidden (".tileattn.*.tmp").
   std::vector<std::string> files() const {
     std::vector<std::string> names;
     if (DIR* d = opendir(path_.c_str())) {
       while (dirent* e = readdir(d))
-        if (e->d_name[0] != '.') names.push_back(e->d_name);
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
       closedir(d);
     }
+    std::sort(names.begin(), names.end());  // readdir's order is the file system's
     return names;
   }
 

@@ -162,6 +162,16 @@ TEST(cliCheck, PassesOnThisMachineAndReportsEachCase) {
   EXPECT_EQ(run_cli("check --isa sparc", dir).status, 2);
 }
 
+// The error for an unknown --isa lists every value the help offers, "all" too.
+TEST(cliCheck, UnknownIsaListsEveryChoice) {
+  TempDir dir;
+  const Result r = run_cli("check --isa bogus", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("--isa: expected all, auto, generic, avx2 or avx512, got 'bogus'"), std::string::npos)
+      << r.err;
+}
+
 TEST(cliTune, WritesTheWinnersThatInfoThenUses) {
   TempDir dir;
   const Result r = run_cli("tune --dims 16 --dtypes fp32 --out '" + (dir / "tune.conf") + "' --json", dir);

@@ -78,6 +78,26 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
   }
 }
 
+// One step: the recompute loop defaults to min(2, --steps) steps, since each
+// appends one of the generated tokens to a cache of prompt + steps; more
+// recompute steps than steps is an error naming the flag.
+TEST(cliDecode, OneStepAndRecomputeStepsAtMostSteps) {
+  TempDir dir;
+  const std::string one = "decode --prompt 16 --steps 1 --heads 2 --kv-heads 1 --dim 16 --threads 1 --json";
+  for (const char* paged : {"", " --paged"}) {
+    const Result r = run_cli(one + paged, dir);
+    ASSERT_EQ(r.status, 0) << paged << ": " << r.err;
+    Json j;
+    ASSERT_TRUE(JsonParser(r.out).parse(j)) << r.out;
+    EXPECT_EQ(number(j, "recompute_steps"), 1) << paged;
+    EXPECT_GT(number(j, "speedup_vs_recompute"), 0) << paged;
+  }
+  const Result r = run_cli(one + " --recompute-steps 2", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--recompute-steps: must be at most --steps (1)"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // The thread pool's polling window (core/thread_pool.cpp): read at the first
 // parallel region; 0 is valid (workers sleep at once), anything else but an
 // integer in 0..10^7 is an error naming the variable.

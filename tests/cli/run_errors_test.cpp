@@ -1,6 +1,7 @@
 // Bad input to `tileattn run`: exit status 2, one line on stderr starting
 // "tileattn: ", and no output file (nor a temporary one) left behind.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 
@@ -110,6 +111,65 @@ TEST_F(cliRunErrors, UnwritableOutputLeavesNothing) {
   // Neither output appears when one of them cannot be written.
   EXPECT_FALSE(std::ifstream(dir / "lse.npy").good());
   EXPECT_EQ(dir.files().size(), 3u);
+}
+
+// A target that rename() would refuse (here a directory named like the
+// output) is found before any output is renamed: no output appears, and an
+// existing one keeps its bytes.
+TEST_F(cliRunErrors, CommitChecksEveryTargetBeforeRenaming) {
+  ASSERT_EQ(mkdir((dir / "lse.npy").c_str(), 0755), 0);
+  expect_failure(inputs(), "lse.npy: cannot write (is a directory)");
+  std::ofstream(dir / "o.npy") << "old";
+  expect_failure(inputs(), "lse.npy: cannot write (is a directory)");
+  EXPECT_EQ(slurp(dir / "o.npy"), "old");
+  // The backward stages dQ, dK and dV first: none of them may be renamed either.
+  ASSERT_EQ(mkdir((dir / "dv.npy").c_str(), 0755), 0);
+  expect_failure("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
+                     "' --out '" + (dir / "o.npy") + "' --dout '" + (dir / "q.npy") + "' --dq '" +
+                     (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" + (dir / "dv.npy") + "'",
+                 "dv.npy: cannot write (is a directory)");
+  EXPECT_EQ(slurp(dir / "o.npy"), "old");
+}
+
+// Two output flags naming one file would silently lose an output: exit 2,
+// naming both flags, before anything is written; also when the two paths
+// are spelled differently.
+TEST_F(cliRunErrors, TwoOutputsNamingOneFile) {
+  const std::string in = "run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" +
+                         (dir / "v.npy") + "'";
+  expect_failure(in + " --out '" + (dir / "same.npy") + "' --lse '" + (dir / "same.npy") + "'",
+                 "--out and --lse name the same file");
+  const std::string g = dir / "g.npy";
+  expect_failure(in + " --out '" + (dir / "o.npy") + "' --dout '" + (dir / "q.npy") + "' --dq '" + g +
+                     "' --dk '" + g + "' --dv '" + g + "'",
+                 "--dq and --dk name the same file");
+  expect_failure(in + " --out '" + (dir / "o.npy") + "' --dout '" + (dir / "q.npy") + "' --dq '" + g +
+                     "' --dk '" + (dir / "dk.npy") + "' --dv '" + (dir / "./g.npy") + "'",
+                 "--dq and --dv name the same file");
+  ASSERT_EQ(mkdir((dir / "sub").c_str(), 0755), 0);
+  expect_failure(in + " --out '" + (dir / "o.npy") + "' --lse '" + (dir / "sub/../o.npy") + "'",
+                 "--out and --lse name the same file");
+  std::ofstream(dir / "o.npy") << "old";  // an existing file, reached two ways
+  expect_failure(in + " --out '" + (dir / "sub/../o.npy") + "' --lse '" + (dir / "o.npy") + "'",
+                 "--out and --lse name the same file");
+  EXPECT_EQ(slurp(dir / "o.npy"), "old");
+}
+
+// Staged outputs have short names of their own: an output name of 250
+// characters (NAME_MAX is 255) is written; one over the limit fails before
+// any output is renamed, leaving nothing behind.
+TEST_F(cliRunErrors, OutputNamesNearTheLengthLimit) {
+  const std::string long_name = std::string(246, 'o') + ".npy";
+  Result r = run_cli("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
+                         "' --out '" + (dir / long_name) + "'",
+                     dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(io::read_npy(dir / long_name).shape, (std::vector<int64_t>{1, 2, 5, 8}));
+  std::remove((dir / long_name).c_str());
+  const std::string too_long = std::string(256, 'l') + ".npy";
+  expect_failure("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
+                     "' --out '" + (dir / "o.npy") + "' --lse '" + (dir / too_long) + "'",
+                 "File name too long");
 }
 
 TEST_F(cliRunErrors, BackwardFlags) {

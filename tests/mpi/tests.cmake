@@ -60,3 +60,19 @@ add_test(NAME mpi_ring_bad_argument
           ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
 set_tests_properties(mpi_ring_bad_argument PROPERTIES
   ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60 PASS_REGULAR_EXPRESSION "error: --seq must be >= 1[^\n]*\n(.|\n)*exit status 2")
+
+# --help: the usage on stdout and exit status 0, as `tileattn --help`.
+add_test(NAME mpi_ring_help
+  COMMAND sh -c "\"$0\" -n 2 \"$1\" --help; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_help PROPERTIES
+  ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60 PASS_REGULAR_EXPRESSION "usage: mpirun(.|\n)*exit status 0"
+  FAIL_REGULAR_EXPRESSION "error")
+
+# A flag given twice is an error naming it (as for `tileattn`), not "last wins".
+add_test(NAME mpi_ring_repeated_flag
+  COMMAND sh -c "\"$0\" -n 2 \"$1\" --seq 8 --heads 2 --dim 32 --seq 16 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_repeated_flag PROPERTIES
+  ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "error: --seq: given more than once[^\n]*\n(.|\n)*exit status 2")
