@@ -78,7 +78,9 @@ TEST(ioNpy, RoundTripsEveryTypeAndShape) {
     EXPECT_EQ(back.shape, c.shape);
     ASSERT_EQ(back.bytes.size(), c.bytes);
     // memcmp of an empty vector's null data() is undefined even for 0 bytes (UBSan).
-    if (c.bytes > 0) EXPECT_EQ(0, std::memcmp(back.bytes.data(), c.data, c.bytes));
+    if (c.bytes > 0) {
+      EXPECT_EQ(0, std::memcmp(back.bytes.data(), c.data, c.bytes));
+    }
   }
 }
 
