@@ -31,8 +31,11 @@ enum class ElementType { f32, f16, bf16, boolean, i32, i64, other_int, other_flo
 
 // What a caller needs of an array: its metadata only (shape, type, device;
 // enough to validate a call, works on torch's fake tensors), its data for
-// reading, or its data for writing.
-enum class Access { metadata, read, write };
+// reading, its data for writing (an array the caller gave: a NumPy array must
+// be writable, a torch tensor must not be an inference tensor outside
+// inference mode, where torch itself refuses in-place updates), or the data of
+// an array this package has just allocated (nothing of the caller's to check).
+enum class Access { metadata, read, write, allocated };
 
 inline constexpr int kMaxRank = 8;
 
@@ -53,8 +56,12 @@ Framework framework_of(const char* name, nb::handle obj);
 const char* framework_name(Framework f);
 
 // Reads `obj`. Errors: TypeError (not an array), ValueError (rank above
-// kMaxRank, a tensor not on the CPU, a NumPy byte stride that is not a
-// multiple of the element size, a read-only array with Access::write).
+// kMaxRank, a tensor not on the CPU or not strided (sparse), a NumPy byte
+// stride that is not a multiple of the element size, a torch tensor with the
+// negative bit set (its memory holds the negation of its values; asked only of
+// tensors without a unit stride, which every public way to get the bit gives),
+// a read-only array or an inference tensor outside inference mode with
+// Access::write).
 ArrayView read_array(const char* name, nb::handle obj, Access access);
 
 // The shape as Python prints a tuple: "(1, 2, 3)", "(4,)".

@@ -175,20 +175,26 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
     lse_obj = new_float32(call.framework, {s.batch, s.heads, s.seqlen_q});
   }
   // A given output is the public functions' `out=`.
-  const ArrayView ov = read_output(o.is_none() ? "o" : "out", o_obj, call.framework, call.q.type, q,
-                                   call.q.shape.data(), 4);
+  const ArrayView ov = o.is_none() ? read_array("o", o_obj, Access::allocated)
+                                   : read_output("out", o_obj, call.framework, call.q.type, q,
+                                                 call.q.shape.data(), 4);
   a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};
   if (!lse_obj.is_none()) {
-    const ArrayView lv = read_output("lse", lse_obj, call.framework, ElementType::f32, nb::handle(), lse_shape, 3);
+    const ArrayView lv = lse.is_none() ? read_array("lse", lse_obj, Access::allocated)
+                                       : read_output("lse", lse_obj, call.framework, ElementType::f32,
+                                                     nb::handle(), lse_shape, 3);
     a.lse = static_cast<float*>(lv.data);
     a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
   }
   a.seed = seed;
   a.threads = threads;
-  {
+  try {
     // q, k, v and the mask stay referenced by the caller (and `call`), the outputs by o_obj/lse_obj.
     nb::gil_scoped_release release;
     run_forward(a);
+  } catch (const Error& e) {
+    if (!o.is_none()) fail_for_out(e, false);
+    throw;
   }
   return nb::make_tuple(o_obj, lse_obj);
 }
@@ -208,14 +214,15 @@ nb::tuple check_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mas
 }  // namespace
 
 void bind_forward_arrays(nb::module_& m) {
-  m.def("forward_arrays", &forward_arrays, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
-        "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
+  // q, k, v accept None so that the checks name the argument (nanobind would refuse the call).
+  m.def("forward_arrays", &forward_arrays, "q"_a.none(), "k"_a.none(), "v"_a.none(),
+        "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "eager_only"_a = false,
         "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None), "
         "or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.flash_attention (a tensor subclass, autograd, a tracer or mode)");
-  m.def("check_forward", &check_forward, "q"_a, "k"_a, "v"_a, "attn_mask"_a.none(), "layout"_a,
-        "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
+  m.def("check_forward", &check_forward, "q"_a.none(), "k"_a.none(), "v"_a.none(),
+        "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
         "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
   m.def("dlpack_exchange_available", &dlpack_exchange_available, "array"_a,
         "test hook: whether torch tensors of this type are read through the DLPack C exchange API");

@@ -30,8 +30,9 @@ namespace {
 
 using namespace nb::literals;
 
-ArrayView read_rank4(const char* name, nb::handle obj, const char* what) {
-  ArrayView a = read_array(name, obj, Access::read);
+ArrayView read_rank4(const char* name, nb::handle obj, const char* what,
+                     Access access = Access::read) {
+  ArrayView a = read_array(name, obj, access);
   if (a.rank != 4) {
     fail_value(std::string(name) + ": expected a 4-D array " + what + ", got shape " + shape_text(a));
   }
@@ -66,6 +67,30 @@ ArrayView dense_as(const char* name, nb::handle obj, const ArrayView& a, Element
   return read_array(name, kept, Access::read);
 }
 
+// The kernel's page indices are int32: a wider integer table [B, max_pages]
+// (`a`) is checked entry by entry before it is narrowed, which would wrap
+// (2^32 + 3 to page 3). Other integer types are widened to int64 first, as
+// the cache lengths are (uint64 entries from 2^63 up wrap to negatives there,
+// which the library refuses as pages).
+void check_fits_int32(const char* name, nb::handle obj, const ArrayView& a) {
+  nb::object wide;
+  ArrayView w = a;
+  if (a.type == ElementType::other_int) {
+    wide = a.framework == Framework::torch ? obj.attr("long")() : obj.attr("astype")("int64");
+    w = read_array(name, wide, Access::read);
+  }
+  const auto* data = static_cast<const int64_t*>(w.data);
+  for (int64_t i = 0; i < w.shape[0]; ++i) {
+    for (int64_t j = 0; j < w.shape[1]; ++j) {
+      const int64_t entry = data[i * w.stride[0] + j * w.stride[1]];
+      if (entry < std::numeric_limits<int32_t>::min() || entry > std::numeric_limits<int32_t>::max()) {
+        fail_value(std::string(name) + "[" + std::to_string(i) + ", " + std::to_string(j) + "] = " +
+                   std::to_string(entry) + " does not fit in int32 (the kernel's page indices)");
+      }
+    }
+  }
+}
+
 // An int or a NumPy integer scalar (what the Python API takes as one length for every sequence).
 bool is_integer_scalar(nb::handle x) {
   return PyLong_Check(x.ptr()) || (!is_array(x) && PyIndex_Check(x.ptr()));
@@ -93,10 +118,9 @@ class CacheLengths {
 // them, the caller's stay as they were (as in FlashAttention-2).
 void cache_lengths(nb::handle seqlens, int64_t batch, bool paged, bool appending, int64_t capacity,
                    int32_t* out) {
+  static constexpr const char* kLengthsRange = "cache_seqlens: entries must be in 0 .. 2^31 - 1";
   auto in_range = [](int64_t n) {
-    if (n < 0 || n > std::numeric_limits<int32_t>::max()) {
-      fail_value("cache_seqlens: entries must be in 0 .. 2^31 - 1");
-    }
+    if (n < 0 || n > std::numeric_limits<int32_t>::max()) fail_value(kLengthsRange);
     return static_cast<int32_t>(n);
   };
   if (seqlens.is_none()) {
@@ -109,7 +133,11 @@ void cache_lengths(nb::handle seqlens, int64_t batch, bool paged, bool appending
   }
   if (is_integer_scalar(seqlens)) {
     const long long n = PyLong_AsLongLong(seqlens.ptr());  // ints and NumPy integers
-    if (n == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (n == -1 && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw nb::python_error();
+      PyErr_Clear();  // beyond int64: say which argument is out of range
+      fail_value(kLengthsRange);
+    }
     std::fill(out, out + batch, in_range(n));
     return;
   }
@@ -178,9 +206,11 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   const ArrayView qa = read_rank4("q", q, "[B, H, Nq, D]");
   KvCacheArgs a;
   a.dtype = attention_dtype("q", q, qa);
-  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what);
+  // The cache is written only when k/v are appended; attending alone may read a read-only one.
+  const Access cache_access = appending ? Access::write : Access::read;
+  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what, cache_access);
   check_dtype_like_q("k_cache", k_cache, kc, q, qa);
-  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what);
+  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what, cache_access);
   check_dtype_like_q("v_cache", v_cache, vc, q, qa);
   ArrayView ka, va;
   if (appending) {
@@ -220,11 +250,12 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
       fail_type(std::string("block_table: expected an integer ") + kind_word(fw) + ", got dtype " +
                 dtype_text(block_table));
     }
-    const ArrayView t = dense_as("block_table", block_table, t0, ElementType::i32, table_kept);
-    if (t.rank != 2 || t.shape[0] != b) {
+    if (t0.rank != 2 || t0.shape[0] != b) {
       fail_value("block_table: expected shape [B, max_pages] with B = " + std::to_string(b) + ", got " +
-                 shape_text(t));
+                 shape_text(t0));
     }
+    if (t0.type != ElementType::i32) check_fits_int32("block_table", block_table, t0);
+    const ArrayView t = dense_as("block_table", block_table, t0, ElementType::i32, table_kept);
     a.block_table = static_cast<const int32_t*>(t.data);
     a.block_table_stride = t.shape[1];
     a.page_size = kc.shape[2];
@@ -282,21 +313,24 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
 
   const nb::object o = o_given.is_none() ? new_array_like(q, qa) : nb::borrow(o_given);
   const ArrayView ov = o_given.is_none()
-                           ? read_array("o", o, Access::write)
+                           ? read_array("o", o, Access::allocated)
                            : read_output("out", o, fw, qa.type, q, qa.shape.data(), 4);
   a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
   nb::object lse = nb::none();
   if (with_lse) {
     lse = new_float32(fw, {b, h, qa.shape[2]});
-    const ArrayView lv = read_array("lse", lse, Access::write);
+    const ArrayView lv = read_array("lse", lse, Access::allocated);
     a.lse = static_cast<float*>(lv.data);
     a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
   }
-  {
+  try {
     // Every array stays referenced by the caller, the converted copies and
     // outputs by this frame.
     nb::gil_scoped_release release;
     run_timed([&] { tileattn::attention_with_kvcache(a); });
+  } catch (const Error& e) {
+    if (!o_given.is_none()) fail_for_out(e, true);
+    throw;
   }
   if (fw == Framework::torch) increment_versions(k_cache, v_cache);
   return nb::make_tuple(o, lse);
@@ -305,7 +339,9 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
 }  // namespace
 
 void bind_kvcache_arrays(nb::module_& m) {
-  m.def("kvcache_arrays", &kvcache_arrays, "q"_a, "k_cache"_a, "v_cache"_a, "k"_a.none(), "v"_a.none(),
+  // The arrays accept None so that the checks name the argument (nanobind would refuse the call).
+  m.def("kvcache_arrays", &kvcache_arrays, "q"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(),
+        "k"_a.none(), "v"_a.none(),
         "cache_seqlens"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(), "rotary_sin"_a.none(),
         "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "eager_only"_a = false,

@@ -8,6 +8,7 @@
 #include <initializer_list>
 
 #include "array_view.hpp"
+#include "tileattn/types.hpp"
 
 namespace tileattn::python {
 
@@ -23,5 +24,10 @@ nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape);
 // `expected` (`rank` sizes). Errors name the argument.
 ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type, nb::handle q,
                       const int64_t* expected, int rank);
+
+// A library error about a call given `out=` (ValueError), in the Python API's
+// words: the library calls the output "o", and attention_with_kvcache's
+// forward view of the cache "k" and "v" (`kv_cache` true).
+[[noreturn]] void fail_for_out(const Error& e, bool kv_cache);
 
 }  // namespace tileattn::python

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import parse_options
+from ._problem import parse_bool, parse_options
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.flash_attention,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -85,6 +85,8 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     else:
         mask, dropout_p, scale, causal, left, right, code = parse_options(
             attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
+    if return_lse is not False and return_lse is not True:
+        return_lse = parse_bool("return_lse", return_lse)
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:

@@ -8,12 +8,15 @@ from . import _tileattn as _C
 from ._problem import MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, heads_rows, to_kernel_order
 
 _settings = {"threads": 0}
+_MAX_THREADS = 2**31 - 1  # the bindings take a C int: a larger count would fail every later call
 
 
 def set_num_threads(threads):
     """Threads tileattn's kernels use; 0 (the default) means every hardware thread."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-        raise ValueError(f"threads: expected an int >= 0, got {threads!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads: expected an int >= 0, got {type(threads).__name__}")
+    if not 0 <= threads <= _MAX_THREADS:
+        raise ValueError(f"threads: expected an int in 0 .. 2^31 - 1, got {threads!r}")
     _settings["threads"] = threads
 
 

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import parse_causal_window, parse_scale
+from ._problem import parse_bool, parse_causal_window, parse_scale
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.attention_with_kvcache,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -30,15 +30,19 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             torch CPU tensors; every array argument comes from the same framework, any strides.
         k_cache, v_cache: the cache, q's dtype, updated in place. Contiguous cache:
             ``[B, Hkv, capacity, D]``; paged cache (with ``block_table``):
-            ``[num_pages, Hkv, page_size, D]``. ``Hkv`` divides ``H``.
+            ``[num_pages, Hkv, page_size, D]``. ``Hkv`` divides ``H``. When ``k``/``v`` are
+            appended they must be writable: a read-only NumPy array, or an inference tensor
+            outside ``torch.inference_mode()``, is refused (ValueError); attending alone only
+            reads them.
         k, v: optional new keys/values ``[B, Hkv, Nnew, D]`` written at positions
             ``cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1`` (both or neither).
         cache_seqlens: tokens each sequence holds before this call: an int or an integer array
             ``[B]``. It is NOT modified (as in FlashAttention-2): after appending ``Nnew`` tokens
             the caller adds ``Nnew``. None means a full contiguous cache (``capacity`` tokens),
             which allows no append.
-        block_table: int32 ``[B, max_pages]``: entry ``[b, i]`` is the page holding tokens
-            ``i * page_size ..`` of sequence ``b`` (vLLM style).
+        block_table: integer ``[B, max_pages]``: entry ``[b, i]`` is the page holding tokens
+            ``i * page_size ..`` of sequence ``b`` (vLLM style). int32 is read in place; another
+            integer type is converted, and its entries must fit in int32 (ValueError otherwise).
         rotary_cos, rotary_sin: optional rotary tables ``[positions, rotary_dim / 2]``: the
             new keys are rotated as they are stored (the cache keeps rotated keys) and the
             queries are rotated to their positions; values are never rotated.
@@ -71,7 +75,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     # index and rotary tables where needed, allocates the outputs and runs the kernel.
     scale = None if softmax_scale is None else parse_scale(softmax_scale, 0)
     is_causal, left, right = parse_causal_window(is_causal, window)
-    interleaved = rotary_interleaved is True or bool(rotary_interleaved)
+    interleaved = rotary_interleaved
+    if interleaved is not False and interleaved is not True:
+        interleaved = parse_bool("rotary_interleaved", interleaved)
+    if return_lse is not False and return_lse is not True:
+        return_lse = parse_bool("return_lse", return_lse)
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:
@@ -99,11 +107,19 @@ _OUT_ON_OP_PATH = ("out: not supported when torch can observe the call (an input
                    "with grad mode on, a tensor subclass, tracing or torch.compile); call without out")
 
 
+def inference_cache_message(name):
+    """The error for an inference tensor appended to outside inference mode, worded as
+    _tileattn.kvcache_arrays words it (array_view.cpp)."""
+    return (f"{name}: is an inference tensor (created under torch.inference_mode()), which torch "
+            "does not let anything update in place outside inference mode; call inside "
+            "torch.inference_mode(), or pass a clone made outside it")
+
+
 def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
                  softmax_scale):
     """The arguments of the custom op torch.ops.tileattn.attention_with_kvcache, checked in
     Python on the tensors' metadata (this path runs under tracing, with fake tensors):
-    (cache_seqlens as a private int32 tensor [B], block_table int32 C-contiguous or None,
+    (cache_seqlens as a private int32 tensor [B], block_table an integer tensor [B, max_pages] or None,
     rotary_cos, rotary_sin float32 contiguous or None, softmax_scale as a float). The same
     checks and messages as _tileattn.kvcache_arrays, which the direct path calls."""
     torch = _arrays.torch_module()
@@ -113,7 +129,7 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
     if not isinstance(cache_seqlens, (int, np.integer)) and cache_seqlens is not None:
         arrays["cache_seqlens"] = cache_seqlens
     for name, x in arrays.items():
-        if x is not None and _arrays.framework(name, x) != fw:
+        if (x is not None or name in ("k_cache", "v_cache")) and _arrays.framework(name, x) != fw:
             raise TypeError(f"{name}: must be a {fw} array like q")
     if (k is None) != (v is None):
         raise ValueError("k, v: give both new keys and new values, or neither")
@@ -157,7 +173,8 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
         seqlens = _seqlens_tensor(torch, cache_seqlens, b, paged, k is not None, k_cache)
     else:
         seqlens = torch.from_numpy(_private_seqlens(cache_seqlens, b, paged, k is not None, k_cache))
-    table = _int32_rows("block_table", block_table, b) if paged else None
+    # The table is narrowed to int32 by the op (op_block_table), where its values can be checked.
+    table = _integer_rows("block_table", block_table, b) if paged else None
     cos = _float32_table("rotary_cos", rotary_cos)
     sin = _float32_table("rotary_sin", rotary_sin)
     if cos is not None and tuple(cos.shape) != tuple(sin.shape):
@@ -217,20 +234,37 @@ def op_seqlens(cache_seqlens):
     return _private_seqlens(cache_seqlens, cache_seqlens.shape[0], False, False, None)
 
 
-def _int32_rows(name, x, batch):
-    """C-contiguous int32 [B, max_pages]: the table itself when it already is one."""
+def _integer_rows(name, x, batch):
+    """Checks an integer table [B, max_pages] on its metadata (traceable: no value is read)."""
     if _arrays.is_torch(x):
         torch = _arrays.torch_module()
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
-        x = x.to(torch.int32).contiguous()
-    else:
-        if x.dtype.kind not in "iu":
-            raise TypeError(f"{name}: expected an integer array, got dtype {x.dtype}")
-        x = np.ascontiguousarray(x, dtype=np.int32)
+    elif x.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array, got dtype {x.dtype}")
     if x.ndim != 2 or x.shape[0] != batch:
         raise ValueError(f"{name}: expected shape [B, max_pages] with B = {batch}, got {tuple(x.shape)}")
     return x
+
+
+def op_block_table(block_table):
+    """The torch op's block table (an integer tensor [B, max_pages], or None) as the kernel
+    reads it: C-contiguous int32, the table itself when it already is one. A wider table's
+    entries are checked first (the op runs on real tensors): narrowing would wrap 2^32 + 3 to
+    page 3. The same check and message as _tileattn.kvcache_arrays."""
+    if block_table is None:
+        return None
+    torch = _arrays.torch_module()
+    if block_table.dtype == torch.int32:
+        return block_table.contiguous()
+    values = block_table.detach().numpy()
+    info = np.iinfo(np.int32)
+    bad = np.argwhere((values < info.min) | (values > info.max))
+    if bad.size:
+        i, j = bad[0]
+        raise ValueError(f"block_table[{i}, {j}] = {values[i, j]} does not fit in int32 "
+                         "(the kernel's page indices)")
+    return torch.from_numpy(values.astype(np.int32))
 
 
 def _float32_table(name, x):

@@ -87,10 +87,13 @@ class FlashAttention(nn.Module):
         self.k_proj = linear(c.hidden_size, self.kv_heads * self.head_dim)
         self.v_proj = linear(c.hidden_size, self.kv_heads * self.head_dim)
         self.o_proj = linear(self.heads * self.head_dim, c.hidden_size)
-        cos, sin = rope_tables(c.rope_theta, c.max_position_embeddings, self.head_dim)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.k_cache = self.v_cache = None  # [B, kv_heads, capacity, head_dim], c.dtype
+        # Plain float32 attributes, not buffers: Module.to(torch.bfloat16) / .half() convert
+        # floating buffers, which would round every cos/sin to 8 bits (errors up to 2^-9,
+        # against float32's 2^-24 for the same rotation in the kernel) and make the kernel
+        # convert them back to float32 on every call. As non-persistent buffers they were never
+        # in state_dict, and .to(device) has nothing to move: tileattn runs on the CPU.
+        self.rope_cos, self.rope_sin = rope_tables(c.rope_theta, c.max_position_embeddings, self.head_dim)
+        self.k_cache = self.v_cache = None  # [B, kv_heads, capacity, head_dim], the weights' dtype
         self.cache_length = 0
 
     def load_weights(self, weights):
@@ -112,9 +115,12 @@ class FlashAttention(nn.Module):
 
     def reset_cache(self, batch):
         shape = (batch, self.kv_heads, self.config.max_position_embeddings, self.head_dim)
-        if self.k_cache is None or tuple(self.k_cache.shape) != shape:
-            self.k_cache = torch.zeros(shape, dtype=self.config.dtype)
-            self.v_cache = torch.zeros(shape, dtype=self.config.dtype)
+        # The projections' dtype now, not config.dtype: .to(torch.bfloat16) or .half() may have
+        # converted the layer since it was built, and the cache holds their outputs.
+        dtype = self.k_proj.weight.dtype
+        if self.k_cache is None or tuple(self.k_cache.shape) != shape or self.k_cache.dtype != dtype:
+            self.k_cache = torch.zeros(shape, dtype=dtype)
+            self.v_cache = torch.zeros(shape, dtype=dtype)
         self.cache_length = 0
 
     def forward(self, x):
@@ -128,6 +134,8 @@ class FlashAttention(nn.Module):
         self._check_input(x)
         if self.k_cache is None or x.shape[0] != self.k_cache.shape[0]:
             raise ValueError("x: incremental_forward needs a prefill (forward) of the same batch first")
+        if self.k_cache.dtype != self.k_proj.weight.dtype:  # the layer was converted since the prefill
+            self.k_cache, self.v_cache = (c.to(self.k_proj.weight.dtype) for c in (self.k_cache, self.v_cache))
         return self._attend(x)
 
     def _check_input(self, x):

@@ -10,6 +10,9 @@ import numpy as np
 
 LAYOUTS = {"bhsd": 0, "bshd": 1}
 MASK_NONE, MASK_BOOLEAN, MASK_ADDITIVE = 0, 1, 2
+_INT64_MAX = 2**63 - 1  # window sides cross into C++ as int64
+# The kernel takes the scale as a float32: doubles from here up round to inf there.
+_FLOAT32_OVERFLOW = (2.0 - 2.0**-24) * 2.0**127
 
 
 def parse_layout(layout):
@@ -45,19 +48,26 @@ def parse_window(name, window):
             w = -1
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
             raise TypeError(f"{name}: {side} must be an int (-1 or None = unbounded), got {w!r}")
-        if w < -1:
-            raise ValueError(f"{name}: {side} must be >= -1, got {w}")
+        if not -1 <= w <= _INT64_MAX:
+            raise ValueError(f"{name}: {side} must be in -1 .. 2^63 - 1, got {w}")
         out.append(int(w))
     return out[0], out[1]
+
+
+def parse_bool(name, value):
+    """A bool flag: True, False or a NumPy bool (a truthy string such as "no" is refused)."""
+    if value is True or value is False:
+        return value
+    if not isinstance(value, np.bool_):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def parse_causal_window(is_causal, window):
     """(is_causal as a bool, window_left, window_right): the mask options flash_attention and
     attention_with_kvcache share. True/False and no window take the first, cheapest tests."""
     if is_causal is not True and is_causal is not False:
-        if not isinstance(is_causal, np.bool_):
-            raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-        is_causal = bool(is_causal)
+        is_causal = parse_bool("is_causal", is_causal)
     if window is None:
         return is_causal, -1, -1
     left, right = parse_window("window", window)
@@ -69,9 +79,12 @@ def parse_scale(softmax_scale, head_dim):
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    s = float(softmax_scale)
-    if not math.isfinite(s):
-        raise ValueError(f"softmax_scale: must be finite, got {s}")
+    try:
+        s = float(softmax_scale)
+    except OverflowError:  # an int beyond float64
+        s = math.inf
+    if not abs(s) < _FLOAT32_OVERFLOW:  # also NaN
+        raise ValueError(f"softmax_scale: must be finite in float32 (|scale| < 3.4e38), got {s}")
     return s
 
 

@@ -149,12 +149,19 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
                               rotary_interleaved: bool, softmax_scale: float, is_causal: bool,
                               window_left: int, window_right: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse); appends k/v into k_cache/v_cache. cache_seqlens (integer [B]) is not modified."""
+    """(o, lse); appends k/v into k_cache/v_cache. cache_seqlens (integer [B]) is not modified;
+    block_table is an integer [B, max_pages] tensor (narrowed to int32 here, values checked)."""
     from . import _kvcache
     o = torch.empty(q.shape, dtype=q.dtype)
     lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    if k is not None and not torch.is_inference_mode_enabled():
+        # The op's dispatch lets an inference tensor through (the direct call checks in C++).
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if cache.is_inference():
+                raise ValueError(_kvcache.inference_cache_message(name))
     seqlens = _kvcache.op_seqlens(cache_seqlens)  # the kernel advances its own int32 copy
-    _kvcache.kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin,
+    table = _kvcache.op_block_table(block_table)  # int32, its values checked
+    _kvcache.kvcache_into(q, k_cache, v_cache, k, v, seqlens, table, rotary_cos, rotary_sin,
                           rotary_interleaved, softmax_scale, is_causal, window_left, window_right, o, lse)
     return o, lse
 

@@ -27,6 +27,13 @@ def qkv(dtype=np.float32, b=1, h=2, hk=2, n=4, d=8):
     (dict(attn_mask=np.ones((3, 4), bool)), ValueError, "attn_mask"),
     (dict(attn_mask=np.ones((4, 4), np.int32)), TypeError, "attn_mask"),
     (dict(attn_mask=np.ones((1, 1, 1, 1, 4, 4), bool)), ValueError, "attn_mask"),
+    (dict(return_lse=None), TypeError, "return_lse: expected a bool"),
+    (dict(return_lse="yes"), TypeError, "return_lse: expected a bool"),
+    (dict(window=(2**70, 1)), ValueError, r"window: left must be in -1 .. 2\^63 - 1"),
+    (dict(attn_mask=(1, 2**64)), ValueError, "attn_mask: right"),
+    (dict(softmax_scale=1e300), ValueError, r"^softmax_scale: must be finite in float32 \(\|scale\| < 3.4e38\), got 1e\+300$"),
+    (dict(softmax_scale=-3.5e38), ValueError, "softmax_scale: must be finite in float32"),
+    (dict(softmax_scale=10**400), ValueError, "softmax_scale: must be finite in float32"),
 ])
 def test_bad_options(kwargs, error, words):
     q, k, v = qkv()
@@ -62,6 +69,71 @@ def test_bad_arrays():
         tileattn.flash_attention(*big)
 
 
+def test_float32_scale_limit():
+    """The largest double that still rounds to a finite float32 is accepted; the next is not."""
+    q, k, v = qkv()
+    limit = (2.0 - 2.0**-24) * 2.0**127
+    tileattn.flash_attention(q, k, v, softmax_scale=np.nextafter(limit, 0))
+    with pytest.raises(ValueError, match="softmax_scale"):
+        tileattn.flash_attention(q, k, v, softmax_scale=limit)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_missing_arrays_are_named(framework):
+    """None for an array gives an error naming it, not nanobind's "incompatible function
+    arguments" -- on the direct path and (torch with autograd) the op path."""
+    q, k, v = qkv()
+    if framework == "torch":
+        q, k, v = (torch.from_numpy(x) for x in (q, k, v))
+    for args, name in (((None, k, v), "q"), ((q, None, v), "k"), ((q, k, None), "v")):
+        with pytest.raises(TypeError, match=f"{name}: expected a numpy.ndarray or torch.Tensor, got NoneType"):
+            tileattn.flash_attention(*args)
+    for args, name in (((q, None, k), "k_cache"), ((q, k, None), "v_cache")):
+        with pytest.raises(TypeError, match=f"{name}: expected a numpy.ndarray or torch.Tensor, got NoneType"):
+            tileattn.attention_with_kvcache(*args)
+    if framework == "torch":
+        qg = q.clone().requires_grad_(True)
+        with pytest.raises(TypeError, match="k: expected a numpy.ndarray or torch.Tensor, got NoneType"):
+            tileattn.flash_attention(qg, None, v)
+        with pytest.raises(TypeError, match="k_cache: expected a numpy.ndarray or torch.Tensor, got NoneType"):
+            tileattn.attention_with_kvcache(qg, None, v)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(rotary_interleaved="no"), TypeError, "rotary_interleaved: expected a bool, got str"),
+    (dict(rotary_interleaved=1), TypeError, "rotary_interleaved: expected a bool, got int"),
+    (dict(return_lse="yes"), TypeError, "return_lse: expected a bool, got str"),
+    (dict(return_lse=None), TypeError, "return_lse: expected a bool, got NoneType"),
+    (dict(softmax_scale=1e300), ValueError, "softmax_scale: must be finite in float32"),
+    (dict(window=(0, 2**63)), ValueError, "window: right must be in -1"),
+])
+def test_kvcache_bad_options(kwargs, error, words):
+    q, k, v = qkv()
+    with pytest.raises(error, match=words):
+        tileattn.attention_with_kvcache(q, k, v, **kwargs)
+
+
+def test_bool_options_take_numpy_bools():
+    q, k, v = qkv()
+    o, lse = tileattn.flash_attention(q, k, v, return_lse=np.bool_(True))
+    o2, lse2 = tileattn.attention_with_kvcache(q, k, v, rotary_interleaved=np.bool_(False),
+                                               return_lse=np.True_, is_causal=False)
+    np.testing.assert_array_equal(o, o2)
+
+
+def test_set_num_threads_checks_type_and_range():
+    before = tileattn.get_num_threads()
+    with pytest.raises(TypeError, match="threads: expected an int >= 0, got float"):
+        tileattn.set_num_threads(1.5)
+    with pytest.raises(TypeError, match="threads"):
+        tileattn.set_num_threads(True)
+    with pytest.raises(ValueError, match="threads"):
+        tileattn.set_num_threads(-1)
+    with pytest.raises(ValueError, match="threads"):
+        tileattn.set_num_threads(2**40)  # beyond the bindings' C int: every later call would fail
+    assert tileattn.get_num_threads() == before
+
+
 def test_torch_device_and_dtype_errors():
     q, k, v = (torch.from_numpy(x) for x in qkv())
     with pytest.raises(ValueError, match="q: tensor is on device 'meta'"):
@@ -93,7 +165,7 @@ def test_library_errors_become_value_errors():
         _tileattn.forward(0, (1, 1, 1, 2, 2, 8), 4096, (0, 0, 2**62, 1), 4096, (0, 0, 8, 1),
                           4096, (0, 0, 8, 1), 8192, (0, 0, 8, 1), 0, (0, 0, 1), 0, 0, (0, 0, 0, 1),
                           False, -1, -1, float("nan"), 0.0, 0, 1)
-    with pytest.raises(ValueError, match="o: output overlaps"):
+    with pytest.raises(ValueError, match="out: output overlaps"):  # a given o is the public out=
         q, k, v = qkv()
         _tileattn.forward_arrays(q, k, v, None, 0, False, -1, -1, 0.5, 0.0, 0, 0, False, o=q)
 

@@ -147,3 +147,37 @@ def test_dropout_reproducible_with_manual_seed():
     torch.manual_seed(3)
     b = tileattn.flash_attention(q, k, v, dropout_p=0.25)
     assert torch.equal(a, b) and not torch.equal(a, tileattn.flash_attention(q, k, v, dropout_p=0.25))
+
+
+def negative_bit_view(x):
+    """A view with x's values and the negative bit set: its memory holds -x."""
+    return torch.complex(torch.zeros_like(x), -x).conj().imag
+
+
+def test_negative_bit_tensors_are_refused_by_name():
+    """Read (or written) as memory, a tensor with the negative bit set gives the negation of
+    its values: silently wrong results. The error names it; resolve_neg() makes it usable.
+    With autograd (the op path) torch's dispatcher resolves the bit itself."""
+    q, k, v = make(1, 2, 2, 4, 6, 8)
+    mask = torch.randn(4, 6)
+    args = dict(q=q, k=k, v=v, attn_mask=mask)
+    for name in args:
+        bad = dict(args, **{name: negative_bit_view(args[name])})
+        assert bad[name].is_neg() and torch.equal(bad[name], args[name])
+        with pytest.raises(ValueError, match=f"{name}: tensor has the negative bit set"):
+            tileattn.flash_attention(**bad)
+    out = negative_bit_view(torch.zeros(1, 2, 4, 8))
+    with pytest.raises(ValueError, match="out: tensor has the negative bit set"):
+        tileattn.flash_attention(q, k, v, out=out)
+    assert torch.equal(tileattn.flash_attention(negative_bit_view(q).resolve_neg(), k, v),
+                       tileattn.flash_attention(q, k, v))
+    qg = negative_bit_view(q).requires_grad_(True)
+    assert torch.equal(tileattn.flash_attention(qg, k, v).detach(), tileattn.flash_attention(q, k, v))
+
+
+def test_sparse_tensors_are_refused_by_name():
+    q, k, v = make(1, 1, 1, 4, 4, 8)
+    with pytest.raises(ValueError, match="q: torch.sparse_coo tensors are not supported"):
+        tileattn.flash_attention(q.to_sparse(), k, v)
+    with pytest.raises(ValueError, match="v: torch.sparse_coo tensors are not supported"):
+        tileattn.flash_attention(q, k, v.to_sparse())

@@ -203,3 +203,87 @@ def test_kvcache_large_batch_lengths(rng):
                                               cache_seqlens=int(lengths[i]))
         np.testing.assert_array_equal(o[i:i + 1], o_i)
         np.testing.assert_array_equal(kc1[i:i + 1], kc2)
+
+
+def test_kvcache_refuses_a_read_only_cache_when_appending(rng):
+    """Appending writes the cache, so a read-only one (writeable=False, or a read-only view such
+    as np.broadcast_to) is refused by name before anything is written; attending alone only
+    reads it."""
+    q, k, v = rand(rng, 1, 2, 1, 8), rand(rng, 1, 2, 1, 8), rand(rng, 1, 2, 1, 8)
+    kc, vc = rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8)
+    kc.flags.writeable = False
+    with pytest.raises(ValueError, match="k_cache: array is read-only"):
+        tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=1)
+    vc.flags.writeable = False
+    with pytest.raises(ValueError, match="k_cache: array is read-only"):
+        tileattn.attention_with_kvcache(q, kc, vc.copy(), k, v, cache_seqlens=1)
+    with pytest.raises(ValueError, match="v_cache: array is read-only"):
+        tileattn.attention_with_kvcache(q, kc.copy(), vc, k, v, cache_seqlens=1)
+    row = np.zeros(8, np.float32)
+    view = np.broadcast_to(row, (1, 2, 4, 8))
+    with pytest.raises(ValueError, match="k_cache: array is read-only"):
+        tileattn.attention_with_kvcache(q, view, vc.copy(), k, v, cache_seqlens=1)
+    assert not row.any()
+    o = tileattn.attention_with_kvcache(q, kc, vc, cache_seqlens=3)  # attend only: reads
+    check_close(o, q, kc[:, :, :3], vc[:, :, :3], "float32", causal=True)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_kvcache_block_table_entries_must_fit_int32(framework):
+    """A wider block table is narrowed to the kernel's int32 only after its entries are checked:
+    2^32 + 3 must not become page 3. The same on the direct path and the torch op's."""
+    q, _, _, k, v = decode_case(framework)
+    conv = (lambda x: x) if framework == "numpy" else torch.from_numpy
+    pages = conv(np.zeros((6, 2, 4, 8), np.float32))
+    v_pages = conv(np.zeros((6, 2, 4, 8), np.float32))
+    lengths = conv(np.array([0, 0]))
+    for table in (np.array([[2**32 + 3, 0], [1, 2]]), np.array([[3, 0], [1, -2**32 + 2]]),
+                  np.array([[2**32 + 3, 0], [1, 2]], np.uint64), np.array([[3, 0], [2**31, 2]], np.uint32)):
+        with pytest.raises(ValueError, match=r"block_table\[\d, \d\] = -?\d+ does not fit in int32"):
+            tileattn.attention_with_kvcache(q, pages, v_pages, k, v, cache_seqlens=lengths,
+                                            block_table=conv(table))
+        if framework == "torch" and table.dtype == np.int64:
+            from tileattn import _torch_ops
+            with pytest.raises(ValueError, match=r"block_table\[\d, \d\] = -?\d+ does not fit in int32"):
+                _torch_ops.attention_with_kvcache(q, pages, v_pages, k, v, lengths, torch.from_numpy(table),
+                                                  None, None, False, None, True, -1, -1)
+    assert not np.asarray(pages).any()
+    with pytest.raises(ValueError, match=r"cache_seqlens: entries must be in 0 .. 2\^31 - 1"):
+        tileattn.attention_with_kvcache(q, pages, v_pages, k, v, cache_seqlens=2**70,
+                                        block_table=conv(np.array([[3, 0], [1, 2]])))
+
+
+def test_kvcache_inference_tensor_cache_is_written_only_in_inference_mode():
+    """torch refuses in-place updates of inference tensors outside inference mode; so does
+    the append, on the direct path and the op's. Inside inference mode, and when only
+    attending, such a cache works."""
+    from tileattn import _torch_ops
+    q, kc, vc, k, v = decode_case("torch")
+    with torch.inference_mode():
+        kc_i, vc_i = kc.clone(), vc.clone()
+    for cache, name in ((kc_i, "k_cache"), (vc_i, "v_cache")):
+        caches = (cache, vc.clone()) if name == "k_cache" else (kc.clone(), cache)
+        with pytest.raises(ValueError, match=f"{name}: is an inference tensor"):
+            tileattn.attention_with_kvcache(q, *caches, k, v, cache_seqlens=2)
+        with pytest.raises(ValueError, match=f"{name}: is an inference tensor"):
+            _torch_ops.attention_with_kvcache(q, *caches, k, v, 2, None, None, None, False, None, True, -1, -1)
+    assert torch.equal(kc_i, kc) and torch.equal(vc_i, vc)
+    tileattn.attention_with_kvcache(q, kc_i, vc_i, cache_seqlens=2)  # attend only: reads
+    expected = tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=2)
+    with torch.inference_mode():
+        got = tileattn.attention_with_kvcache(q, kc_i, vc_i, k, v, cache_seqlens=2)
+    assert torch.equal(got, expected) and torch.equal(kc_i, kc)
+
+
+def test_kvcache_negative_bit_tensors_are_refused_by_name():
+    """A tensor with the negative bit set stores the negation of its values; read (or written)
+    as memory it would give silently wrong results."""
+    q, kc, vc, k, v = decode_case("torch")
+    neg = lambda x: torch.complex(torch.zeros_like(x), -x).conj().imag  # noqa: E731  values x, bit set
+    cos, sin = rope_tables(10000.0, 10, 8)
+    args = dict(q=q, k_cache=kc, v_cache=vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin)
+    for name in args:
+        bad = dict(args, **{name: neg(args[name])})
+        assert bad[name].is_neg() and torch.equal(bad[name], args[name])
+        with pytest.raises(ValueError, match=f"{name}: tensor has the negative bit set"):
+            tileattn.attention_with_kvcache(cache_seqlens=2, **bad)

@@ -59,6 +59,39 @@ def test_cache_overflow_and_bad_input_raise():
             m(torch.randn(1, 3, 95))
 
 
+@pytest.mark.parametrize("backend", ["tileattn", "sdpa"])
+@pytest.mark.parametrize("convert", [lambda m: m.to(torch.bfloat16), lambda m: m.half(),
+                                     lambda m: m.to(dtype=torch.bfloat16)])
+def test_layer_converted_after_construction_equals_one_built_in_that_dtype(backend, convert):
+    """.to(dtype) / .half() after construction: the KV cache follows the projections' dtype
+    and the RoPE tables stay float32, so the layer computes exactly what a layer built in
+    that dtype with the same weights computes (prefill, then decode)."""
+    m = convert(layer(backend))
+    dtype = m.q_proj.weight.dtype
+    built = layer(backend, dtype=dtype, seed=1)
+    built.load_state_dict(m.state_dict())
+    assert m.rope_cos.dtype == m.rope_sin.dtype == torch.float32
+    x = torch.randn(1, 7, 96, generator=torch.Generator().manual_seed(5)).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(m(x[:, :5]), built(x[:, :5]))
+        assert m.k_cache.dtype == dtype
+        for t in range(5, 7):
+            assert torch.equal(m.incremental_forward(x[:, t:t + 1]), built.incremental_forward(x[:, t:t + 1]))
+
+
+def test_layer_converted_between_prefill_and_decode_keeps_its_cache():
+    m, ref = layer(), layer()
+    x = torch.randn(1, 6, 96, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        m(x[:, :5])
+        ref(x[:, :5])
+        m.to(torch.bfloat16)
+        got = m.incremental_forward(x[:, 5:].bfloat16())
+        expected = ref.incremental_forward(x[:, 5:])
+    assert m.k_cache.dtype == torch.bfloat16 and m.cache_length == 6
+    torch.testing.assert_close(got.float(), expected, atol=6e-2, rtol=0)
+
+
 def write_checkpoint(tmp_path, layers=2, sharded=False):
     g = torch.Generator().manual_seed(3)
     tensors = {}
