@@ -57,6 +57,9 @@ CASES = {
     "causal+window": dict(causal=True, window=(4, -1)),
     "bool_mask": dict(bool_mask=True),
     "additive_mask": dict(add_mask=True),
+    # Hugging Face's padding: whole query rows biased by -1e9 or finfo(float32).min (finite,
+    # beyond the scores' precision: the row averages its keys, as naive attention does).
+    "padding_rows": dict(add_mask="padding"),
 }
 
 
@@ -80,8 +83,12 @@ def test_gradients_match_float64_reference(dtype, case, layout, with_lse):
     if opts.pop("bool_mask", False):
         mask = torch.rand(nq, nk, generator=gen) > 0.3
         opts["bool_mask"] = mask
-    if opts.pop("add_mask", False):
+    add_mask = opts.pop("add_mask", False)
+    if add_mask:
         mask = torch.randn(b, 1, nq, nk, generator=gen)
+        if add_mask == "padding":
+            mask[:, :, 0] = -1e9
+            mask[:, :, 1] = torch.finfo(torch.float32).min
         opts["add_mask"] = mask
     scale = d ** -0.5
     window = opts.get("window")
