@@ -50,4 +50,15 @@ class RowPrefetch {
   int64_t offset_ = 0;
 };
 
+// The rows the few-rows score product prefetches as it goes (decode), one K
+// row and one V row per key scored: K rows [0, k_count) of k_rows (the next
+// step's) and V rows [0, v_count) of v_rows (this step's or the next one's;
+// mainloop.hpp says which and why).
+struct RowsToPrefetch {
+  const void* const* k_rows = nullptr;
+  int64_t k_count = 0;
+  const void* const* v_rows = nullptr;
+  int64_t v_count = 0;
+};
+
 }  // namespace tileattn::detail

@@ -25,11 +25,9 @@ std::atomic<int64_t> call_count{0};
 void NativeFewRowsKernels::few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q,
                                            int64_t ldq, const void* const* key_rows, DType dtype,
                                            int64_t stride, float* s, int64_t lds,
-                                           const void* const* k_ahead,
-                                           const void* const* v_ahead, int64_t ahead) {
+                                           const RowsToPrefetch& ahead) {
   call_count.fetch_add(1, std::memory_order_relaxed);
-  FewRowsKernels::few_rows_scores(m, n, d, q, ldq, key_rows, dtype, stride, s, lds, k_ahead, v_ahead,
-                                  ahead);
+  FewRowsKernels::few_rows_scores(m, n, d, q, ldq, key_rows, dtype, stride, s, lds, ahead);
 }
 
 void NativeFewRowsKernels::few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p,

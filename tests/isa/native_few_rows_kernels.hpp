@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "core/row_prefetch.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::avx512_emulated_native {
@@ -21,8 +22,7 @@ struct NativeFewRowsKernels {
   // Same contracts as FewRowsKernels in src/isa/avx2/few_rows_kernels.hpp.
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
-                              int64_t lds, const void* const* k_ahead = nullptr,
-                              const void* const* v_ahead = nullptr, int64_t ahead = 0);
+                              int64_t lds, const RowsToPrefetch& ahead = {});
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                   const void* const* value_rows, DType dtype, int64_t stride,
                                   float* acc, int64_t ldacc);

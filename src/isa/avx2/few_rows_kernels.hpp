@@ -92,8 +92,8 @@ constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 acro
 constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows).
-// Meanwhile rows [0, ahead) of k_ahead and v_ahead (the next tile) are
-// prefetched toward L1, one next-tile key's rows per key scored: spread over
+// Meanwhile the rows of `ahead` are prefetched toward L1, one K row and one
+// V row per key scored (which V rows: mainloop.hpp). Spread over
 // the tile this way, the prefetches keep the memory stream busy without the
 // burst of a whole tile at once (CPU time at 8192 tokens, one thread:
 // contiguous -25..30%, paged -30%, against no software prefetch and a
@@ -108,8 +108,7 @@ constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 // this spread; 3-4.5% less time with the burst.
 template <DType kType, int M>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
-                   float* s, int64_t lds, const void* const* k_ahead, const void* const* v_ahead,
-                   int64_t ahead) {
+                   float* s, int64_t lds, const RowsToPrefetch& ahead) {
   constexpr int KJ = kKeysPerPass<M>, S = kChainsPerRow<M>;
   constexpr int64_t kSize = kElementSize<kType>;
   const int64_t d16 = d / 16 * 16, d8 = d / 8 * 8;
@@ -129,10 +128,10 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     for (int i = 0; i < 8; ++i) rows[i] = static_cast<const char*>(key_rows[c0 + (i < cn ? i : cn - 1)]);
     __m256 partial[M][8];
     for (int k0 = 0; k0 < 8; k0 += KJ) {
-      for (int64_t i = c0 + k0; i < c0 + k0 + KJ && i < ahead; ++i)
+      for (int64_t i = c0 + k0; i < c0 + k0 + KJ; ++i)
         for (int64_t off = 0; off < d * kSize; off += 64) {
-          _mm_prefetch(static_cast<const char*>(k_ahead[i]) + off, _MM_HINT_T0);
-          _mm_prefetch(static_cast<const char*>(v_ahead[i]) + off, _MM_HINT_T0);
+          if (i < ahead.k_count) _mm_prefetch(static_cast<const char*>(ahead.k_rows[i]) + off, _MM_HINT_T0);
+          if (i < ahead.v_count) _mm_prefetch(static_cast<const char*>(ahead.v_rows[i]) + off, _MM_HINT_T0);
         }
       __m256 acc[M][KJ][S];
       for (int r = 0; r < M; ++r)
@@ -261,17 +260,16 @@ static inline void accumulate_strided(int64_t m, int64_t n, int64_t d, const flo
 
 template <DType kType>
 static void scores_m(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
-                     const void* const* key_rows, float* s, int64_t lds, const void* const* k_ahead,
-                     const void* const* v_ahead, int64_t ahead) {
+                     const void* const* key_rows, float* s, int64_t lds, const RowsToPrefetch& ahead) {
   switch (m) {
-    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds, ahead); break;
     default: break;
   }
 }
@@ -300,16 +298,15 @@ struct FewRowsKernels {
   static constexpr int kFewRowsMax = 8;
 
   // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d;
-  // prefetches the rows [0, ahead) of k_ahead / v_ahead (the next tile) on the way.
+  // prefetches the rows of `ahead` on the way.
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
-                              int64_t lds, const void* const* k_ahead = nullptr,
-                              const void* const* v_ahead = nullptr, int64_t ahead = 0) {
+                              int64_t lds, const RowsToPrefetch& ahead = {}) {
     if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
     switch (dtype) {
-      case DType::f32: few_rows::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-      case DType::f16: few_rows::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
-      case DType::bf16: few_rows::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds, k_ahead, v_ahead, ahead); break;
+      case DType::f32: few_rows::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
+      case DType::f16: few_rows::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
+      case DType::bf16: few_rows::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
     }
   }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/half.hpp"
+#include "core/row_prefetch.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::generic {
@@ -18,11 +19,10 @@ struct FewRowsKernels {
   static constexpr int kFewRowsMax = 8;
 
   // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d;
-  // prefetches the rows [0, ahead) of k_ahead / v_ahead (the next tile) on the way.
+  // prefetches the rows of `ahead` on the way (one K and one V row per key).
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
-                              int64_t lds, const void* const* k_ahead = nullptr,
-                              const void* const* v_ahead = nullptr, int64_t ahead = 0) {
+                              int64_t lds, const RowsToPrefetch& ahead = {}) {
     float k[kMaxHeadDim];
     const int64_t d8 = d / 8 * 8;
     // Prefetch contiguous rows only: an element stride may be negative or so
@@ -30,11 +30,10 @@ struct FewRowsKernels {
     // fuzz_kv_cache under UBSan).
     const int64_t row_bytes = stride == 1 ? d * int64_t(dtype_size(dtype)) : 0;
     for (int64_t c = 0; c < n; ++c) {
-      if (c < ahead)
-        for (int64_t off = 0; off < row_bytes; off += 64) {
-          __builtin_prefetch(static_cast<const char*>(k_ahead[c]) + off, 0, 2);
-          __builtin_prefetch(static_cast<const char*>(v_ahead[c]) + off, 0, 2);
-        }
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        if (c < ahead.k_count) __builtin_prefetch(static_cast<const char*>(ahead.k_rows[c]) + off, 0, 2);
+        if (c < ahead.v_count) __builtin_prefetch(static_cast<const char*>(ahead.v_rows[c]) + off, 0, 2);
+      }
       to_float_row(key_rows[c], dtype, stride, d, k);
       for (int64_t r = 0; r < m; ++r) {
         const float* qr = q + r * ldq;
