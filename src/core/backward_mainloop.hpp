@@ -4,7 +4,7 @@
 //
 // Included by each ISA's backward translation unit inside namespace
 // tileattn::detail::<isa>, after that ISA's kernels, <cmath>, <cstring>,
-// <limits> and "training/backward_problem.hpp".
+// <limits>, <vector> and "training/backward_problem.hpp".
 //
 // One work item = (sequence, KV head, key chunk). For each key tile of the
 // chunk: pack K, K^T and V^T once; then for every query head of the group and
@@ -39,6 +39,57 @@ class BackwardMainloop {
     transposed_ = scratch + layout_.transposed;
     row_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.row_ptrs);
     key_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.key_ptrs);
+  }
+
+  // Rows rows[0, count) of head h in sequence b: the max of their scores S
+  // and 1 / sum exp2(S - max) into p.row_lse2 / p.row_inv_sum (see
+  // row_statistics in backward.cpp), with S formed exactly as tile_pair
+  // forms it (same loads, packing, GEMM and mask), so that each row's max is
+  // bitwise one of the S that tile_pair subtracts it from: a normalizer from
+  // differently rounded scores (a plain dot product) was 2-4x further off
+  // than the LSE it replaced at |LSE| ~ 250-2500. A row that sees no key
+  // keeps its LSE.
+  void recompute_normalizers(int64_t b, int64_t h, const int64_t* rows, int64_t count) {
+    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+    const Sequence seq = sequence_of(p_.fwd, b);
+    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t kv_head = h / p_.fwd.group;
+    for (int64_t r0 = 0; r0 < count; r0 += p_.fwd.block_q) {
+      const int64_t m = min64(p_.fwd.block_q, count - r0);
+      std::vector<float> max(static_cast<size_t>(m)), sum(static_cast<size_t>(m));  // a rare path
+      for (int64_t t = 0; t < m; ++t) {
+        const int64_t row = seq.q_row0 + rows[r0 + t];
+        K::load_row(row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row), a_.dtype, d,
+                    a_.q.stride[3], p_.fwd.score_scale, q_ + t * dp);
+        max[t] = kMinusInf;
+        sum[t] = 0.0f;
+      }
+      for (int64_t j0 = 0; j0 < seq.nk; j0 += p_.fwd.block_kv) {
+        const int64_t n = min64(p_.fwd.block_kv, seq.nk - j0), n_pad = round_up(n, kPanelWidth);
+        for (int64_t c = 0; c < n; ++c)
+          key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, kv_head, seq.k_row0 + j0 + c);
+        K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
+        K::gemm(m, n_pad, d, q_, dp, k_t_, kv_pad_, s_, kv_pad_, false);
+        for (int64_t t = 0; t < m; ++t) {
+          float* row = s_ + t * kv_pad_;
+          mask_score_row(row, n, p_.fwd, seq, b, h, rows[r0 + t], j0, /*band_partial=*/true);
+          float tile_max = kMinusInf;
+          for (int64_t c = 0; c < n; ++c) tile_max = row[c] > tile_max ? row[c] : tile_max;
+          if (tile_max > max[t]) {
+            sum[t] *= std::exp2(max[t] - tile_max);  // 0 while max[t] is -inf
+            max[t] = tile_max;
+          }
+          if (max[t] == kMinusInf) continue;
+          for (int64_t c = 0; c < n; ++c) sum[t] += std::exp2(row[c] - max[t]);
+        }
+      }
+      for (int64_t t = 0; t < m; ++t) {
+        if (max[t] == kMinusInf) continue;
+        const int64_t slot = row_slot(p_, b, h, rows[r0 + t]);
+        p_.row_lse2[slot] = max[t];
+        p_.row_inv_sum[slot] = 1.0f / sum[t];
+      }
+    }
   }
 
   void run(const BackwardItem& w) {
@@ -189,4 +240,11 @@ class BackwardMainloop {
 inline void run_backward_item(const BackwardProblem& p, const BackwardItem& w, float* scratch) {
   BackwardMainloop<Kernels> loop(p, scratch);
   loop.run(w);
+}
+
+// The entry of the normalizer pass (backward.cpp, before the items).
+inline void run_backward_normalizers(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                                     int64_t count, float* scratch) {
+  BackwardMainloop<Kernels> loop(p, scratch);
+  loop.recompute_normalizers(b, h, rows, count);
 }

@@ -2,6 +2,8 @@
 // translation unit, compiled with that ISA's flags; forward.cpp picks one per call.
 #pragma once
 
+#include <cstdint>
+
 #include "core/dropout.hpp"  // the main loops apply dropout (forward: online_softmax)
 #include "core/mask_row.hpp"  // the mask step both main loops share
 #include "core/problem.hpp"
@@ -22,5 +24,15 @@ using BackwardItemFn = void (*)(const BackwardProblem& p, const BackwardItem& w,
 void backward_item_generic(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_avx2(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_avx512(const BackwardProblem& p, const BackwardItem& w, float* scratch);
+
+// The backward's normalizer pass: rows[0, count) of head h in sequence b.
+using BackwardNormalizersFn = void (*)(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                                       int64_t count, float* scratch);
+void backward_normalizers_generic(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                                  int64_t count, float* scratch);
+void backward_normalizers_avx2(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                               int64_t count, float* scratch);
+void backward_normalizers_avx512(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                                 int64_t count, float* scratch);
 
 }  // namespace tileattn::detail

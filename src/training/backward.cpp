@@ -23,6 +23,14 @@ namespace detail {
 
 namespace {
 
+BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return backward_normalizers_avx512;
+    case Isa::avx2: return backward_normalizers_avx2;
+    default: return backward_normalizers_generic;
+  }
+}
+
 BackwardItemFn backward_item_fn(Isa isa) {
   switch (isa) {
     case Isa::avx512: return backward_item_avx512;
@@ -122,56 +130,31 @@ std::vector<BackwardItem> make_backward_schedule(const BackwardProblem& p, int t
 }
 
 // |LSE| (natural log) from which a row's normalizer is recomputed instead of
-// taken from the LSE. The LSE is m + log(sum) rounded to fp32; with a large
-// |m| the log(sum) part is rounded away (the fp32 spacing at 1e9 is 64) and
-// exp(S - LSE) is off by the factor sum, up to the key count: a row masked
-// with a large finite bias (-1e9, as Hugging Face pads; finfo(float32).min)
-// got P = 1 for each of its keys instead of 1 / n, and gradients 3-4x off.
-// Below this the LSE's rounding moves P by < 2^-13 relative, no more than
-// the rounding of scores of that size moves naive attention's P; |LSE| this
-// large only comes from such masks or scores in the thousands, so the
-// scalar recompute costs ordinary problems nothing.
-constexpr float kRecomputedNormalizerLse = 2048.0f;
+// taken from the LSE. The LSE is m + log(sum) rounded to fp32, and P =
+// exp(S - LSE) inherits that rounding, ~|LSE| x 2^-24 relative, in every
+// entry, where naive attention (S - max, divided by the sum) keeps a row's
+// dominant entry near exact. With a large finite mask bias the log(sum) part
+// is rounded away entirely (fp32 spacing at 1e9 is 64): a row masked with
+// -1e9 (Hugging Face's padding) got P = 1 for each key instead of 1 / n and
+// dQ 4.8 off; with large logits (scale 10-100, |LSE| 250-2500) dV was
+// 3.6-20x naive's error. From 32 on such rows get their max and sum
+// recomputed from the scores (BackwardMainloop::recompute_normalizers,
+// after pass 1); ordinary attention (scale 1/sqrt(D),
+// |LSE| ~ log(keys) + a few) stays below 32 and costs nothing. Between ~8
+// and 32 a peaked row's P keeps up to 2^-20 relative error from the LSE
+// (docs/accuracy.md).
+constexpr float kRecomputedNormalizerLse = 32.0f;
 
-// Query row i of (sequence b, head h): the max of its scores S (log2 units,
-// as the main loop forms them: Q scaled in fp32, then the mask) and 1 / sum
-// exp2(S - max), into shift and inv_sum. False when no key is visible.
-bool recompute_normalizer(const BackwardProblem& p, const Sequence& seq, int64_t b, int64_t h,
-                          int64_t i, std::vector<float>& scores, float& shift, float& inv_sum) {
-  const ForwardArgs& a = p.args->forward;
-  const int dt = int(a.dtype);
-  const int64_t d = a.shape.head_dim, kv_head = h / p.fwd.group;
-  const int64_t q_off = seq.q_batch * a.q.stride[0] + h * a.q.stride[1] + (seq.q_row0 + i) * a.q.stride[2];
-  scores.resize(size_t(seq.nk));
-  for (int64_t j = 0; j < seq.nk; ++j) {
-    const int64_t k_off = seq.k_batch * a.k.stride[0] + kv_head * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
-    float dot = 0.0f;
-    for (int64_t c = 0; c < d; ++c)
-      dot += load_element(a.q.data, dt, q_off + c * a.q.stride[3]) * p.fwd.score_scale *
-             load_element(a.k.data, dt, k_off + c * a.k.stride[3]);
-    scores[size_t(j)] = dot;
-  }
-  mask_score_row(scores.data(), seq.nk, p.fwd, seq, b, h, i, 0, /*band_partial=*/true);
-  float max = -std::numeric_limits<float>::infinity();
-  for (float x : scores) max = x > max ? x : max;
-  if (max == -std::numeric_limits<float>::infinity()) return false;
-  float sum = 0.0f;
-  for (float x : scores) sum += std::exp2(x - max);
-  shift = max;
-  inv_sum = 1.0f / sum;
-  return true;
-}
-
-// Pass 1, one (sequence, head): LSE in log2 units (or the recomputed
-// normalizer) and D = rowsum(dO o O) per query row; zeroes this head's dQ
-// partial rows of every chunk.
-void row_statistics(const BackwardProblem& p, int64_t b, int64_t h) {
+// Pass 1, one (sequence, head): LSE in log2 units and D = rowsum(dO o O) per
+// query row; zeroes this head's dQ partial rows of every chunk. Returns the
+// rows whose normalizer is to be recomputed (kRecomputedNormalizerLse).
+std::vector<int64_t> row_statistics(const BackwardProblem& p, int64_t b, int64_t h) {
   const BackwardArgs& args = *p.args;
   const ForwardArgs& a = args.forward;
   const Sequence seq = sequence_of(p.fwd, b);
   const int dt = int(a.dtype);
   const int64_t d = a.shape.head_dim, dp = p.fwd.head_dim_padded;
-  std::vector<float> scores;  // a recomputed row's scores
+  std::vector<int64_t> recompute;  // rows whose normalizer the LSE does not hold precisely
   for (int64_t i = 0; i < seq.nq; ++i) {
     const int64_t row = seq.q_row0 + i;
     const float lse = args.lse[seq.q_batch * args.lse_stride[0] + h * args.lse_stride[1] +
@@ -183,17 +166,18 @@ void row_statistics(const BackwardProblem& p, int64_t b, int64_t h) {
     p.row_inv_sum[slot] = 1.0f;
     if (p.lse_of_these_keys && std::fabs(lse) >= kRecomputedNormalizerLse &&
         std::fabs(lse) <= std::numeric_limits<float>::max())
-      recompute_normalizer(p, seq, b, h, i, scores, p.row_lse2[slot], p.row_inv_sum[slot]);
+      recompute.push_back(i);
     const int64_t o_off = seq.q_batch * args.o.stride[0] + h * args.o.stride[1] + row * args.o.stride[2];
     const int64_t g_off = seq.q_batch * args.d_o.stride[0] + h * args.d_o.stride[1] + row * args.d_o.stride[2];
     float delta = 0.0f;
     for (int64_t c = 0; c < d; ++c)
       delta += load_element(args.o.data, dt, o_off + c * args.o.stride[3]) *
                load_element(args.d_o.data, dt, g_off + c * args.d_o.stride[3]);
-    p.row_delta[row_slot(p, b, h, i)] = delta;
+    p.row_delta[slot] = delta;
     for (int64_t chunk = 0; chunk < p.kv_chunks; ++chunk)
       std::memset(p.dq_partial + dq_slot(p, chunk, b, h, i) * dp, 0, sizeof(float) * dp);
   }
+  return recompute;
 }
 
 // Pass 3, one (sequence, head): dQ = scale * (chunk 0 + chunk 1 + ...), in
@@ -279,9 +263,24 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
 
   const int64_t heads_total = s.batch * s.heads;
   const int row_workers = int(detail::min64(threads, heads_total));
+  std::vector<std::vector<int64_t>> recompute(static_cast<size_t>(heads_total));
   detail::parallel_for(heads_total, row_workers, [&](int64_t item, int) {
-    detail::row_statistics(p, item / s.heads, item % s.heads);
+    recompute[size_t(item)] = detail::row_statistics(p, item / s.heads, item % s.heads);
   });
+  std::vector<int64_t> heads_to_recompute;  // (sequence, head) items with such rows
+  for (int64_t item = 0; item < heads_total; ++item)
+    if (!recompute[size_t(item)].empty()) heads_to_recompute.push_back(item);
+  if (!heads_to_recompute.empty()) {
+    const int workers = int(detail::min64(threads, int64_t(heads_to_recompute.size())));
+    detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
+    const detail::BackwardNormalizersFn recompute_rows = detail::backward_normalizers_fn(isa);
+    detail::parallel_for(int64_t(heads_to_recompute.size()), workers, [&](int64_t i, int worker) {
+      const int64_t item = heads_to_recompute[size_t(i)];
+      const std::vector<int64_t>& rows = recompute[size_t(item)];
+      recompute_rows(p, item / s.heads, item % s.heads, rows.data(), int64_t(rows.size()),
+                     scratch.for_worker(worker));
+    });
+  }
 
   const std::vector<detail::BackwardItem> items = detail::make_backward_schedule(p, threads);
   if (!items.empty()) {

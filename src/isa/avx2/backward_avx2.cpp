@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/isa_entry.hpp"
 #include "isa/avx2/kernels.hpp"
@@ -13,5 +14,9 @@ namespace tileattn::detail::avx2 {
 namespace tileattn::detail {
 void backward_item_avx2(const BackwardProblem& p, const BackwardItem& w, float* scratch) {
   avx2::run_backward_item(p, w, scratch);
+}
+void backward_normalizers_avx2(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                               int64_t count, float* scratch) {
+  avx2::run_backward_normalizers(p, b, h, rows, count, scratch);
 }
 }  // namespace tileattn::detail
