@@ -72,8 +72,9 @@ struct KvCacheArgs {
   // keys as they are appended (the cache stores rotated keys) and to the
   // new queries; values are never rotated. Positions of new tokens are
   // cache_seqlens[b] + t. The rotation is computed in float64 and rounded once
-  // to dtype. Queries are rotated into a per-call buffer of
-  // batch x heads x seqlen_q rows -- decode queries are a handful of rows.
+  // to dtype (fp16 / bf16 too: no double rounding through fp32). Queries are
+  // rotated into a per-call buffer of batch x heads x seqlen_q rows -- decode
+  // queries are a handful of rows.
   const float* rotary_cos = nullptr;
   const float* rotary_sin = nullptr;
   int64_t rotary_dim = 0;        // even, 2..head_dim

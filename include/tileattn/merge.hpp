@@ -5,7 +5,8 @@
 // in natural log, -inf for "no key"), the attention over A u B is
 //   lse = log(exp(lse_a) + exp(lse_b)),
 //   o   = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b.
-// Merging with an empty side (lse = -inf) returns the other side exactly.
+// Merging with an empty side (lse = -inf) returns the other side exactly; a
+// NaN lse on either side gives NaN (o and lse), whatever the other side holds.
 #pragma once
 
 #include <array>
@@ -24,8 +25,11 @@ struct MergeArgs {
   InputView o_b;
   const float* lse_b = nullptr;
   std::array<int64_t, 3> lse_b_stride{0, 0, 1};
-  OutputView o_out;          // may be the same memory as o_a or o_b (in place)
-  float* lse_out = nullptr;  // optional; may be lse_a or lse_b
+  // Outputs may be an input itself (in place): o_out the same view as o_a or
+  // o_b, lse_out as lse_a or lse_b (same data and strides). Any other overlap
+  // with an input is an Error.
+  OutputView o_out;
+  float* lse_out = nullptr;  // optional
   std::array<int64_t, 3> lse_out_stride{0, 0, 1};
 };
 

@@ -28,7 +28,8 @@ struct RopeTables {
 
 // Tables for positions 0 .. max_positions - 1. Angles are computed in
 // float64 and rounded once to fp32. Throws Error for theta <= 0 (or not
-// finite), max_positions < 0, or rotary_dim odd or < 2.
+// finite), max_positions < 0, rotary_dim odd or < 2, or tables larger than a
+// std::vector can hold.
 RopeTables rope_tables(double theta, int64_t max_positions, int64_t rotary_dim);
 
 // Tables whose row r is position positions[r] (any order, repeats allowed,

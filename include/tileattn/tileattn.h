@@ -185,8 +185,10 @@ typedef struct tileattn_merge_args {
   tileattn_tensor o_b; /**< attention over keys B (disjoint from A) */
   const float* lse_b;
   int64_t lse_b_stride[3];
-  tileattn_out_tensor o_out; /**< may be the memory of o_a or o_b (in place) */
-  float* lse_out;            /**< optional; may be lse_a or lse_b */
+  /** May be o_a or o_b itself (same data and strides: in place); any other
+      overlap with an input is refused. Likewise lse_out with lse_a / lse_b. */
+  tileattn_out_tensor o_out;
+  float* lse_out;            /**< optional */
   int64_t lse_out_stride[3];
 } tileattn_merge_args;
 

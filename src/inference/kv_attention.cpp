@@ -77,9 +77,11 @@ void attention_with_kvcache(const KvCacheArgs& args) {
   // 1. Every check, nothing written.
   const detail::AppendPlan plan = detail::validate_append(args);
   detail::validate_query_rotary(args, plan.new_lengths);
+  // The cache checks first: to the forward the cache is just inputs k and v,
+  // and its "o: output overlaps input k" would hide which cache it is.
+  detail::validate_apart_from_cache(args, plan);
   ForwardArgs forward = kvcache_forward_args(args, plan.new_lengths.data());
   validate(forward);
-  detail::validate_apart_from_cache(args, plan);
   resolve_isa(args.isa);  // an unavailable TILEATTN_ISA throws here, not after the append
   const bool rotary = args.rotary_cos != nullptr;
   const bool has_queries = args.batch > 0 && args.seqlen_q > 0;

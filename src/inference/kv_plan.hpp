@@ -31,7 +31,8 @@ void write_append(const KvCacheArgs& a, const AppendPlan& plan);
 
 // attention_with_kvcache: o and lse must not overlap the cache (its unused
 // rows included: they are storage the next append fills), nor q the cache
-// when this call appends to it.
+// when this call appends to it. Runs before the forward's validation so that
+// these errors name k_cache / v_cache; null q or o are left to the forward.
 void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan);
 
 // Checks rotary arguments for queries at positions L_b - seqlen_q .. L_b - 1.

@@ -202,6 +202,7 @@ AppendPlan validate_append(const KvCacheArgs& a) {
 
 void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   if (a.batch <= 0 || a.heads <= 0 || a.seqlen_q <= 0 || a.head_dim <= 0) return;
+  if (!a.q.data || !a.o.data) return;  // the forward's validation, next, names them
   const std::array<int64_t, 4> sizes = cache_sizes_of(a);
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);

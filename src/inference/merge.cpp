@@ -2,12 +2,37 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/half.hpp"
 #include "core/validate.hpp"
 
 namespace tileattn {
+
+namespace {
+
+// Whether two views of one shape are the same elements in the same order:
+// the same data, and the same strides wherever the size is above 1.
+bool same_view(const void* a, const int64_t* a_stride, const void* b, const int64_t* b_stride,
+               const int64_t* sizes, int rank) {
+  if (a != b) return false;
+  for (int i = 0; i < rank; ++i)
+    if (sizes[i] > 1 && a_stride[i] != b_stride[i]) return false;
+  return true;
+}
+
+// An output may be an input itself (in place: each row is read in full
+// before it is written) but must not otherwise overlap it: another view of
+// the same memory would read rows already overwritten.
+void check_apart(const char* output, const detail::ByteRange& out, const char* input,
+                 const detail::ByteRange& in, bool same) {
+  if (!same && detail::ranges_overlap(out, in))
+    throw Error(std::string("merge_states: ") + output + ": overlaps " + input +
+                " without being the same view (in place needs the same data and strides)");
+}
+
+}  // namespace
 
 void merge_states(const MergeArgs& m) {
   using detail::ByteRange;
@@ -19,15 +44,30 @@ void merge_states(const MergeArgs& m) {
   if (!m.lse_a || !m.lse_b) throw Error("merge_states: lse_a and lse_b must not be null");
   const int64_t sizes[4] = {m.batch, m.heads, m.rows, m.head_dim};
   const int64_t esize = int64_t(dtype_size(m.dtype));
-  detail::view_range("o_a", m.o_a.data, esize, sizes, m.o_a.stride.data(), 4);
-  detail::view_range("o_b", m.o_b.data, esize, sizes, m.o_b.stride.data(), 4);
-  detail::view_range("o_out", m.o_out.data, esize, sizes, m.o_out.stride.data(), 4);
+  const ByteRange o_a = detail::view_range("o_a", m.o_a.data, esize, sizes, m.o_a.stride.data(), 4);
+  const ByteRange o_b = detail::view_range("o_b", m.o_b.data, esize, sizes, m.o_b.stride.data(), 4);
+  const ByteRange o_out = detail::view_range("o_out", m.o_out.data, esize, sizes, m.o_out.stride.data(), 4);
   detail::check_injective("o_out", sizes, m.o_out.stride.data(), 4);
-  detail::view_range("lse_a", m.lse_a, 4, sizes, m.lse_a_stride.data(), 3);
-  detail::view_range("lse_b", m.lse_b, 4, sizes, m.lse_b_stride.data(), 3);
+  const ByteRange lse_a = detail::view_range("lse_a", m.lse_a, 4, sizes, m.lse_a_stride.data(), 3);
+  const ByteRange lse_b = detail::view_range("lse_b", m.lse_b, 4, sizes, m.lse_b_stride.data(), 3);
+  const auto same_o = [&](const InputView& in) {
+    return same_view(m.o_out.data, m.o_out.stride.data(), in.data, in.stride.data(), sizes, 4);
+  };
+  check_apart("o_out", o_out, "o_a", o_a, same_o(m.o_a));
+  check_apart("o_out", o_out, "o_b", o_b, same_o(m.o_b));
+  check_apart("o_out", o_out, "lse_a", lse_a, false);
+  check_apart("o_out", o_out, "lse_b", lse_b, false);
   if (m.lse_out) {
-    detail::view_range("lse_out", m.lse_out, 4, sizes, m.lse_out_stride.data(), 3);
+    const ByteRange lse_out = detail::view_range("lse_out", m.lse_out, 4, sizes, m.lse_out_stride.data(), 3);
     detail::check_injective("lse_out", sizes, m.lse_out_stride.data(), 3);
+    const auto same_lse = [&](const float* in, const std::array<int64_t, 3>& stride) {
+      return same_view(m.lse_out, m.lse_out_stride.data(), in, stride.data(), sizes, 3);
+    };
+    check_apart("lse_out", lse_out, "lse_a", lse_a, same_lse(m.lse_a, m.lse_a_stride));
+    check_apart("lse_out", lse_out, "lse_b", lse_b, same_lse(m.lse_b, m.lse_b_stride));
+    check_apart("lse_out", lse_out, "o_a", o_a, false);
+    check_apart("lse_out", lse_out, "o_b", o_b, false);
+    check_apart("lse_out", lse_out, "o_out", o_out, false);
   }
   const int dt = int(m.dtype);
   std::vector<float> row(static_cast<size_t>(m.head_dim));
@@ -38,11 +78,12 @@ void merge_states(const MergeArgs& m) {
         const float lb = m.lse_b[b * m.lse_b_stride[0] + h * m.lse_b_stride[1] + r * m.lse_b_stride[2]];
         const float mx = std::max(la, lb);
         float wa, wb, lse;
-        if (mx == -std::numeric_limits<float>::infinity()) {
+        // NaN first: std::max(-inf, NaN) is -inf, which would pass for "no key".
+        if (std::isnan(la) || std::isnan(lb)) {
+          wa = wb = lse = std::numeric_limits<float>::quiet_NaN();
+        } else if (mx == -std::numeric_limits<float>::infinity()) {
           wa = wb = 0.0f;  // neither side saw a key
           lse = mx;
-        } else if (std::isnan(la) || std::isnan(lb)) {
-          wa = wb = lse = std::numeric_limits<float>::quiet_NaN();
         } else {
           const float ea = std::exp(la - mx), eb = std::exp(lb - mx);
           const float sum = ea + eb;

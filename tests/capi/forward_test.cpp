@@ -2,7 +2,10 @@
 // bits out, for every dtype, layout, mask kind, GQA and packed batches.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "capi/c_args.hpp"
@@ -149,6 +152,41 @@ TEST(CApiForward, StructSizeVersioning) {
   EXPECT_NE(std::string(tileattn_last_error()).find("does not know"), std::string::npos)
       << tileattn_last_error();
   for (float x : data.o32) ASSERT_EQ(x, 0.0f);
+}
+
+
+// tileattn_merge_states: a NaN LSE against an empty side (-inf) gives NaN in
+// both argument orders; an o_out that overlaps o_a in another view is refused.
+TEST(CApiMerge, NaNAgainstAnEmptySideAndOverlappingOutput) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), minus_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> o_a(2 * 4, 1.0f), o_b(2 * 4, 2.0f), out(2 * 4, 0.0f), lse_out(2, 0.0f);
+  for (bool nan_first : {true, false}) {
+    std::vector<float> lse_a(2, nan_first ? nan : minus_inf), lse_b(2, nan_first ? minus_inf : nan);
+    tileattn_merge_args m;
+    ASSERT_EQ(tileattn_merge_args_init(&m), TILEATTN_OK);
+    m.batch = 1;
+    m.heads = 1;
+    m.rows = 2;
+    m.head_dim = 4;
+    m.o_a = {o_a.data(), {8, 8, 4, 1}};
+    m.o_b = {o_b.data(), {8, 8, 4, 1}};
+    m.o_out = {out.data(), {8, 8, 4, 1}};
+    m.lse_a = lse_a.data();
+    m.lse_b = lse_b.data();
+    m.lse_out = lse_out.data();
+    m.lse_a_stride[1] = m.lse_b_stride[1] = m.lse_out_stride[1] = 2;
+    ASSERT_EQ(tileattn_merge_states(&m), TILEATTN_OK) << tileattn_last_error();
+    for (float x : out) EXPECT_TRUE(std::isnan(x)) << (nan_first ? "NaN first: " : "NaN second: ") << x;
+    for (float l : lse_out) EXPECT_TRUE(std::isnan(l)) << (nan_first ? "NaN first: " : "NaN second: ") << l;
+    if (nan_first) continue;
+
+    // o_a's memory as [rows, head_dim] transposed: overlaps, not the same view.
+    m.o_out = {o_a.data(), {8, 8, 1, 2}};
+    EXPECT_EQ(tileattn_merge_states(&m), TILEATTN_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tileattn_last_error()).find("o_out: overlaps o_a"), std::string::npos)
+        << tileattn_last_error();
+    for (float x : o_a) ASSERT_EQ(x, 1.0f);
+  }
 }
 
 }  // namespace

@@ -38,8 +38,27 @@ struct DecodeSpec {
   }
 };
 
-// float64 rotary embedding of one row, rounded once (via fp32) to dtype --
-// the "apply RoPE first" side of the fused-RoPE tests.
+// `value` rounded once to the nearest element of `dtype` (ties to even), by
+// comparing the neighbours of its fp32-rounded value in float64 -- a check
+// independent of the library's conversion. Finite results only.
+inline float round_once(double value, DType dtype) {
+  const float f = float(value);
+  if (dtype == DType::f32) return f;
+  const auto to_bits = [dtype](float x) { return dtype == DType::f16 ? detail::float_to_f16(x) : detail::float_to_bf16(x); };
+  const auto from_bits = [dtype](uint16_t h) { return dtype == DType::f16 ? detail::f16_to_float(h) : detail::bf16_to_float(h); };
+  const uint16_t near = to_bits(f);  // double rounding is at most one unit off
+  float best = from_bits(near);
+  for (uint16_t h : {uint16_t(near - 1), uint16_t(near + 1)}) {
+    const float candidate = from_bits(h);
+    if (!std::isfinite(candidate)) continue;
+    const double d = std::abs(double(candidate) - value), d_best = std::abs(double(best) - value);
+    if (d < d_best || (d == d_best && (h & 1u) == 0)) best = candidate;
+  }
+  return best;
+}
+
+// float64 rotary embedding of one row, rounded once to dtype -- the "apply
+// RoPE first" side of the fused-RoPE tests.
 inline void rotate_reference(const Buffer& src, int64_t src_off, Buffer& dst, int64_t dst_off,
                              int64_t head_dim, const RopeTables& t, int64_t position, bool interleaved) {
   for (int64_t c = 0; c < head_dim; ++c) dst.set(dst_off + c, src.get(src_off + c));
@@ -48,8 +67,8 @@ inline void rotate_reference(const Buffer& src, int64_t src_off, Buffer& dst, in
     const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
     const double x0 = src.get(src_off + a), x1 = src.get(src_off + b);
     const double cs = t.cos[size_t(position * half + i)], sn = t.sin[size_t(position * half + i)];
-    dst.set(dst_off + a, float(x0 * cs - x1 * sn));
-    dst.set(dst_off + b, float(x0 * sn + x1 * cs));
+    dst.set(dst_off + a, round_once(x0 * cs - x1 * sn, dst.dtype()));  // exact in dtype: set stores it as is
+    dst.set(dst_off + b, round_once(x0 * sn + x1 * cs, dst.dtype()));
   }
 }
 

@@ -135,7 +135,9 @@ TEST(KvCacheBadInput, AttentionArgumentsCheckedBeforeTheAppend) {
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.q.data = nullptr; }, "q: data is null");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.heads = 3; }, "kv_heads (2) must divide heads (3)");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.o = {a.k_cache.data, a.o.stride}; },
-                  "o: output overlaps input k");
+                  "o: output overlaps the cache (k_cache or v_cache)");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.lse = static_cast<float*>(a.v_cache.data); },
+                  "lse: overlaps the cache (k_cache or v_cache)");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.window_left = -7; }, "window_left");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.scale = INFINITY; }, "scale");
 }

@@ -2,7 +2,10 @@
 // attention over their union; an empty side (LSE = -inf) changes nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <string>
 
 #include "kv_test_support.hpp"
 #include "tileattn/merge.hpp"
@@ -140,6 +143,78 @@ TEST(MergeStates, BothEmptyGivesZerosAndMinusInf) {
   merge_states(h.merge_args());
   for (int64_t i = 0; i < h.o_out.elements(); ++i) ASSERT_EQ(h.o_out.get(i), 0.0f);
   for (float l : h.lse_out) ASSERT_EQ(l, kMinusInf);
+}
+
+// A NaN LSE on either side makes the row NaN, also when the other side is
+// empty (-inf), in both argument orders -- as the forward's split merge does.
+TEST(MergeStates, NaNOnEitherSideGivesNaN) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (float other : {kMinusInf, 0.5f})
+    for (bool nan_first : {true, false}) {
+      Halves h(DType::f32);
+      attention_forward(h.args_over(0, h.split, h.o_a, h.lse_a));
+      attention_forward(h.args_over(h.split, h.keys - h.split, h.o_b, h.lse_b));
+      (nan_first ? h.lse_a : h.lse_b).assign(h.lse_a.size(), kNaN);
+      (nan_first ? h.lse_b : h.lse_a).assign(h.lse_a.size(), other);
+      merge_states(h.merge_args());
+      const std::string order = std::string(nan_first ? "NaN, " : "other, ") + std::to_string(other);
+      for (float l : h.lse_out) ASSERT_TRUE(std::isnan(l)) << order << ": lse_out " << l;
+      for (int64_t i = 0; i < h.o_out.elements(); ++i)
+        ASSERT_TRUE(std::isnan(h.o_out.get(i))) << order << ": o_out[" << i << "] " << h.o_out.get(i);
+    }
+}
+
+// In place means o_out IS o_a (or o_b): the same data and strides. Any other
+// overlap with an input -- here the same buffer viewed as [batch, rows,
+// heads, head_dim] -- would read rows already overwritten, so it is an Error
+// naming the output, and nothing is written.
+TEST(MergeStates, RejectsOutputsOverlappingAnInputInAnotherView) {
+  Halves h(DType::f32);
+  attention_forward(h.args_over(0, h.split, h.o_a, h.lse_a));
+  attention_forward(h.args_over(h.split, h.keys - h.split, h.o_b, h.lse_b));
+  const auto o_a = h.o_a.bytes(), o_b = h.o_b.bytes();
+  const auto lse_a = h.lse_a, lse_b = h.lse_b;
+  const auto expect_rejected = [&](const MergeArgs& m, const std::string& needle) {
+    try {
+      merge_states(m);
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(h.o_a.bytes(), o_a) << needle;
+    EXPECT_EQ(h.o_b.bytes(), o_b) << needle;
+    EXPECT_EQ(h.lse_a, lse_a) << needle;
+    EXPECT_EQ(h.lse_b, lse_b) << needle;
+  };
+  const std::array<int64_t, 4> bshd{h.heads * h.rows * h.d, h.d, h.heads * h.d, 1};
+  MergeArgs m = h.merge_args();
+  m.o_out = {h.o_a.data(), bshd};
+  expect_rejected(m, "o_out: overlaps o_a");
+  m.o_out = {h.o_b.data(), bshd};
+  expect_rejected(m, "o_out: overlaps o_b");
+  m = h.merge_args();
+  m.lse_out = h.lse_b.data();
+  m.lse_out_stride = {h.heads * h.rows, 1, h.heads};  // [batch, rows, heads]
+  expect_rejected(m, "lse_out: overlaps lse_b");
+  m = h.merge_args();
+  m.lse_out = reinterpret_cast<float*>(h.o_a.data());
+  expect_rejected(m, "lse_out: overlaps o_a");
+  // lse_a inside the memory o_out covers (a buffer large enough for o_out).
+  std::vector<float> shared(size_t(h.o_out.elements()));
+  std::copy(h.lse_a.begin(), h.lse_a.end(), shared.begin());
+  m = h.merge_args();
+  m.lse_a = shared.data();
+  m.o_out = {shared.data(), m.o_out.stride};
+  expect_rejected(m, "o_out: overlaps lse_a");
+
+  // The same view in place is fine, also when a dimension of size 1 (batch)
+  // has another stride.
+  MergeArgs same = h.merge_args();
+  merge_states(same);
+  const auto expected = h.o_out.bytes();
+  same.o_out = {h.o_a.data(), {12345, h.rows * h.d, h.d, 1}};
+  merge_states(same);
+  EXPECT_EQ(h.o_a.bytes(), expected);
 }
 
 TEST(MergeStates, RejectsBadArguments) {

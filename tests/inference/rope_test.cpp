@@ -2,6 +2,10 @@
 // equals rotating first in float64 and then attending.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <limits>
+#include <string>
+
 #include "decode_fixture.hpp"
 
 namespace tileattn::kvtest {
@@ -31,6 +35,25 @@ TEST(RopeTables, RejectBadArguments) {
   EXPECT_THROW(rope_tables(10000.0, 4, 7), Error);
   EXPECT_THROW(rope_tables(10000.0, -1, 8), Error);
   EXPECT_THROW(rope_tables(10000.0, std::vector<int64_t>{1, -2}, 8), Error);
+}
+
+// Tables too large for memory are an Error naming the sizes, not signed
+// overflow or std::length_error from the vector.
+TEST(RopeTables, RejectSizesThatDoNotFit) {
+  const auto expect_rejected = [](const std::function<void()>& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const int64_t huge = int64_t(1) << 62;
+  expect_rejected([&] { rope_tables(10000.0, 5, huge); }, "rotary_dim");  // 5 x 2^61 overflows int64
+  expect_rejected([&] { rope_tables(10000.0, huge, 2); }, "max_positions");
+  expect_rejected([&] { rope_tables(10000.0, std::numeric_limits<int64_t>::max(), 4); }, "max_positions");
+  expect_rejected([&] { rope_tables(10000.0, std::vector<int64_t>{0, 1, 2}, huge); }, "rotary_dim");
+  EXPECT_EQ(rope_tables(10000.0, 0, huge).cos.size(), 0u);  // no rows: nothing to allocate
 }
 
 // Checks cache keys (rotated at append) bit for bit against the float64
@@ -88,6 +111,44 @@ TEST(FusedRope, PagedBatchAndHalfPrecision) {
     spec.rotary_interleaved = true;
     expect_fused_rope_matches(spec);
   }
+}
+
+// An appended key is the float64 rotation rounded once to fp16 / bf16. The
+// tables make x0 cos - x1 sin = 1 + half an ulp + 2^-30: rounding it through
+// fp32 first lands exactly on the tie and goes to even (1); rounding once
+// goes up. The second element (1 + half an ulp - 2^-30) goes down either way.
+TEST(FusedRope, KeysAreRoundedOnceToHalfPrecision) {
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (float sign : {1.0f, -1.0f}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (sign > 0 ? " +" : " -"));
+      const double half_ulp = dtype == DType::f16 ? 0x1p-11 : 0x1p-8;  // of 1.0
+      const float cos_row[1] = {float(1.0 + half_ulp)}, sin_row[1] = {-0x1p-30f};
+      Buffer k_new(dtype, 2), v_new(dtype, 2), k_cache(dtype, 2), v_cache(dtype, 2);
+      k_new.set(0, sign);
+      k_new.set(1, sign);
+      int32_t seqlen = 0;
+      KvCacheArgs a;
+      a.batch = a.heads = a.kv_heads = 1;
+      a.head_dim = 2;
+      a.dtype = dtype;
+      a.k_cache = {k_cache.data(), {2, 2, 2, 1}};
+      a.v_cache = {v_cache.data(), {2, 2, 2, 1}};
+      a.capacity = 1;
+      a.cache_seqlens = &seqlen;
+      a.seqlen_new = 1;
+      a.k_new = {k_new.data(), {2, 2, 2, 1}};
+      a.v_new = {v_new.data(), {2, 2, 2, 1}};
+      a.rotary_cos = cos_row;
+      a.rotary_sin = sin_row;
+      a.rotary_dim = 2;
+      a.rotary_positions = 1;
+      kv_cache_append(a);
+      EXPECT_EQ(k_cache.get(0), sign * float(1.0 + 2.0 * half_ulp));
+      EXPECT_EQ(k_cache.get(1), sign * 1.0f);
+      const double x = sign;
+      EXPECT_EQ(k_cache.get(0), round_once(x * cos_row[0] - x * sin_row[0], dtype));
+      EXPECT_EQ(k_cache.get(1), round_once(x * sin_row[0] + x * cos_row[0], dtype));
+    }
 }
 
 // The rotation must not change the caller's queries or new keys.
