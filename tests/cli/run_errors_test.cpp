@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "cli/cli_support.hpp"
+#include "support/python.hpp"
 
 namespace tileattn::cli_test {
 namespace {
@@ -67,8 +68,9 @@ TEST_F(cliRunErrors, MismatchedAndUnsupportedDtypes) {
   const std::vector<uint8_t> flags(1 * 2 * 5 * 8, 1);
   io::write_npy(dir / "qb.npy", io::NpyType::boolean, {1, 2, 5, 8}, flags.data());
   expect_failure(inputs("qb.npy"), "qb.npy: dtype bool");
-  std::system(("python3 -c \"import numpy as np; np.save('" + (dir / "q64.npy") +
-               "', np.zeros((1, 2, 5, 8)))\"").c_str());
+  ASSERT_EQ(tileattn::testing::run_python("import numpy as np; np.save('" + (dir / "q64.npy") +
+                                          "', np.zeros((1, 2, 5, 8)))"),
+            0);
   expect_failure(inputs("q64.npy"), "unsupported dtype '<f8'");
 }
 

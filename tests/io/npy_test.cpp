@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/npy.hpp"
+#include "support/python.hpp"
 
 namespace tileattn::io {
 namespace {
@@ -195,10 +196,10 @@ TEST(ioNpy, WritesAtomicallyAndStagedFilesVanishUnlessCommitted) {
 }
 
 // NumPy is the other side of every file the CLI reads or writes.
-bool have_numpy() { return std::system("python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
+bool have_numpy() { return tileattn::testing::run_python("import numpy") == 0; }
 
 TEST(ioNpy, InteroperatesWithNumpy) {
-  ASSERT_TRUE(have_numpy()) << "python3 with numpy is required for this test (see README)";
+  ASSERT_TRUE(have_numpy()) << TILEATTN_TEST_PYTHON " with numpy is required for this test (scripts/setup.sh installs it)";
   const std::string dir = temp_path("numpy_");
   const std::string script =
       "import numpy as np; p='" + dir + "';"
@@ -210,7 +211,7 @@ TEST(ioNpy, InteroperatesWithNumpy) {
       "np.save(p+'fortran.npy', np.asfortranarray(np.ones((2, 3), dtype=np.float32)));"
       "np.lib.format.write_array(open(p+'v2.npy','wb'), np.ones(3, dtype=np.float32), version=(2, 0));"
       "np.lib.format.write_array(open(p+'v3.npy','wb'), np.ones(3, dtype=np.float32), version=(3, 0))";
-  ASSERT_EQ(std::system(("python3 -c \"" + script + "\"").c_str()), 0);
+  ASSERT_EQ(tileattn::testing::run_python(script), 0);
 
   const NpyArray f4 = read_npy(dir + "f4.npy");
   EXPECT_EQ(f4.shape, (std::vector<int64_t>{2, 3, 4}));
@@ -238,7 +239,7 @@ TEST(ioNpy, InteroperatesWithNumpy) {
                             "'; a=np.load(p+'ours.npy'); h=np.load(p+'ours16.npy');"
                             "assert a.dtype==np.float32 and a.shape==(3,2) and a[2,1]==16 and a.sum()==29.5;"
                             "assert h.dtype==np.float16 and list(h)==[1.0, 2.0]";
-  EXPECT_EQ(std::system(("python3 -c \"" + check + "\"").c_str()), 0);
+  EXPECT_EQ(tileattn::testing::run_python(check), 0);
   for (const char* f : {"f4", "f2", "b1", "scalar", "f8", "fortran", "v2", "v3", "ours", "ours16"})
     std::remove((dir + f + ".npy").c_str());
 }
