@@ -1,5 +1,6 @@
 // Every check a KV-cache call makes before it writes anything.
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -81,6 +82,17 @@ void check_write_conflicts(const KvCacheArgs& a, const AppendPlan& plan,
   }
 }
 
+// Names the first of `others` that `range` overlaps: "<what> <name><why>".
+struct NamedRange {
+  const char* name;
+  ByteRange range;
+};
+void fail_if_overlapping(const char* what, const ByteRange& range, std::initializer_list<NamedRange> others,
+                         const char* why = "") {
+  for (const NamedRange& other : others)
+    if (ranges_overlap(range, other.range)) fail(std::string(what) + " " + other.name + why);
+}
+
 void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
@@ -88,8 +100,8 @@ void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRa
   if (!a.v_new.data) fail("v_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
   const ByteRange k = view_range("k_new", a.k_new.data, esize, sizes, a.k_new.stride.data(), 4);
   const ByteRange v = view_range("v_new", a.v_new.data, esize, sizes, a.v_new.stride.data(), 4);
-  if (ranges_overlap(k, k_cache) || ranges_overlap(k, v_cache)) fail("k_new: overlaps the cache");
-  if (ranges_overlap(v, k_cache) || ranges_overlap(v, v_cache)) fail("v_new: overlaps the cache");
+  fail_if_overlapping("k_new: overlaps", k, {{"k_cache", k_cache}, {"v_cache", v_cache}});
+  fail_if_overlapping("v_new: overlaps", v, {{"k_cache", k_cache}, {"v_cache", v_cache}});
 }
 
 void check_rotary_tables(const KvCacheArgs& a) {
@@ -209,15 +221,14 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
   const ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
-  if (ranges_overlap(o, k) || ranges_overlap(o, v)) fail("o: output overlaps the cache (k_cache or v_cache)");
+  fail_if_overlapping("o: output overlaps input", o, {{"k_cache", k}, {"v_cache", v}});
   // lse, when asked for: its range, computed once for both checks below.
   const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
   const ByteRange lse = a.lse ? view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3) : ByteRange{};
-  if (a.lse && (ranges_overlap(lse, k) || ranges_overlap(lse, v))) fail("lse: overlaps the cache (k_cache or v_cache)");
+  if (a.lse) fail_if_overlapping("lse: output overlaps input", lse, {{"k_cache", k}, {"v_cache", v}});
   const bool appends = std::any_of(plan.counts.begin(), plan.counts.end(), [](int32_t n) { return n > 0; });
   const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
-  if (appends && (ranges_overlap(q, k) || ranges_overlap(q, v)))
-    fail("q: overlaps the cache (k_cache or v_cache), which this call appends to");
+  if (appends) fail_if_overlapping("q: overlaps", q, {{"k_cache", k}, {"v_cache", v}}, ", which this call appends to");
   // The new keys and values are inputs too: o and lse must not alias them
   // (the append happens to read them before O is written, but the contract
   // is that no output aliases an input).
@@ -225,8 +236,8 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
     const int64_t new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
     const ByteRange k_new = view_range("k_new", a.k_new.data, esize, new_sizes, a.k_new.stride.data(), 4);
     const ByteRange v_new = view_range("v_new", a.v_new.data, esize, new_sizes, a.v_new.stride.data(), 4);
-    if (ranges_overlap(o, k_new) || ranges_overlap(o, v_new)) fail("o: output overlaps k_new or v_new");
-    if (a.lse && (ranges_overlap(lse, k_new) || ranges_overlap(lse, v_new))) fail("lse: overlaps k_new or v_new");
+    fail_if_overlapping("o: output overlaps input", o, {{"k_new", k_new}, {"v_new", v_new}});
+    if (a.lse) fail_if_overlapping("lse: output overlaps input", lse, {{"k_new", k_new}, {"v_new", v_new}});
   }
 }
 

@@ -120,15 +120,15 @@ TEST(KvCacheHostile, OutputsOnTheUnusedRowsOfTheCache) {
     expect_refused(s, [&](KvCacheArgs& a, DecodeRun& r) {
       a.seqlen_new = 0;  // nothing appended: no key to read
       a.o.data = on_cache(r, 0);
-    }, {"o: output overlaps the cache"}, true);
+    }, {"o: output overlaps input k_cache"}, true);
     expect_refused(s, [&](KvCacheArgs& a, DecodeRun& r) {
       a.seqlen_new = 0;
       a.lse = reinterpret_cast<float*>(on_cache(r, 16));
-    }, {"lse: overlaps the cache"}, true);
+    }, {"lse: output overlaps input k_cache"}, true);
     // With new tokens, q placed on the cache rows this call writes.
     expect_refused(s, [&](KvCacheArgs& a, DecodeRun& r) {
       a.q.data = on_cache(r, 0);
-    }, {"q: overlaps the cache", "appends"}, true);
+    }, {"q: overlaps k_cache, which this call appends to"}, true);
   }
 }
 
@@ -137,10 +137,10 @@ TEST(KvCacheHostile, OutputsOnTheUnusedRowsOfTheCache) {
 TEST(KvCacheHostile, OutputsOnTheNewKeysOrValues) {
   for (const DecodeSpec& s : {contiguous_spec(), [] { DecodeSpec p = contiguous_spec(); p.page_size = 4; return p; }()}) {
     expect_refused(s, [](KvCacheArgs& a, DecodeRun&) { a.o.data = const_cast<void*>(a.k_new.data); },
-                   {"o: output overlaps k_new or v_new"}, true);
+                   {"o: output overlaps input k_new"}, true);
     expect_refused(s, [](KvCacheArgs& a, DecodeRun&) {
       a.lse = static_cast<float*>(const_cast<void*>(a.v_new.data));
-    }, {"lse: overlaps k_new or v_new"}, true);
+    }, {"lse: output overlaps input v_new"}, true);
   }
 }
 
