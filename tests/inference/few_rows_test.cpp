@@ -96,6 +96,27 @@ TEST(FewRows, HalfPrecisionCachesWithOddHeadDims) {
       }
 }
 
+// Head dims around the AVX-512 products' blocks (32-element chunks, then
+// 16-element blocks, then one masked block) and their column passes (16 / M
+// vectors per row), every stacked row count, every dtype; the other ISAs run
+// the same cases.
+TEST(FewRows, HeadDimsAroundSixteenLaneBlocks) {
+  for (Isa isa : isa_paths())
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (int64_t group : {1, 2, 3, 4, 5, 8})
+        for (int64_t head_dim : {15, 17, 31, 33, 48, 64, 80, 96, 112, 144, 200, 256}) {
+          DecodeSpec spec;
+          spec.isa = isa;
+          spec.dtype = dtype;
+          spec.heads = 2 * group;
+          spec.kv_heads = 2;
+          spec.head_dim = head_dim;
+          spec.cached = {45};  // 45 + 1 keys: a full 32-key tile and a partial one
+          spec.seed = uint64_t(group * 1000 + head_dim);
+          expect_step_correct(spec);
+        }
+}
+
 TEST(FewRows, PageSizeOneAndOddPagesEqualContiguous) {
   for (Isa isa : isa_paths())
     for (int64_t page_size : {1, 3, 16})

@@ -99,20 +99,24 @@ static inline void gemm_panel(int64_t m, int64_t k, const float* a, int64_t lda,
   }
 }
 
-// Decode tile products (at most kFewRowsMax stacked query rows): the AVX2
-// ones, compiled here as avx512::FewRowsKernels (this directory's files are
-// compiled with -mavx2 -mfma -mf16c too). Under the emulation the test
-// supplies them as TILEATTN_AVX512_FEW_ROWS_KERNELS, built natively in a
-// translation unit of its own, since this one must not see <immintrin.h>.
+// Decode tile products (at most kFewRowsMax stacked query rows): the 16-lane
+// ones of few_rows_kernels.hpp, which reuse the AVX2 file's element-strided
+// fallbacks (this directory's files are compiled with -mavx2 -mfma -mf16c
+// too). Under the emulation the test supplies the AVX2 products as
+// TILEATTN_AVX512_FEW_ROWS_KERNELS, built natively in a translation unit of
+// its own, since this one must not see <immintrin.h>: the emulated main loop
+// is checked with those, the 16-lane products only on AVX-512 hardware.
 #ifndef TILEATTN_AVX512_EMULATION
 #include "isa/avx2/few_rows_kernels.hpp"
+#include "isa/avx512/few_rows_kernels.hpp"
+using DecodeKernels = FewRows16Kernels;
 #elif defined(TILEATTN_AVX512_FEW_ROWS_KERNELS)
-using FewRowsKernels = TILEATTN_AVX512_FEW_ROWS_KERNELS;
+using DecodeKernels = TILEATTN_AVX512_FEW_ROWS_KERNELS;
 #else
 #error "the AVX-512 emulation needs TILEATTN_AVX512_FEW_ROWS_KERNELS (see tests/isa/emulated_avx512_kernels.hpp)"
 #endif
 
-struct Kernels : FewRowsKernels {  // few-rows products: isa/avx2/few_rows_kernels.hpp
+struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kernels.hpp
   // C(m, n) (+)= A(m, k) B(k, n); n, ldc multiples of 16; b, c 64-byte aligned.
   // B(p, j) is at b + (j / 16) * b_panel + p * ldb + j % 16: row-major B is
   // ldb = n, b_panel = 16; panel-major B is ldb = 16, b_panel = 16 * k.

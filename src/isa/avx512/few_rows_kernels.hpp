@@ -1,0 +1,322 @@
+// AVX-512 tile products for a few stacked query rows (decode: the query heads
+// of one GQA group, one new token each); the same contract as the AVX2 ones
+// (isa/avx2/few_rows_kernels.hpp, which explains why few rows read K/V in
+// place), written for 16 lanes and 32 registers:
+//
+// * Scores: each pass scores KJ keys for all M rows (M x KJ <= 16 accumulator
+//   chains, one per (row, key)); the M x KJ 16-lane partial vectors of a pass
+//   are reduced together (reduce16: 15 adds, 30 in-lane or 128-bit shuffles
+//   and one permute for up to 16 scores) instead of one horizontal sum each.
+// * P V: M x NV <= 16 accumulator vectors per column pass (NV = 16 / M
+//   rounded to even), P broadcast per (row, key), 32 keys per chunk so their
+//   V rows stay in L1 across the passes.
+// * bf16: one 512-bit load of 32 elements gives the even elements (<< 16) and
+//   the odd ones (& 0xffff0000) as fp32 with two instructions; q (per tile) and
+//   the accumulator (per 32-key chunk) are permuted to that order and back.
+//   fp16 converts with vcvtph2ps, fp32 loads directly.
+// * Head dims: 32-element chunks, then 16-element blocks, then one masked
+//   block (masked loads: no element-by-element tail loop).
+// * P V sums every column over the keys in key order with one FMA per key,
+//   like the AVX2 product, so the two give bitwise the same accumulator; the
+//   scores' summation order differs (16 lanes, then the reduction tree).
+//
+// Included INSIDE namespace tileattn::detail::avx512 (avx512/kernels.hpp),
+// after isa/avx2/few_rows_kernels.hpp (whose element-strided fallbacks, in
+// few_rows::, this file reuses). Needs AVX-512 F/BW/VL (masked 16-bit loads).
+//
+// Measured (Llama-3-8B decode, bf16 cache of 8192 tokens): see
+// docs/inference.md, "AVX-512 few-rows products".
+
+namespace few_rows16 {
+
+template <DType kType>
+constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+
+// 16 contiguous elements of kType at src as fp32, in order.
+template <DType kType>
+static inline __m512 load16(const char* src) {
+  if constexpr (kType == DType::f32) {
+    return _mm512_loadu_ps(src);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    if constexpr (kType == DType::f16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// The same for the lanes of `mask` (the others 0; masked lanes are not read).
+template <DType kType>
+static inline __m512 load16_masked(const char* src, __mmask16 mask) {
+  if constexpr (kType == DType::f32) {
+    return _mm512_maskz_loadu_ps(mask, src);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, src);
+    if constexpr (kType == DType::f16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// 32 elements as two fp32 vectors in "chunk order": for bf16 the even and the
+// odd elements (one load, a shift and an and), else elements 0..15 and 16..31.
+template <DType kType>
+static inline void load32(const char* src, __m512& lo, __m512& hi) {
+  if constexpr (kType == DType::bf16) {
+    const __m512i x = _mm512_loadu_si512(src);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int(0xffff0000u))));
+  } else {
+    lo = load16<kType>(src);
+    hi = load16<kType>(src + 16 * kSize<kType>);
+  }
+}
+
+// fp32 elements 0..15 (a) and 16..31 (b) to chunk order and back.
+template <DType kType>
+static inline void to_chunk_order(__m512& a, __m512& b) {
+  if constexpr (kType == DType::bf16) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512 e = _mm512_permutex2var_ps(a, even, b);
+    b = _mm512_permutex2var_ps(a, odd, b);
+    a = e;
+  }
+}
+template <DType kType>
+static inline void from_chunk_order(__m512& a, __m512& b) {
+  if constexpr (kType == DType::bf16) {
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512 x = _mm512_permutex2var_ps(a, first, b);
+    b = _mm512_permutex2var_ps(a, second, b);
+    a = x;
+  }
+}
+
+// Lane i of the result = the sum of v[i]'s 16 lanes. Each level halves the
+// vectors and the lanes each one sums over: 16 x 16 -> 8 vectors holding two
+// 8-lane partials (128-bit shuffles), -> 4 x four 4-lane partials, -> 2 x
+// eight pairs (in-lane shuffles), -> 1 x sixteen sums; lane 4k + m then holds
+// v[4m + k], which one permute puts in order.
+static inline __m512 reduce16(const __m512* v) {
+  __m512 w[8], x[4], y[2];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xdd));
+  for (int i = 0; i < 2; ++i)
+    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x88),
+                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xdd));
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, z);
+}
+
+// Keys scored per pass: M x KJ <= 16 accumulator chains, every one an
+// independent FMA chain (2 FMA pipes x 4 cycles of latency need >= 8).
+template <int M>
+constexpr int kKeysPerPass = 16 / M;
+// P V: accumulator vectors per row and column pass (a power of two, so
+// whole 32-element chunks); M x NV <= 16.
+template <int M>
+constexpr int kVectorsPerPass = M == 1 ? 16 : M == 2 ? 8 : M <= 4 ? 4 : 2;
+
+constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
+constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
+
+// s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows);
+// prefetches the rows of `ahead` (one K row and one V row per key scored, as
+// the AVX2 product does; see there and mainloop.hpp).
+template <DType kType, int M>
+static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
+                   float* s, int64_t lds, const RowsToPrefetch& ahead) {
+  constexpr int KJ = kKeysPerPass<M>;
+  constexpr int64_t kS = kSize<kType>;
+  const int64_t d32 = d / 32 * 32, d16 = d / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (d - d16)) - 1u);
+  // q once per tile: chunk order over [0, d32), then in order, zero past d.
+  alignas(64) float qc[M][kMaxHeadDim];
+  for (int r = 0; r < M; ++r) {
+    const float* qr = q + r * ldq;
+    for (int64_t t = 0; t < d32; t += 32) {
+      __m512 a = _mm512_loadu_ps(qr + t), b = _mm512_loadu_ps(qr + t + 16);
+      to_chunk_order<kType>(a, b);
+      _mm512_store_ps(qc[r] + t, a);
+      _mm512_store_ps(qc[r] + t + 16, b);
+    }
+    for (int64_t t = d32; t < d16; t += 16) _mm512_store_ps(qc[r] + t, _mm512_loadu_ps(qr + t));
+    if (tail) _mm512_store_ps(qc[r] + d16, _mm512_maskz_loadu_ps(tail, qr + d16));
+  }
+  for (int64_t c0 = 0; c0 < n; c0 += KJ) {
+    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
+    for (int64_t i = c0; i < c0 + cn; ++i)
+      for (int64_t off = 0; off < d * kS; off += 64) {
+        if (i < ahead.k_count) _mm_prefetch(static_cast<const char*>(ahead.k_rows[i]) + off, _MM_HINT_T0);
+        if (i < ahead.v_count) _mm_prefetch(static_cast<const char*>(ahead.v_rows[i]) + off, _MM_HINT_T0);
+      }
+    // A partial pass repeats its last row; those lanes are not stored.
+    const char* rows[KJ];
+    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < d32; t += 32) {
+      for (int j = 0; j < KJ; ++j) {
+        __m512 lo, hi;
+        load32<kType>(rows[j] + t * kS, lo, hi);
+        for (int r = 0; r < M; ++r) {
+          acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t), lo, acc[r * KJ + j]);
+          acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t + 16), hi, acc[r * KJ + j]);
+        }
+      }
+    }
+    for (int64_t t = d32; t < d16; t += 16)
+      for (int j = 0; j < KJ; ++j) {
+        const __m512 k = load16<kType>(rows[j] + t * kS);
+        for (int r = 0; r < M; ++r)
+          acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t), k, acc[r * KJ + j]);
+      }
+    if (tail)
+      for (int j = 0; j < KJ; ++j) {
+        const __m512 k = load16_masked<kType>(rows[j] + d16 * kS, tail);
+        for (int r = 0; r < M; ++r)
+          acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + d16), k, acc[r * KJ + j]);
+      }
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, reduce16(acc));
+    for (int r = 0; r < M; ++r)
+      for (int64_t j = 0; j < cn; ++j) s[r * lds + c0 + j] = sums[r * KJ + j];
+  }
+}
+
+// acc[r, t, t + 16 NVP) += sum_{c in [c0, c1)} p[r, c] value_rows[c][t, ...):
+// one column pass. Even NVP: whole 32-element chunks, in chunk order; NVP = 1
+// with kMasked: the lanes of `last` only.
+template <DType kType, int M, int NVP, bool kMasked = false>
+static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const float* p, int64_t ldp,
+                                   const void* const* value_rows, float* acc, int64_t ldacc,
+                                   __mmask16 last = 0xffff) {
+  static_assert(!kMasked || NVP == 1, "only a single vector is masked");
+  constexpr bool kChunks = NVP % 2 == 0;
+  constexpr int64_t kS = kSize<kType>;
+  __m512 o[M][NVP];
+  for (int r = 0; r < M; ++r) {
+    float* row = acc + r * ldacc + t;
+    for (int u = 0; u < NVP; ++u)
+      o[r][u] = kMasked ? _mm512_maskz_loadu_ps(last, row + 16 * u) : _mm512_loadu_ps(row + 16 * u);
+    if constexpr (kChunks)
+      for (int u = 0; u < NVP; u += 2) to_chunk_order<kType>(o[r][u], o[r][u + 1]);
+  }
+  for (int64_t c = c0; c < c1; ++c) {
+    const char* row = static_cast<const char*>(value_rows[c]) + t * kS;
+    __m512 v[NVP];
+    if constexpr (kChunks) {
+      for (int u = 0; u < NVP; u += 2) load32<kType>(row + 16 * u * kS, v[u], v[u + 1]);
+    } else if constexpr (kMasked) {
+      v[0] = load16_masked<kType>(row, last);
+    } else {
+      for (int u = 0; u < NVP; ++u) v[u] = load16<kType>(row + 16 * u * kS);
+    }
+    for (int r = 0; r < M; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * ldp + c]);
+      for (int u = 0; u < NVP; ++u) o[r][u] = _mm512_fmadd_ps(pr, v[u], o[r][u]);
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    if constexpr (kChunks)
+      for (int u = 0; u < NVP; u += 2) from_chunk_order<kType>(o[r][u], o[r][u + 1]);
+    float* row = acc + r * ldacc + t;
+    for (int u = 0; u < NVP; ++u) {
+      if constexpr (kMasked) _mm512_mask_storeu_ps(row + 16 * u, last, o[r][u]);
+      else _mm512_storeu_ps(row + 16 * u, o[r][u]);
+    }
+  }
+}
+
+// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < M, c < n (contiguous rows).
+template <DType kType, int M>
+static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
+                       float* acc, int64_t ldacc) {
+  constexpr int NV = kVectorsPerPass<M>;
+  const int64_t d16 = d / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (d - d16)) - 1u);
+  for (int64_t c0 = 0; c0 < n; c0 += kKeysPerChunk) {
+    const int64_t c1 = n - c0 < kKeysPerChunk ? n : c0 + kKeysPerChunk;
+    int64_t t = 0;
+    for (; t + 16 * NV <= d; t += 16 * NV)
+      accumulate_pass<kType, M, NV>(c0, c1, t, p, ldp, value_rows, acc, ldacc);
+    // What is left is < 16 NV columns (NV a power of two): each narrower
+    // pass runs at most once.
+    if constexpr (NV > 8)
+      if (t + 128 <= d) accumulate_pass<kType, M, 8>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 128;
+    if constexpr (NV > 4)
+      if (t + 64 <= d) accumulate_pass<kType, M, 4>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 64;
+    if constexpr (NV > 2)
+      if (t + 32 <= d) accumulate_pass<kType, M, 2>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 32;
+    if (t + 16 <= d) accumulate_pass<kType, M, 1>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 16;
+    if (tail) accumulate_pass<kType, M, 1, true>(c0, c1, t, p, ldp, value_rows, acc, ldacc, tail);
+  }
+}
+
+template <DType kType>
+static void scores_m(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                     const void* const* key_rows, float* s, int64_t lds, const RowsToPrefetch& ahead) {
+  switch (m) {
+    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    default: break;
+  }
+}
+
+template <DType kType>
+static void accumulate_m(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                         const void* const* value_rows, float* acc, int64_t ldacc) {
+  switch (m) {
+    case 1: accumulate<kType, 1>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 2: accumulate<kType, 2>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 3: accumulate<kType, 3>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 4: accumulate<kType, 4>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 5: accumulate<kType, 5>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 6: accumulate<kType, 6>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 7: accumulate<kType, 7>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    case 8: accumulate<kType, 8>(n, d, p, ldp, value_rows, acc, ldacc); break;
+    default: break;
+  }
+}
+
+}  // namespace few_rows16
+
+// The few-rows products of the AVX-512 main loop (same interface as the AVX2
+// FewRowsKernels). Kernels derives from this.
+struct FewRows16Kernels {
+  static constexpr int kFewRowsMax = 8;
+
+  static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                              const void* const* key_rows, DType dtype, int64_t stride, float* s,
+                              int64_t lds, const RowsToPrefetch& ahead = {}) {
+    if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
+    switch (dtype) {
+      case DType::f32: few_rows16::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
+      case DType::f16: few_rows16::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
+      case DType::bf16: few_rows16::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
+    }
+  }
+
+  static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                  const void* const* value_rows, DType dtype, int64_t stride,
+                                  float* acc, int64_t ldacc) {
+    if (stride != 1)
+      return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
+    switch (dtype) {
+      case DType::f32: few_rows16::accumulate_m<DType::f32>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
+      case DType::f16: few_rows16::accumulate_m<DType::f16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
+      case DType::bf16: few_rows16::accumulate_m<DType::bf16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
+    }
+  }
+};
