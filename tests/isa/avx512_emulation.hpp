@@ -234,6 +234,34 @@ inline __m512i _mm512_cvtepu16_epi32(__m256i a) {
   for (int i = 0; i < 16; ++i) r.i32[i] = int32_t(a.u16[i]);
   return r;
 }
+// ---- shuffles (pure data movement; SDM: UNPCKLPS, UNPCKHPS, SHUFPS, SHUFF32x4)
+inline __m512 _mm512_unpacklo_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) {
+    const int lane = i / 4 * 4, j = i % 4;
+    return (j % 2 == 0 ? a : b).f32[lane + j / 2];
+  });
+}
+inline __m512 _mm512_unpackhi_ps(__m512 a, __m512 b) {
+  return per_lane([&](int i) {
+    const int lane = i / 4 * 4, j = i % 4;
+    return (j % 2 == 0 ? a : b).f32[lane + 2 + j / 2];
+  });
+}
+// Within each 128-bit lane: two elements of a, then two of b, each picked by 2 bits of imm.
+inline __m512 _mm512_shuffle_ps(__m512 a, __m512 b, int imm) {
+  return per_lane([&](int i) {
+    const int lane = i / 4 * 4, j = i % 4;
+    return (j < 2 ? a : b).f32[lane + ((imm >> (2 * j)) & 3)];
+  });
+}
+// 128-bit lanes: two of a, then two of b, each picked by 2 bits of imm.
+inline __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm) {
+  return per_lane([&](int i) {
+    const int j = i / 4;
+    return (j < 2 ? a : b).f32[4 * ((imm >> (2 * j)) & 3) + i % 4];
+  });
+}
+
 inline __m512i _mm512_slli_epi32(__m512i a, unsigned int count) {
   __m512i r;
   for (int i = 0; i < 16; ++i)
