@@ -8,8 +8,8 @@
 //   are reduced together (reduce16: 15 adds, 30 in-lane or 128-bit shuffles
 //   and one permute for up to 16 scores) instead of one horizontal sum each.
 // * P V: M x NV <= 16 accumulator vectors per column pass (NV = 16 / M
-//   rounded to even), P broadcast per (row, key), 32 keys per chunk so their
-//   V rows stay in L1 across the passes.
+//   rounded down to a power of two), P broadcast per (row, key), 32 keys per
+//   chunk so their V rows stay in L1 across the passes.
 // * bf16: one 512-bit load of 32 elements gives the even elements (<< 16) and
 //   the odd ones (& 0xffff0000) as fp32 with two instructions; q (per tile) and
 //   the accumulator (per 32-key chunk) are permuted to that order and back.
@@ -17,8 +17,9 @@
 // * Head dims: 32-element chunks, then 16-element blocks, then one masked
 //   block (masked loads: no element-by-element tail loop).
 // * P V sums every column over the keys in key order with one FMA per key,
-//   like the AVX2 product, so the two give bitwise the same accumulator; the
-//   scores' summation order differs (16 lanes, then the reduction tree).
+//   like the AVX2 product (whose scalar tail columns, past the last multiple
+//   of 8, are fused only where the compiler contracts them); the scores'
+//   summation order differs (16 lanes, then the reduction tree).
 //
 // Included INSIDE namespace tileattn::detail::avx512 (avx512/kernels.hpp),
 // after isa/avx2/few_rows_kernels.hpp (whose element-strided fallbacks, in
@@ -116,7 +117,7 @@ static inline __m512 reduce16(const __m512* v) {
 // Keys scored per pass: M x KJ <= 16 accumulator chains, every one an
 // independent FMA chain (2 FMA pipes x 4 cycles of latency need >= 8).
 template <int M>
-constexpr int kKeysPerPass = 16 / M;
+constexpr int kKeysPerPass = M == 1 ? 8 : 16 / M;
 // P V: accumulator vectors per row and column pass (a power of two, so
 // whole 32-element chunks); M x NV <= 16.
 template <int M>
@@ -148,19 +149,31 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     for (int64_t t = d32; t < d16; t += 16) _mm512_store_ps(qc[r] + t, _mm512_loadu_ps(qr + t));
     if (tail) _mm512_store_ps(qc[r] + d16, _mm512_maskz_loadu_ps(tail, qr + d16));
   }
-  for (int64_t c0 = 0; c0 < n; c0 += KJ) {
-    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
-    for (int64_t i = c0; i < c0 + cn; ++i)
+  // The rows of `ahead` with index i in [i0, i1): all their lines.
+  const auto prefetch = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
       for (int64_t off = 0; off < d * kS; off += 64) {
         if (i < ahead.k_count) _mm_prefetch(static_cast<const char*>(ahead.k_rows[i]) + off, _MM_HINT_T0);
         if (i < ahead.v_count) _mm_prefetch(static_cast<const char*>(ahead.v_rows[i]) + off, _MM_HINT_T0);
       }
+  };
+  // A pass's keys' prefetches go out a few keys per 32-element chunk, not
+  // all at its start: with 1 row a pass scores 16 keys (128 lines at bf16,
+  // D = 128) and the burst made MHA decode 9-13% slower than the AVX2
+  // product's 4 keys per pass.
+  const int64_t chunks = d32 / 32 > 0 ? d32 / 32 : 1;
+  for (int64_t c0 = 0; c0 < n; c0 += KJ) {
+    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
+    const int64_t keys_per_chunk = (cn + chunks - 1) / chunks;
+    if (d32 == 0) prefetch(c0, c0 + cn);
     // A partial pass repeats its last row; those lanes are not stored.
     const char* rows[KJ];
     for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t t = 0; t < d32; t += 32) {
+      const int64_t first = c0 + t / 32 * keys_per_chunk;
+      prefetch(first, first + keys_per_chunk < c0 + cn ? first + keys_per_chunk : c0 + cn);
       for (int j = 0; j < KJ; ++j) {
         __m512 lo, hi;
         load32<kType>(rows[j] + t * kS, lo, hi);

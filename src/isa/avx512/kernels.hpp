@@ -265,7 +265,7 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
   }
 
   // dst[c * ld + r] = rows[r][c * stride], columns n_rows..round_up(n_rows, 16) zeroed.
-  // 16x16 blocks: rows converted into an L1 block, columns gathered from it,
+  // 16x16 blocks: rows converted into registers and transposed there (transpose16),
   // so every store to dst is a full 64-byte line.
   // K^T: rows[r][c * stride] to dst + (r / 16) * panel + c * ld + r % 16.
   static void pack_transposed(const void* const* rows, int64_t n_rows, DType dtype, int64_t d,
