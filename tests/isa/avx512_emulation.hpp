@@ -1,7 +1,8 @@
 // A scalar emulation of exactly the AVX-512 (F/BW/DQ/VL) intrinsics that
 // src/isa/avx512/kernels.hpp uses, so that its kernels and the main loop built
-// on them can be tested on CPUs without AVX-512 (this project's development
-// machine is one; QEMU does not implement AVX-512 and Intel SDE is not here).
+// on them can be tested on CPUs without AVX-512 (the project's development
+// machines had none until 2026-12-01, and a CI machine may have none; QEMU
+// does not implement AVX-512 and Intel SDE is not here).
 //
 // Use, in a test translation unit that never includes <immintrin.h>:
 //   #define TILEATTN_AVX512_EMULATION "isa/avx512_emulation.hpp"
