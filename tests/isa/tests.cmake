@@ -8,3 +8,9 @@ target_sources(isa_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/emulated_avx512_forwa
 set(isa_native_few_rows ${CMAKE_CURRENT_LIST_DIR}/native_few_rows_kernels.cpp)
 target_sources(isa_tests PRIVATE ${isa_native_few_rows})
 set_source_files_properties(${isa_native_few_rows} PROPERTIES COMPILE_OPTIONS "${TILEATTN_AVX2_FLAGS}")
+
+# The AVX-512 few-rows products called directly (avx512_few_rows_test.cpp),
+# compiled with the AVX-512 flags in a file of their own.
+set(isa_native_avx512_few_rows ${CMAKE_CURRENT_LIST_DIR}/native_avx512_few_rows.cpp)
+target_sources(isa_tests PRIVATE ${isa_native_avx512_few_rows})
+set_source_files_properties(${isa_native_avx512_few_rows} PROPERTIES COMPILE_OPTIONS "${TILEATTN_AVX512_FLAGS}")

@@ -1,0 +1,135 @@
+// The AVX-512 few-rows products called directly, on AVX-512 CPUs only (the
+// test is skipped, and says so, elsewhere; the main loop's decode tests cover
+// the AVX2 and portable products on every CPU). Every K/V row ends at a guard
+// page in half the cases, so a read past a row's last element crashes; the
+// score and accumulator tiles carry sentinels around the written block. Scores
+// and accumulators are checked against a float64 sum with an fp32 summation
+// bound, |error| <= 128 * 2^-24 * sum |terms|: a score goes through ~20
+// roundings (16 FMAs per lane, a 4-level tree), an accumulator through one
+// FMA per key (n <= 70), and a wrong element, lane or row is off by a whole
+// term.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/half.hpp"
+#include "isa/guarded_buffer.hpp"
+#include "isa/native_avx512_few_rows.hpp"
+#include "tileattn/machine.hpp"
+
+namespace tileattn::testing {
+namespace {
+
+constexpr float kSentinel = -12345.0f;
+
+// n rows of d elements of `dtype`, each its own allocation: against a guard
+// page (guarded) or at a random element offset in a plain buffer.
+struct Rows {
+  std::vector<std::unique_ptr<GuardedBuffer>> guards;
+  std::vector<char> plain;
+  std::vector<const void*> pointers;
+  std::vector<std::vector<double>> values;  // as the kernels read them
+
+  Rows(int64_t n, int64_t d, DType dtype, bool guarded, std::mt19937_64& rng) {
+    const size_t esize = dtype_size(dtype), bytes = size_t(d) * esize;
+    std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+    plain.resize(size_t(n) * (bytes + 64) + 64);
+    for (int64_t r = 0; r < n; ++r) {
+      char* row;
+      if (guarded) {
+        guards.push_back(std::make_unique<GuardedBuffer>(bytes));
+        row = guards.back()->at_end<char>(bytes);
+      } else {
+        row = plain.data() + size_t(r) * (bytes + 64) + esize * (rng() % 8);
+      }
+      std::vector<double> v(static_cast<size_t>(d));
+      for (int64_t t = 0; t < d; ++t) {
+        const float x = value(rng);
+        if (dtype == DType::f32) {
+          std::memcpy(row + t * 4, &x, 4);
+          v[size_t(t)] = x;
+        } else {
+          const uint16_t h = dtype == DType::f16 ? detail::float_to_f16(x) : detail::float_to_bf16(x);
+          std::memcpy(row + t * 2, &h, 2);
+          v[size_t(t)] = dtype == DType::f16 ? detail::f16_to_float(h) : detail::bf16_to_float(h);
+        }
+      }
+      pointers.push_back(row);
+      values.push_back(std::move(v));
+    }
+  }
+};
+
+bool within_fp32_sum_bound(double got, double exact, double abs_sum) {
+  return std::fabs(got - exact) <= 128.0 * 0x1p-24 * abs_sum;
+}
+
+TEST(Avx512FewRowsNative, ScoresAndAccumulateMatchFloat64AndStayInBounds) {
+  if (!isa_available(Isa::avx512)) GTEST_SKIP() << "this CPU has no AVX-512 (F/BW/DQ/VL)";
+  std::mt19937_64 rng(2026'12'01);
+  const int64_t dims[] = {1, 7, 15, 16, 17, 31, 32, 33, 48, 64, 80, 100, 128, 129, 200, 255, 256};
+  int cases = 0;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t m = 1; m <= 8; ++m)
+      for (int64_t d : dims) {
+        const int64_t n = 1 + int64_t(rng() % 70);
+        const bool guarded = (cases++ % 2) == 0;
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                     " d=" + std::to_string(d) + (guarded ? " guarded" : ""));
+        const Rows keys(n, d, dtype, guarded, rng), values(n, d, dtype, guarded, rng);
+        std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+        const int64_t ldq = d + int64_t(rng() % 5), lds = n + int64_t(rng() % 5), ldacc = d + int64_t(rng() % 5);
+        std::vector<float> q(size_t(m * ldq)), p(size_t(m * lds));
+        for (float& x : q) x = value(rng);
+        for (float& x : p) x = value(rng) * 0.5f + 0.5f;
+        // Tiles with one sentinel row after the block: writes stay in [0, m) x [0, n or d).
+        std::vector<float> s(size_t((m + 1) * lds), kSentinel), acc(size_t((m + 1) * ldacc), kSentinel);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t t = 0; t < d; ++t) acc[size_t(r * ldacc + t)] = value(rng);
+        const std::vector<float> acc_before = acc;
+
+        native_avx512::few_rows_scores(m, n, d, q.data(), ldq, keys.pointers.data(), dtype, s.data(), lds);
+        native_avx512::few_rows_accumulate(m, n, d, p.data(), lds, values.pointers.data(), dtype, acc.data(),
+                                           ldacc);
+
+        for (int64_t r = 0; r <= m; ++r)
+          for (int64_t c = 0; c < lds; ++c) {
+            const float got = s[size_t(r * lds + c)];
+            if (r == m || c >= n) {
+              ASSERT_EQ(got, kSentinel) << "score written outside the block at " << r << ", " << c;
+              continue;
+            }
+            double exact = 0.0, abs_sum = 0.0;
+            for (int64_t t = 0; t < d; ++t) {
+              const double term = double(q[size_t(r * ldq + t)]) * keys.values[size_t(c)][size_t(t)];
+              exact += term;
+              abs_sum += std::fabs(term);
+            }
+            ASSERT_TRUE(within_fp32_sum_bound(got, exact, abs_sum)) << "s[" << r << ", " << c << "] = " << got
+                                                                     << ", float64 " << exact;
+          }
+        for (int64_t r = 0; r <= m; ++r)
+          for (int64_t t = 0; t < ldacc; ++t) {
+            const float got = acc[size_t(r * ldacc + t)];
+            if (r == m || t >= d) {
+              ASSERT_EQ(got, acc_before[size_t(r * ldacc + t)]) << "acc written outside the block at " << r << ", " << t;
+              continue;
+            }
+            double exact = acc_before[size_t(r * ldacc + t)], abs_sum = std::fabs(exact);
+            for (int64_t c = 0; c < n; ++c) {
+              const double term = double(p[size_t(r * lds + c)]) * values.values[size_t(c)][size_t(t)];
+              exact += term;
+              abs_sum += std::fabs(term);
+            }
+            ASSERT_TRUE(within_fp32_sum_bound(got, exact, abs_sum)) << "acc[" << r << ", " << t << "] = " << got
+                                                                     << ", float64 " << exact;
+          }
+      }
+}
+
+}  // namespace
+}  // namespace tileattn::testing
