@@ -44,7 +44,10 @@ const char* const kHelp =
     "(thread_speedup; read1_gb_per_s and read_thread_speedup: a one-thread pass after each\n"
     "read pass, and the per-step ratio of the two passes' rates, what the memory gives T\n"
     "threads over one): those run interleaved with the main loop, step by step, a read pass\n"
-    "after each, and each ratio is the median over steps of the two times of that step.\n";
+    "after each, and each ratio is the median over steps of the two times of that step.\n"
+    "With a cache of 4 MiB or more, every step and every read pass starts cold: a read of\n"
+    "twice the last-level cache (evict_bytes, untimed) comes before each, as a model's other\n"
+    "layers would.\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
 constexpr double kLlama3RopeTheta = 500000.0;
@@ -158,34 +161,34 @@ class DecodeLoop {
 // Streaming read of a buffer of `bytes` bytes with `threads` threads. The
 // buffer is cut into contiguous slices handed out like the forward's work
 // items, so a thread that wakes late does not leave the other reading alone.
+//
+// With `evict_bytes` > 0 it also holds a second buffer of that size, which
+// evict() reads (untimed) to push the K/V cache and the read buffer out of
+// the last-level cache: a model's other layers stream far more than the L3
+// between two steps of one layer, so a step and its read pass both start
+// cold. The read pass alone did that on the 32 MB-L3 machines this was first
+// measured on; with a 300 MiB L3 (2026-12-01) a 34 MB cache and the 34 MB read
+// buffer both stayed in it, and the CLI compared an L3-resident decode with
+// an L3 read.
 class ReadBandwidth {
  public:
-  ReadBandwidth(int64_t bytes, int threads)
+  ReadBandwidth(int64_t bytes, int threads, int64_t evict_bytes = 0)
       : words_(std::max<int64_t>(bytes / 8, 1024)), threads_(threads),
-        buffer_(static_cast<size_t>(words_)), sums_(size_t(threads) * 8, 0) {
+        buffer_(static_cast<size_t>(words_)), sums_(size_t(threads) * 8, 0),
+        evict_(static_cast<size_t>(std::max<int64_t>(evict_bytes / 8, 0))) {
     for (int64_t i = 0; i < words_; ++i) buffer_[size_t(i)] = uint64_t(i) * 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < evict_.size(); ++i) evict_[i] = i;
   }
   // One pass on the reader's threads (or `threads`), GB/s.
   double pass(int threads = 0) {
     if (threads <= 0 || threads > threads_) threads = threads_;
-    const int64_t parts = int64_t(threads) * 16;
-    const double ms = time_ms([&] {
-      detail::parallel_for(parts, threads, [&](int64_t part, int worker) {
-        const int64_t begin = words_ * part / parts, end = words_ * (part + 1) / parts;
-        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent chains keep the loads in flight
-        int64_t i = begin;
-        for (; i + 4 <= end; i += 4) {
-          a0 += buffer_[size_t(i)];
-          a1 += buffer_[size_t(i + 1)];
-          a2 += buffer_[size_t(i + 2)];
-          a3 += buffer_[size_t(i + 3)];
-        }
-        for (; i < end; ++i) a0 += buffer_[size_t(i)];
-        sums_[size_t(worker) * 8] += a0 + a1 + a2 + a3;  // one cache line per worker
-      });
-    });
-    return double(words_ * 8) / (ms * 1e-3) * 1e-9;
+    return double(words_ * 8) / (read(buffer_, threads) * 1e-3) * 1e-9;
   }
+  // Reads the eviction buffer (nothing without one).
+  void evict() {
+    if (!evict_.empty()) read(evict_, threads_);
+  }
+  int64_t evict_bytes() const { return int64_t(evict_.size()) * 8; }
   int threads() const { return threads_; }
   ~ReadBandwidth() {
     volatile uint64_t keep = std::accumulate(sums_.begin(), sums_.end(), uint64_t{0});
@@ -193,10 +196,32 @@ class ReadBandwidth {
   }
 
  private:
+  // One pass over `words` on `threads` threads, ms.
+  double read(const std::vector<uint64_t>& words, int threads) {
+    const int64_t n = int64_t(words.size());
+    const int64_t parts = int64_t(threads) * 16;
+    return time_ms([&] {
+      detail::parallel_for(parts, threads, [&](int64_t part, int worker) {
+        const int64_t begin = n * part / parts, end = n * (part + 1) / parts;
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent chains keep the loads in flight
+        int64_t i = begin;
+        for (; i + 4 <= end; i += 4) {
+          a0 += words[size_t(i)];
+          a1 += words[size_t(i + 1)];
+          a2 += words[size_t(i + 2)];
+          a3 += words[size_t(i + 3)];
+        }
+        for (; i < end; ++i) a0 += words[size_t(i)];
+        sums_[size_t(worker) * 8] += a0 + a1 + a2 + a3;  // one cache line per worker
+      });
+    });
+  }
+
   int64_t words_;
   int threads_;
   std::vector<uint64_t> buffer_;
   std::vector<uint64_t> sums_;
+  std::vector<uint64_t> evict_;
 };
 
 struct LoopResult {
@@ -256,6 +281,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
       const size_t v = (size_t(i) + k) % n;
       const Variant& variant = variants[v];
       DecodeLoop& loop = variant.on_main_cache ? *loops[0] : *loops[v];
+      if (reader) reader->evict();
       const double ms = time_ms([&] {
         if (variant.on_main_cache) loop.attend(t.q, o, i, variant.threads);
         else loop.step(t.q, t.k, t.v, o, i);
@@ -268,9 +294,11 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
       }
       gb_per_s.push_back(double(r[v].kv_bytes_last) / (ms * 1e-3) * 1e-9);
       if (reader) {
+        reader->evict();
         read_gb.push_back(reader->pass());
         fraction.push_back(gb_per_s.back() / read_gb.back());
         if (reader->threads() > 1) {
+          reader->evict();
           read1_gb.push_back(reader->pass(1));
           read_ratio.push_back(read_gb.back() / read1_gb.back());
         }
@@ -373,9 +401,15 @@ int cmd_decode(int argc, char** argv) {
   t.v = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 5);
 
   const Isa isa = resolve_isa(Isa::automatic);
-  // The read buffer has the K/V bytes of the middle step.
-  ReadBandwidth reader(2 * s.batch * s.kv_heads * (s.prompt + s.steps / 2) * s.dim *
-                           int64_t(dtype_size(s.dtype)), threads);
+  // The read buffer has the K/V bytes of the middle step. Caches of 4 MiB or
+  // more are evicted before every step and read pass by reading twice the
+  // last-level cache (at least 64 MiB); smaller ones are what tests and tiny
+  // models use, and stay as they are.
+  const int64_t kv_bytes = 2 * s.batch * s.kv_heads * (s.prompt + s.steps / 2) * s.dim *
+                           int64_t(dtype_size(s.dtype));
+  const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
+  ReadBandwidth reader(kv_bytes, threads, kv_bytes >= (int64_t{4} << 20) ? 2 * l3 : 0);
+  reader.evict();  // page the eviction buffer in
   reader.pass();  // page the buffer in
   // Variant 0 is the loop asked for; then contiguous (with --paged) and one thread (T > 1).
   std::vector<Variant> variants = {{paged ? page_size : 0, threads}};
@@ -405,6 +439,7 @@ int cmd_decode(int argc, char** argv) {
   rep.number("kv_gb_per_s", main.kv_gb_per_s);
   rep.number("read_gb_per_s", read_gb);
   rep.number("fraction_of_bandwidth", main.fraction_of_bandwidth);
+  rep.integer("evict_bytes", reader.evict_bytes());
   if (paged) {
     const LoopResult& contiguous = loops[1];
     rep.number("contiguous_ms_per_token", contiguous.ms_per_token);

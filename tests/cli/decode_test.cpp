@@ -2,9 +2,11 @@
 // run has (paged, threads), their relations, and usage errors (exit 2).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "cli/cli_support.hpp"
+#include "tileattn/machine.hpp"
 
 namespace tileattn::cli_test {
 namespace {
@@ -12,9 +14,10 @@ namespace {
 // A small decode run: 64 cached tokens, 4 steps, 4/2 heads of 32 dims, bf16.
 const char* const kSmall = "decode --prompt 64 --steps 4 --heads 4 --kv-heads 2 --dim 32 --recompute-steps 1 --json";
 
-Json decode_json(const std::string& flags) {
+// `command` is the whole command line (kSmall plus flags by default).
+Json decode_json(const std::string& flags, const std::string& command = kSmall) {
   TempDir dir;
-  const Result r = run_cli(std::string(kSmall) + " " + flags, dir);
+  const Result r = run_cli(command + " " + flags, dir);
   EXPECT_EQ(r.status, 0) << r.err;
   Json j;
   EXPECT_TRUE(JsonParser(r.out).parse(j)) << "not one JSON value: " << r.out;
@@ -44,6 +47,19 @@ TEST(cliDecode, PagedTwoThreadsReportsEveryRatio) {
     EXPECT_GT(number(j, key), 0) << key;
   EXPECT_NEAR(number(j, "tokens_per_s"), 1e3 / number(j, "ms_per_token"), 1e-6 * number(j, "tokens_per_s"));
   EXPECT_EQ(number(j, "recompute_steps"), 1);
+  // A cache this small (17 KiB) is not evicted between steps.
+  EXPECT_EQ(number(j, "evict_bytes"), 0);
+}
+
+// From 4 MiB of K/V, every step and read pass starts after reading twice the
+// last-level cache (at least 64 MiB).
+TEST(cliDecode, LargeCachesAreEvictedBetweenSteps) {
+  const Json j = decode_json("--threads 1", "decode --prompt 8192 --steps 2 --heads 2 --kv-heads 2 --dim 64 "
+                                            "--recompute-steps 0 --json");
+  EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 8194 * 64 * 2);
+  const double l3 = double(std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20));
+  EXPECT_EQ(number(j, "evict_bytes"), 2 * l3);
+  EXPECT_GT(number(j, "fraction_of_bandwidth"), 0);
 }
 
 TEST(cliDecode, ContiguousOneThreadHasNoPairedRatios) {
