@@ -14,6 +14,27 @@
 
 namespace tileattn::detail {
 
+// One software prefetch of the line holding p, toward L1 (kToL1) or L2, that
+// the compiler cannot drop. GCC 12 deletes a __builtin_prefetch / _mm_prefetch
+// when the function around it has no other effect (its pure-const analysis
+// does not count a prefetch as one) and the call's result is unused: the
+// AVX-512 decode scores asked for the next tile's rows from such a lambda,
+// and the library had not one of those prefetch instructions (objdump,
+// found 2026-12-01; docs/inference.md has what it cost). A volatile asm is an
+// effect; without a memory clobber it does not order the loads and stores
+// around it.
+template <bool kToL1>
+inline void prefetch_line(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  if constexpr (kToL1)
+    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+  else
+    asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, kToL1 ? 3 : 2);
+#endif
+}
+
 class RowPrefetch {
  public:
   // Rows rows[0, n_rows), each row_bytes long, toward L2. The table must
@@ -29,7 +50,7 @@ class RowPrefetch {
   // Asks for the next `lines` 64-byte lines (fewer when the rows run out).
   inline void issue(int64_t lines) {
     while (lines > 0 && row_ < n_rows_) {
-      __builtin_prefetch(static_cast<const char*>(rows_[row_]) + offset_, 0, 2);
+      prefetch_line<false>(static_cast<const char*>(rows_[row_]) + offset_);
       --lines;
       offset_ += 64;
       if (offset_ >= row_bytes_) {

@@ -130,8 +130,8 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     for (int k0 = 0; k0 < 8; k0 += KJ) {
       for (int64_t i = c0 + k0; i < c0 + k0 + KJ; ++i)
         for (int64_t off = 0; off < d * kSize; off += 64) {
-          if (i < ahead.k_count) _mm_prefetch(static_cast<const char*>(ahead.k_rows[i]) + off, _MM_HINT_T0);
-          if (i < ahead.v_count) _mm_prefetch(static_cast<const char*>(ahead.v_rows[i]) + off, _MM_HINT_T0);
+          if (i < ahead.k_count) prefetch_line<true>(static_cast<const char*>(ahead.k_rows[i]) + off);
+          if (i < ahead.v_count) prefetch_line<true>(static_cast<const char*>(ahead.v_rows[i]) + off);
         }
       __m256 acc[M][KJ][S];
       for (int r = 0; r < M; ++r)
