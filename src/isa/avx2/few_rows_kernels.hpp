@@ -258,35 +258,31 @@ static inline void accumulate_strided(int64_t m, int64_t n, int64_t d, const flo
     }
 }
 
-template <DType kType>
-static void scores_m(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
-                     const void* const* key_rows, float* s, int64_t lds, const RowsToPrefetch& ahead) {
+// Calls f.template operator()<kType, M>() for dtype's kType and M = m
+// (1..kFewRowsMax; other m do nothing): the one place the products'
+// template arguments are chosen, for this file's products and the AVX-512
+// ones (isa/avx512/few_rows_kernels.hpp).
+template <DType kType, class F>
+static inline void with_rows(int64_t m, F& f) {
   switch (m) {
-    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds, ahead); break;
+    case 1: f.template operator()<kType, 1>(); break;
+    case 2: f.template operator()<kType, 2>(); break;
+    case 3: f.template operator()<kType, 3>(); break;
+    case 4: f.template operator()<kType, 4>(); break;
+    case 5: f.template operator()<kType, 5>(); break;
+    case 6: f.template operator()<kType, 6>(); break;
+    case 7: f.template operator()<kType, 7>(); break;
+    case 8: f.template operator()<kType, 8>(); break;
     default: break;
   }
 }
 
-template <DType kType>
-static void accumulate_m(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                         const void* const* value_rows, float* acc, int64_t ldacc) {
-  switch (m) {
-    case 1: accumulate<kType, 1>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 2: accumulate<kType, 2>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 3: accumulate<kType, 3>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 4: accumulate<kType, 4>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 5: accumulate<kType, 5>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 6: accumulate<kType, 6>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 7: accumulate<kType, 7>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 8: accumulate<kType, 8>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    default: break;
+template <class F>
+static inline void with_type_and_rows(DType dtype, int64_t m, F&& f) {
+  switch (dtype) {
+    case DType::f32: with_rows<DType::f32>(m, f); break;
+    case DType::f16: with_rows<DType::f16>(m, f); break;
+    case DType::bf16: with_rows<DType::bf16>(m, f); break;
   }
 }
 
@@ -303,11 +299,9 @@ struct FewRowsKernels {
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
                               int64_t lds, const RowsToPrefetch& ahead = {}) {
     if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
-    switch (dtype) {
-      case DType::f32: few_rows::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
-      case DType::f16: few_rows::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
-      case DType::bf16: few_rows::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
-    }
+    few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
+      few_rows::scores<kType, M>(n, d, q, ldq, key_rows, s, lds, ahead);
+    });
   }
 
   // acc[r * ldacc + t] += sum_c p[r * ldp + c] * value_rows[c][t * stride], r < m <= 8, c < n, t < d.
@@ -316,10 +310,8 @@ struct FewRowsKernels {
                                   float* acc, int64_t ldacc) {
     if (stride != 1)
       return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
-    switch (dtype) {
-      case DType::f32: few_rows::accumulate_m<DType::f32>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
-      case DType::f16: few_rows::accumulate_m<DType::f16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
-      case DType::bf16: few_rows::accumulate_m<DType::bf16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
-    }
+    few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
+      few_rows::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc);
+    });
   }
 };

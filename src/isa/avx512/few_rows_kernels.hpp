@@ -272,38 +272,6 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
   }
 }
 
-template <DType kType>
-static void scores_m(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
-                     const void* const* key_rows, float* s, int64_t lds, const RowsToPrefetch& ahead) {
-  switch (m) {
-    case 1: scores<kType, 1>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 2: scores<kType, 2>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 3: scores<kType, 3>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 4: scores<kType, 4>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 5: scores<kType, 5>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 6: scores<kType, 6>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 7: scores<kType, 7>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    case 8: scores<kType, 8>(n, d, q, ldq, key_rows, s, lds, ahead); break;
-    default: break;
-  }
-}
-
-template <DType kType>
-static void accumulate_m(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                         const void* const* value_rows, float* acc, int64_t ldacc) {
-  switch (m) {
-    case 1: accumulate<kType, 1>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 2: accumulate<kType, 2>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 3: accumulate<kType, 3>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 4: accumulate<kType, 4>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 5: accumulate<kType, 5>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 6: accumulate<kType, 6>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 7: accumulate<kType, 7>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    case 8: accumulate<kType, 8>(n, d, p, ldp, value_rows, acc, ldacc); break;
-    default: break;
-  }
-}
-
 }  // namespace few_rows16
 
 // The few-rows products of the AVX-512 main loop (same interface as the AVX2
@@ -315,11 +283,9 @@ struct FewRows16Kernels {
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
                               int64_t lds, const RowsToPrefetch& ahead = {}) {
     if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
-    switch (dtype) {
-      case DType::f32: few_rows16::scores_m<DType::f32>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
-      case DType::f16: few_rows16::scores_m<DType::f16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
-      case DType::bf16: few_rows16::scores_m<DType::bf16>(m, n, d, q, ldq, key_rows, s, lds, ahead); break;
-    }
+    few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
+      few_rows16::scores<kType, M>(n, d, q, ldq, key_rows, s, lds, ahead);
+    });
   }
 
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
@@ -327,10 +293,8 @@ struct FewRows16Kernels {
                                   float* acc, int64_t ldacc) {
     if (stride != 1)
       return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
-    switch (dtype) {
-      case DType::f32: few_rows16::accumulate_m<DType::f32>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
-      case DType::f16: few_rows16::accumulate_m<DType::f16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
-      case DType::bf16: few_rows16::accumulate_m<DType::bf16>(m, n, d, p, ldp, value_rows, acc, ldacc); break;
-    }
+    few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
+      few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc);
+    });
   }
 };
