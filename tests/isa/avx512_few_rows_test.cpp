@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/half.hpp"
@@ -64,8 +65,27 @@ struct Rows {
   }
 };
 
-bool within_fp32_sum_bound(double got, double exact, double abs_sum) {
-  return std::fabs(got - exact) <= 128.0 * 0x1p-24 * abs_sum;
+// tile[r * ld + c] for r <= rows, c < ld: inside [0, rows) x [0, width)
+// within the fp32 summation bound of exact(r, c) = {float64 sum, sum of
+// |terms|}; outside (the padding and the sentinel row after the block)
+// equal to `before`, the tile as it was before the call.
+template <class Exact>
+::testing::AssertionResult tile_matches(const char* name, const std::vector<float>& tile,
+                                        const std::vector<float>& before, int64_t rows, int64_t width,
+                                        int64_t ld, Exact exact) {
+  for (int64_t r = 0; r <= rows; ++r)
+    for (int64_t c = 0; c < ld; ++c) {
+      const float got = tile[size_t(r * ld + c)];
+      if (r == rows || c >= width) {
+        if (got != before[size_t(r * ld + c)])
+          return ::testing::AssertionFailure() << name << " written outside the block at " << r << ", " << c;
+        continue;
+      }
+      const auto [sum, abs_sum] = exact(r, c);
+      if (std::fabs(got - sum) > 128.0 * 0x1p-24 * abs_sum)
+        return ::testing::AssertionFailure() << name << "[" << r << ", " << c << "] = " << got << ", float64 " << sum;
+    }
+  return ::testing::AssertionSuccess();
 }
 
 TEST(Avx512FewRowsNative, ScoresAndAccumulateMatchFloat64AndStayInBounds) {
@@ -90,44 +110,30 @@ TEST(Avx512FewRowsNative, ScoresAndAccumulateMatchFloat64AndStayInBounds) {
         std::vector<float> s(size_t((m + 1) * lds), kSentinel), acc(size_t((m + 1) * ldacc), kSentinel);
         for (int64_t r = 0; r < m; ++r)
           for (int64_t t = 0; t < d; ++t) acc[size_t(r * ldacc + t)] = value(rng);
-        const std::vector<float> acc_before = acc;
+        const std::vector<float> s_before = s, acc_before = acc;
 
         native_avx512::few_rows_scores(m, n, d, q.data(), ldq, keys.pointers.data(), dtype, s.data(), lds);
         native_avx512::few_rows_accumulate(m, n, d, p.data(), lds, values.pointers.data(), dtype, acc.data(),
                                            ldacc);
 
-        for (int64_t r = 0; r <= m; ++r)
-          for (int64_t c = 0; c < lds; ++c) {
-            const float got = s[size_t(r * lds + c)];
-            if (r == m || c >= n) {
-              ASSERT_EQ(got, kSentinel) << "score written outside the block at " << r << ", " << c;
-              continue;
-            }
-            double exact = 0.0, abs_sum = 0.0;
-            for (int64_t t = 0; t < d; ++t) {
-              const double term = double(q[size_t(r * ldq + t)]) * keys.values[size_t(c)][size_t(t)];
-              exact += term;
-              abs_sum += std::fabs(term);
-            }
-            ASSERT_TRUE(within_fp32_sum_bound(got, exact, abs_sum)) << "s[" << r << ", " << c << "] = " << got
-                                                                     << ", float64 " << exact;
+        ASSERT_TRUE(tile_matches("s", s, s_before, m, n, lds, [&](int64_t r, int64_t c) {
+          double sum = 0.0, abs_sum = 0.0;
+          for (int64_t t = 0; t < d; ++t) {
+            const double term = double(q[size_t(r * ldq + t)]) * keys.values[size_t(c)][size_t(t)];
+            sum += term;
+            abs_sum += std::fabs(term);
           }
-        for (int64_t r = 0; r <= m; ++r)
-          for (int64_t t = 0; t < ldacc; ++t) {
-            const float got = acc[size_t(r * ldacc + t)];
-            if (r == m || t >= d) {
-              ASSERT_EQ(got, acc_before[size_t(r * ldacc + t)]) << "acc written outside the block at " << r << ", " << t;
-              continue;
-            }
-            double exact = acc_before[size_t(r * ldacc + t)], abs_sum = std::fabs(exact);
-            for (int64_t c = 0; c < n; ++c) {
-              const double term = double(p[size_t(r * lds + c)]) * values.values[size_t(c)][size_t(t)];
-              exact += term;
-              abs_sum += std::fabs(term);
-            }
-            ASSERT_TRUE(within_fp32_sum_bound(got, exact, abs_sum)) << "acc[" << r << ", " << t << "] = " << got
-                                                                     << ", float64 " << exact;
+          return std::pair{sum, abs_sum};
+        }));
+        ASSERT_TRUE(tile_matches("acc", acc, acc_before, m, d, ldacc, [&](int64_t r, int64_t t) {
+          double sum = acc_before[size_t(r * ldacc + t)], abs_sum = std::fabs(sum);
+          for (int64_t c = 0; c < n; ++c) {
+            const double term = double(p[size_t(r * lds + c)]) * values.values[size_t(c)][size_t(t)];
+            sum += term;
+            abs_sum += std::fabs(term);
           }
+          return std::pair{sum, abs_sum};
+        }));
       }
 }
 
