@@ -265,11 +265,11 @@ struct Variant {
 // Times the variants' decode loops interleaved, step by step: step i runs one
 // step of each (in an order that rotates with i), so that the load of other
 // processes, which moves by 2x within minutes here, falls on all of them
-// alike, and ratios are taken per step. With `reader`, one streaming-read pass
-// follows every timed step: after variant 0 it is the bandwidth the step is
-// compared with (same conditions: other processes, caches), after every step
-// it evicts the cache from L3 as the rest of a model would, so that no step
-// finds the bytes the one before it read.
+// alike, and ratios are taken per step. With `reader`, a streaming-read pass
+// follows variant 0's steps: the bandwidth the step is compared with (same
+// conditions: other processes, caches). Every step and pass starts with the
+// reader's eviction (caches of 4 MiB or more); for smaller ones a read pass
+// after every other variant's step keeps the variants' conditions alike.
 std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::vector<Variant>& variants,
                                     const RopeTables& rope, ReadBandwidth* reader = nullptr) {
   std::vector<std::unique_ptr<DecodeLoop>> loops;
@@ -299,7 +299,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
       r[v].kv_bytes_last = row_bytes * loop.length();
       r[v].step_ms.push_back(ms);
       if (v != 0) {
-        if (reader) reader->pass();  // eviction only
+        if (reader && reader->evict_bytes() == 0) reader->pass();
         continue;
       }
       gb_per_s.push_back(double(r[v].kv_bytes_last) / (ms * 1e-3) * 1e-9);
