@@ -25,7 +25,7 @@ namespace tileattn::detail {
 // around it.
 template <bool kToL1>
 inline void prefetch_line(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
   if constexpr (kToL1)
     asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
   else

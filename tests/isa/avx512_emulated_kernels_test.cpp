@@ -169,6 +169,44 @@ TEST(Avx512EmulatedKernels, Exp2SumMatchesGenericForEveryTail) {
     }
 }
 
+// The softmax passes over a tile (row_max_rows / exp2_sum_rows, four rows at
+// a time plus the rest one by one) give every row bitwise what row_max /
+// exp2_sum give it alone: tiles of 1..9 rows, every tail, rows with NaN,
+// -inf and fully masked (all -inf), a padded row stride.
+TEST(Avx512EmulatedKernels, TileSoftmaxPassesEqualTheRowByRowOnes) {
+  std::mt19937 rng(4);
+  for (int64_t rows = 1; rows <= 9; ++rows)
+    for (int64_t n : {0, 1, 15, 16, 17, 33, 64, 65}) {
+      const int64_t ld = pad16(n) + 16;
+      std::vector<float> tile(size_t(rows * ld), 7.0f);  // padding must stay as it is
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<float> x = uniform(rng, n, -40.0f, 10.0f);
+        std::copy(x.begin(), x.end(), tile.begin() + r * ld);
+        if (n > 0 && r % 4 == 1) tile[size_t(r * ld + (r * 7) % n)] = kNaN;
+        if (n > 0 && r % 4 == 2) std::fill(tile.begin() + r * ld, tile.begin() + r * ld + n, -kInf);
+        if (n > 1 && r % 4 == 3) tile[size_t(r * ld + n - 1)] = -kInf;
+      }
+      SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n));
+      std::vector<float> maxima(static_cast<size_t>(rows)), want_max(static_cast<size_t>(rows));
+      Avx512::row_max_rows(tile.data(), ld, rows, n, maxima.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        want_max[size_t(r)] = Avx512::row_max(tile.data() + r * ld, n);
+        EXPECT_TRUE(same_value(maxima[size_t(r)], want_max[size_t(r)])) << "row " << r;
+      }
+      // Subtract finite maxima (a fully masked row subtracts 0, as the main loop does).
+      std::vector<float> sub(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) sub[size_t(r)] = std::isfinite(want_max[size_t(r)]) ? want_max[size_t(r)] : 0.0f;
+      std::vector<float> got = tile, want = tile, sums(static_cast<size_t>(rows));
+      Avx512::exp2_sum_rows(got.data(), ld, rows, n, sub.data(), sums.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        const float want_sum = Avx512::exp2_sum(want.data() + r * ld, n, sub[size_t(r)]);
+        EXPECT_TRUE(same_value(sums[size_t(r)], want_sum)) << "row " << r;
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_TRUE(same_value(got[i], want[i])) << "element " << i << ": " << got[i] << " vs " << want[i];
+    }
+}
+
 TEST(Avx512EmulatedKernels, Exp2SumPropagatesNaNAndNothingElse) {
   GuardedBuffer buf(64 * 4);
   for (int64_t n = 1; n <= 33; ++n)

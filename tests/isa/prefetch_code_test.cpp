@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,40 +16,51 @@
 namespace tileattn::testing {
 namespace {
 
-// Function name -> count of prefetcht0 instructions, for the functions whose
-// demangled name contains `needle`.
-std::map<std::string, int> prefetches_by_function(const std::string& library, const std::string& needle) {
-  const std::string command = "objdump -d --no-show-raw-insn -C '" + library + "' 2>/dev/null";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
+struct Disassembly {
+  bool ok = false;        // objdump ran and exited 0
+  int64_t functions = 0;  // function headers seen
+  // "address <demangled name>" -> prefetcht0 instructions, for the functions
+  // whose name contains the needle (keyed by address too: two out-of-line
+  // copies of one static function keep separate counts).
   std::map<std::string, int> counts;
-  if (!pipe) return counts;
-  std::string line, current;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe.get())) {
-    line = buffer;
+};
+
+Disassembly prefetches_by_function(const std::string& library, const std::string& needle) {
+  Disassembly out;
+  const std::string command = "objdump -d --no-show-raw-insn -C '" + library + "' 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return out;
+  std::string current;
+  char buffer[8192];
+  while (fgets(buffer, sizeof buffer, pipe)) {
+    const std::string line = buffer;
     // "0000000000012340 <name>:" starts a function.
     const size_t open = line.find(" <"), close = line.rfind(">:");
     if (!line.empty() && line[0] != ' ' && open != std::string::npos && close != std::string::npos) {
-      current = line.substr(open + 2, close - open - 2);
-      if (current.find(needle) != std::string::npos) counts.emplace(current, 0);
+      ++out.functions;
+      current = line.substr(0, close + 1);
+      if (line.find(needle) != std::string::npos) out.counts.emplace(current, 0);
       else current.clear();
       continue;
     }
-    if (!current.empty() && line.find("prefetcht0") != std::string::npos) ++counts[current];
+    if (!current.empty() && line.find("prefetcht0") != std::string::npos) ++out.counts[current];
   }
-  return counts;
+  out.ok = pclose(pipe) == 0;
+  return out;
 }
 
 TEST(PrefetchCode, EveryFewRowsScoreProductHasItsPrefetches) {
   ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
-  int functions = 0;
+  int products = 0;
   for (const char* product : {"few_rows16::scores<", "few_rows::scores<"}) {
-    for (const auto& [name, count] : prefetches_by_function(TILEATTN_LIBRARY_FILE, product)) {
-      ++functions;
+    const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, product);
+    ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
+    for (const auto& [name, count] : d.counts) {
+      ++products;
       EXPECT_GT(count, 0) << name << " has no prefetcht0: its prefetches were compiled away";
     }
   }
-  if (functions == 0)
+  if (products == 0)
     GTEST_SKIP() << "every few-rows score product was inlined into its caller in " << TILEATTN_LIBRARY_FILE
                  << "; nothing to look at by name";
 }

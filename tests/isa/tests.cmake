@@ -15,5 +15,7 @@ set(isa_native_avx512_few_rows ${CMAKE_CURRENT_LIST_DIR}/native_avx512_few_rows.
 target_sources(isa_tests PRIVATE ${isa_native_avx512_few_rows})
 set_source_files_properties(${isa_native_avx512_few_rows} PROPERTIES COMPILE_OPTIONS "${TILEATTN_AVX512_FLAGS}")
 
-# prefetch_code_test.cpp reads the built library's disassembly.
+# prefetch_code_test.cpp reads the built library's disassembly (the shared
+# library, which isa_tests does not link: hence the explicit dependency).
 target_compile_definitions(isa_tests PRIVATE TILEATTN_LIBRARY_FILE="$<TARGET_FILE:tileattn>")
+add_dependencies(isa_tests tileattn)

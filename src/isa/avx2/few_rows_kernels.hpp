@@ -258,8 +258,10 @@ static inline void accumulate_strided(int64_t m, int64_t n, int64_t d, const flo
     }
 }
 
+constexpr int kDispatchedRows = 8;  // with_rows reaches M = 1..8
+
 // Calls f.template operator()<kType, M>() for dtype's kType and M = m
-// (1..kFewRowsMax; other m do nothing): the one place the products'
+// (1..kDispatchedRows; other m do nothing): the one place the products'
 // template arguments are chosen, for this file's products and the AVX-512
 // ones (isa/avx512/few_rows_kernels.hpp).
 template <DType kType, class F>
@@ -292,6 +294,7 @@ static inline void with_type_and_rows(DType dtype, int64_t m, F&& f) {
 // most kFewRowsMax query rows (see mainloop.hpp). Kernels derives from this.
 struct FewRowsKernels {
   static constexpr int kFewRowsMax = 8;
+  static_assert(kFewRowsMax == few_rows::kDispatchedRows, "with_rows must reach every row count");
 
   // s[r * lds + c] = sum_t q[r * ldq + t] * key_rows[c][t * stride], r < m <= 8, c < n, t < d;
   // prefetches the rows of `ahead` on the way.

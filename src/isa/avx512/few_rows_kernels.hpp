@@ -278,6 +278,7 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
 // FewRowsKernels). Kernels derives from this.
 struct FewRows16Kernels {
   static constexpr int kFewRowsMax = 8;
+  static_assert(kFewRowsMax == few_rows::kDispatchedRows, "with_rows must reach every row count");
 
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
