@@ -14,6 +14,10 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512_vnni = false, avx512_bf16 = false, avx512_fp16 = false;
+  // AMX-TILE and AMX-BF16 with the tile state enabled by the OS (XCR0 bits
+  // 17-18). tileattn's kernels do not use AMX yet; `tileattn info` measures
+  // its peak (measure_amx_bf16_peak_gflops).
+  bool amx_bf16 = false;
   std::string vendor, brand;
 };
 
@@ -66,5 +70,16 @@ void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entr
 // best of `reps` runs. The yardstick for `fraction_of_peak`.
 double measure_fma_peak_gflops(int threads = 0, Isa isa = Isa::automatic, double seconds = 0.2,
                                int reps = 3);
+
+// Measured AMX-BF16 tile multiply-add throughput in GFLOP/s (bf16 inputs,
+// fp32 accumulation, 2 flops per multiply-add), the same way; 0 where the
+// CPU, the OS (Linux grants the tile state per process on request) or the
+// build gives no AMX. tileattn's kernels do not use AMX yet: this says what
+// a bf16 path on it could reach.
+double measure_amx_bf16_peak_gflops(int threads = 0, double seconds = 0.2, int reps = 3);
+// cpu_features().amx_bf16, and Linux granted this process the tile data
+// state (asked once, on the first call; a process whose threads have signal
+// stacks too small for the tile state, as under some sanitizers, is refused).
+bool amx_bf16_usable();
 
 }  // namespace tileattn

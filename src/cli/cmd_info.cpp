@@ -17,7 +17,9 @@ const char* const kHelp =
     "usage: tileattn info [--json]\n"
     "ISA path chosen, CPU features, cache sizes, threads, tile shapes per head_dim and dtype\n"
     "(with how each was chosen), per-thread scratch, the measured FP32 FMA peak\n"
-    "(peak_gflops: all threads; peak_gflops_1thread) and the OpenBLAS core of the baseline.\n";
+    "(peak_gflops: all threads; peak_gflops_1thread), the measured AMX-BF16 peak where the CPU\n"
+    "and the OS give AMX (amx_bf16_usable; amx_bf16_peak_gflops, 0 otherwise; tileattn does\n"
+    "not use AMX yet) and the OpenBLAS core of the baseline.\n";
 
 // Per-thread scratch of the forward main loop for one query head per work
 // item (detail::forward_scratch_floats in src/core/scheduler.cpp).
@@ -46,6 +48,7 @@ std::string feature_list(const CpuFeatures& f) {
   add(f.avx512_vnni, "avx512_vnni");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_fp16, "avx512_fp16");
+  add(f.amx_bf16, "amx_bf16");
   return out;
 }
 
@@ -116,6 +119,12 @@ int cmd_info(int argc, char** argv) {
   r.number("peak_gflops", peak);
   r.number("peak_gflops_1thread", peak1);
   r.text("peak_isa", isa_name(isa));
+  r.boolean("amx_bf16_usable", amx_bf16_usable());
+  const double amx = measure_amx_bf16_peak_gflops(threads);
+  char amx_human[128];
+  std::snprintf(amx_human, sizeof amx_human, "%.1f%s", amx,
+                amx > 0 ? " (bf16 tile multiply-adds; tileattn does not use AMX yet)" : " (no usable AMX-BF16)");
+  r.raw("amx_bf16_peak_gflops", json_number(amx), amx_human);
 
   const OpenBlas& blas = load_openblas();
   if (blas.loaded) {

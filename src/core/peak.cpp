@@ -44,14 +44,10 @@ int64_t calibrate(LoopFn loop, double seconds) {
   }
 }
 
-}  // namespace
-
-double measure_fma_peak_gflops(int threads, Isa isa, double seconds, int reps) {
+// GFLOP/s of `threads` threads running `loop`, started together; best of `reps`.
+double measure_loop_gflops(LoopFn loop, int threads, double seconds, int reps) {
   const int hw = hardware_threads();
   if (threads <= 0 || threads > hw) threads = hw;
-  Isa path = isa == Isa::automatic ? best_isa() : isa;
-  if (path == Isa::reference || !isa_available(path)) path = Isa::generic;
-  const LoopFn loop = loop_for(path);
   const int64_t iterations = calibrate(loop, seconds);
   double best = 0;
   for (int rep = 0; rep < std::max(1, reps); ++rep) {
@@ -77,6 +73,21 @@ double measure_fma_peak_gflops(int threads, Isa isa, double seconds, int reps) {
     best = std::max(best, total / elapsed * 1e-9);
   }
   return best;
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(int threads, Isa isa, double seconds, int reps) {
+  Isa path = isa == Isa::automatic ? best_isa() : isa;
+  if (path == Isa::reference || !isa_available(path)) path = Isa::generic;
+  return measure_loop_gflops(loop_for(path), threads, seconds, reps);
+}
+
+bool amx_bf16_usable() { return cpu_features().amx_bf16 && detail::request_amx_permission(); }
+
+double measure_amx_bf16_peak_gflops(int threads, double seconds, int reps) {
+  if (!amx_bf16_usable()) return 0;
+  return measure_loop_gflops(detail::amx_bf16_loop, threads, seconds, reps);
 }
 
 }  // namespace tileattn

@@ -14,4 +14,10 @@ double fma_loop_generic(int64_t iterations, float* sink);
 double fma_loop_avx2(int64_t iterations, float* sink);
 double fma_loop_avx512(int64_t iterations, float* sink);
 
+// AMX-BF16 tile multiply-adds (isa/amx/peak_amx.cpp; 2 flops per
+// multiply-add); 0 where the build or the OS gives no AMX.
+double amx_bf16_loop(int64_t iterations, float* sink);
+// Asks Linux once per process for the AMX tile data state; true if granted.
+bool request_amx_permission();
+
 }  // namespace tileattn::detail

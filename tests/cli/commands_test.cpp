@@ -56,6 +56,16 @@ TEST(cliInfo, JsonHasTheMachineAndPeak) {
   expect_fields(j, {"cpu_features", "tiles", "isa_available"}, Json::array);
   EXPECT_GT(j.get("peak_gflops")->num, 0.5);
   EXPECT_GT(j.get("peak_gflops_1thread")->num, 0.5);
+  // The AMX-BF16 peak: measured where AMX is usable (the CPU lists it and
+  // the OS granted the tile state), else 0.
+  expect_fields(j, {"amx_bf16_peak_gflops"}, Json::number);
+  expect_fields(j, {"amx_bf16_usable"}, Json::boolean);
+  bool listed = false;
+  for (const Json& f : j.get("cpu_features")->items) listed = listed || f.str == "amx_bf16";
+  const bool usable = j.get("amx_bf16_usable")->flag;
+  if (!listed) EXPECT_FALSE(usable);
+  if (usable) EXPECT_GT(j.get("amx_bf16_peak_gflops")->num, j.get("peak_gflops_1thread")->num);
+  else EXPECT_EQ(j.get("amx_bf16_peak_gflops")->num, 0.0);
   // 5 head dims x 3 dtypes, each with its shape, scratch and reason.
   const Json& tiles = *j.get("tiles");
   ASSERT_EQ(tiles.items.size(), 15u);
