@@ -63,9 +63,14 @@ TEST(cliInfo, JsonHasTheMachineAndPeak) {
   bool listed = false;
   for (const Json& f : j.get("cpu_features")->items) listed = listed || f.str == "amx_bf16";
   const bool usable = j.get("amx_bf16_usable")->flag;
-  if (!listed) EXPECT_FALSE(usable);
-  if (usable) EXPECT_GT(j.get("amx_bf16_peak_gflops")->num, j.get("peak_gflops_1thread")->num);
-  else EXPECT_EQ(j.get("amx_bf16_peak_gflops")->num, 0.0);
+  if (!listed) {
+    EXPECT_FALSE(usable);
+  }
+  if (usable) {
+    EXPECT_GT(j.get("amx_bf16_peak_gflops")->num, j.get("peak_gflops_1thread")->num);
+  } else {
+    EXPECT_EQ(j.get("amx_bf16_peak_gflops")->num, 0.0);
+  }
   // 5 head dims x 3 dtypes, each with its shape, scratch and reason.
   const Json& tiles = *j.get("tiles");
   ASSERT_EQ(tiles.items.size(), 15u);

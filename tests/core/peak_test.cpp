@@ -16,7 +16,9 @@ TEST(Peak, FmaPeakIsPositiveForEveryAvailableIsa) {
 
 TEST(Peak, AmxPeakIsMeasuredExactlyWhereAmxIsUsable) {
   const double amx = measure_amx_bf16_peak_gflops(1, 0.02, 1);
-  if (!cpu_features().amx_bf16) EXPECT_FALSE(amx_bf16_usable());
+  if (!cpu_features().amx_bf16) {
+    EXPECT_FALSE(amx_bf16_usable());
+  }
   if (!amx_bf16_usable()) {
     EXPECT_EQ(amx, 0.0);
     return;
