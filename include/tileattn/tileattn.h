@@ -83,7 +83,9 @@ typedef enum tileattn_isa {
   TILEATTN_ISA_GENERIC = 1,  /**< portable C++ */
   TILEATTN_ISA_AVX2 = 2,     /**< AVX2 + FMA + F16C */
   TILEATTN_ISA_AVX512 = 3,   /**< AVX-512 F/BW/DQ/VL */
-  TILEATTN_ISA_REFERENCE = 4 /**< the float64 reference: slow, for checking results */
+  TILEATTN_ISA_REFERENCE = 4, /**< the float64 reference: slow, for checking results */
+  TILEATTN_ISA_AVX512BF16 = 5, /**< AVX-512 + AVX512-BF16: bf16 inputs on vdpbf16ps */
+  TILEATTN_ISA_AMX = 6         /**< AVX-512 + AVX512-BF16 + AMX-BF16: bf16 inputs on AMX tiles */
 } tileattn_isa;
 
 /** Kind of an explicit mask tensor. */

@@ -19,10 +19,15 @@ DType parse_dtype(const std::string& name);
 // Instruction-set path. `automatic` picks the best the CPU supports (or the
 // one TILEATTN_ISA names). `reference` runs the float64 reference: slow, for
 // checking a result on the user's own machine.
-enum class Isa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3, reference = 4 };
+// The rungs above avx512 differ from it only for bf16 inputs, whose products
+// run as bf16 dot products with fp32 sums: `avx512bf16` on AVX512-BF16's
+// vdpbf16ps, `amx` on AMX-BF16 tiles (tdpbf16ps). fp32 and fp16 inputs take
+// the avx512 code on both.
+enum class Isa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3, reference = 4, avx512bf16 = 5, amx = 6 };
 
 const char* isa_name(Isa isa);
-// Parses "generic", "avx2", "avx512", "reference", "auto"; throws Error otherwise.
+// Parses "generic", "avx2", "avx512", "avx512bf16", "amx", "reference",
+// "auto"; throws Error otherwise.
 Isa parse_isa(const std::string& name);
 
 // Invalid argument: the message names the argument and what was expected.

@@ -23,6 +23,8 @@ Isa to_isa(int32_t value, const char* name) {
     case TILEATTN_ISA_GENERIC: return Isa::generic;
     case TILEATTN_ISA_AVX2: return Isa::avx2;
     case TILEATTN_ISA_AVX512: return Isa::avx512;
+    case TILEATTN_ISA_AVX512BF16: return Isa::avx512bf16;
+    case TILEATTN_ISA_AMX: return Isa::amx;
     case TILEATTN_ISA_REFERENCE: return Isa::reference;
   }
   throw Error(std::string(name) + ": unknown isa value " + std::to_string(value));
@@ -34,6 +36,8 @@ int32_t from_isa(Isa isa) {
     case Isa::generic: return TILEATTN_ISA_GENERIC;
     case Isa::avx2: return TILEATTN_ISA_AVX2;
     case Isa::avx512: return TILEATTN_ISA_AVX512;
+    case Isa::avx512bf16: return TILEATTN_ISA_AVX512BF16;
+    case Isa::amx: return TILEATTN_ISA_AMX;
     case Isa::reference: return TILEATTN_ISA_REFERENCE;
   }
   return TILEATTN_ISA_AUTO;
@@ -93,4 +97,5 @@ static_assert(TILEATTN_F32 == int(tileattn::DType::f32) && TILEATTN_F16 == int(t
 static_assert(TILEATTN_ISA_AUTO == int(tileattn::Isa::automatic) &&
               TILEATTN_ISA_GENERIC == int(tileattn::Isa::generic) &&
               TILEATTN_ISA_AVX2 == int(tileattn::Isa::avx2) && TILEATTN_ISA_AVX512 == int(tileattn::Isa::avx512) &&
-              TILEATTN_ISA_REFERENCE == int(tileattn::Isa::reference));
+              TILEATTN_ISA_REFERENCE == int(tileattn::Isa::reference) &&
+              TILEATTN_ISA_AVX512BF16 == int(tileattn::Isa::avx512bf16) && TILEATTN_ISA_AMX == int(tileattn::Isa::amx));

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/peak_kernels.hpp"
 #include "core/thread_pool.hpp"
 #include "tileattn/machine.hpp"
 
@@ -121,12 +122,16 @@ bool isa_available(Isa isa) {
     case Isa::reference: return true;
     case Isa::avx2: return f.avx2 && f.fma && f.f16c;
     case Isa::avx512: return f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.f16c;
+    case Isa::avx512bf16: return detail::bf16_products_built() && isa_available(Isa::avx512) && f.avx512_bf16;
+    case Isa::amx: return detail::bf16_products_built() && isa_available(Isa::avx512bf16) && amx_bf16_usable();
     case Isa::automatic: return true;
   }
   return false;
 }
 
 Isa best_isa() {
+  if (isa_available(Isa::amx)) return Isa::amx;
+  if (isa_available(Isa::avx512bf16)) return Isa::avx512bf16;
   if (isa_available(Isa::avx512)) return Isa::avx512;
   if (isa_available(Isa::avx2)) return Isa::avx2;
   return Isa::generic;

@@ -24,8 +24,10 @@ namespace tileattn {
 
 namespace detail {
 
-ForwardItemFn forward_item_fn(Isa isa) {
+ForwardItemFn forward_item_fn(Isa isa, DType dtype) {
   switch (isa) {
+    case Isa::amx: return dtype == DType::bf16 ? forward_item_amx : forward_item_avx512;
+    case Isa::avx512bf16: return dtype == DType::bf16 ? forward_item_avx512bf16 : forward_item_avx512;
     case Isa::avx512: return forward_item_avx512;
     case Isa::avx2: return forward_item_avx2;
     default: return forward_item_generic;
@@ -39,6 +41,7 @@ int effective_threads(int requested) {
 
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   Problem p = describe(args);
+  if ((isa == Isa::amx || isa == Isa::avx512bf16) && args.dtype == DType::bf16) p.product = TileProduct::bf16_dot;
   TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
   p.block_kv = args.block_kv > 0 ? args.block_kv : tiles.block_kv;
@@ -235,7 +238,7 @@ void attention_forward(const ForwardArgs& args) {
   }
   const int threads = detail::effective_threads(args.threads);
   detail::Problem p = detail::plan_forward(args, isa, threads);
-  detail::run_forward_plan(p, threads, detail::forward_item_fn(isa));
+  detail::run_forward_plan(p, threads, detail::forward_item_fn(isa, args.dtype));
 }
 
 }  // namespace tileattn

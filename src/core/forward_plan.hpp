@@ -10,7 +10,7 @@
 namespace tileattn::detail {
 
 // The main-loop entry of an ISA path (generic, avx2 or avx512).
-ForwardItemFn forward_item_fn(Isa isa);
+ForwardItemFn forward_item_fn(Isa isa, DType dtype);
 // `requested` threads, or the hardware's when <= 0 or more than it has.
 int effective_threads(int requested);
 // Tiles, GQA grouping and key splits of a validated call on `isa`'s tiles.

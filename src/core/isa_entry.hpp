@@ -15,6 +15,10 @@ using ForwardItemFn = void (*)(const Problem& p, const WorkItem& w, float* scrat
 void forward_item_generic(const Problem& p, const WorkItem& w, float* scratch);
 void forward_item_avx2(const Problem& p, const WorkItem& w, float* scratch);
 void forward_item_avx512(const Problem& p, const WorkItem& w, float* scratch);
+// bf16 inputs only (Problem::product == bf16_dot); other dtypes on these
+// rungs run forward_item_avx512.
+void forward_item_avx512bf16(const Problem& p, const WorkItem& w, float* scratch);
+void forward_item_amx(const Problem& p, const WorkItem& w, float* scratch);
 
 // Backward main loop (training/backward_problem.hpp, core/backward_mainloop.hpp).
 struct BackwardProblem;

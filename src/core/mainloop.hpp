@@ -21,9 +21,12 @@
 // on small pages walks several KV heads per item (Problem::kv_heads_per_item):
 // each KV tile then runs once per KV head, with that head's group of rows.
 // Masks, dtypes, layouts and KV sources are policies of this one loop, and
-// so is the tile product: with at most K::kFewRowsMax stacked rows (decode)
-// and a Kernels that has few_rows_scores / few_rows_accumulate, nothing is
-// packed and the products read K/V rows in place (few_rows_kernels.hpp).
+// so is the tile product: the packed operands and their products come from
+// `Operands` (Fp32Operands: fp32 FMAs; Bf16Operands: bf16 dot products in
+// the VNNI pair layout, AVX512-BF16 or AMX, for bf16 inputs), and with at
+// most K::kFewRowsMax stacked rows (decode) and a Kernels that has
+// few_rows_scores / few_rows_accumulate, nothing is packed and the products
+// read K/V rows in place (few_rows_kernels.hpp).
 //
 // Query rows of the item's heads are stacked: stacked row s is head
 // s / rows, query row q_begin + s % rows, so a decode step (rows = 1) runs the
@@ -34,39 +37,141 @@
 // namespace: the including file first includes <cmath>, <cstring>, <limits>
 // and "core/mask_row.hpp" (which brings "core/problem.hpp").
 
+// Packed fp32 operands: Q pre-scaled by scale * log2(e), K^T and V converted
+// to fp32 once per KV tile; both products on K::gemm (fp32 FMAs).
 template <class K>
+class Fp32Operands {
+ public:
+  Fp32Operands(const Problem& p, const ForwardScratchLayout& l, float* scratch)
+      : p_(p), kv_pad_(l.kv_pad), q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile),
+        v_tile_(scratch + l.v_tile) {}
+
+  void begin_item() {}
+  void end_item() {}
+
+  // Row s of the stacked Q tile from `src` (the input's row, element stride `stride`).
+  void load_q_row(int64_t s, const void* src, int64_t stride) {
+    const int64_t dp = p_.head_dim_padded;
+    K::load_row(src, p_.args.dtype, p_.args.shape.head_dim, stride, p_.score_scale, q_tile_ + s * dp);
+  }
+
+  // K^T (D, n_pad) and V (n, D_pad) from row addresses, panel-major: each
+  // 16-column panel is one contiguous (rows, 16) block. Row-major tiles have
+  // row strides of 256 and 512 bytes, which put a panel's rows in 16 and 8 of
+  // L1's 64 sets; the panel then evicts itself and P V ran 13% slower than
+  // Q K^T (58k against 52k cycles per 128x64 tile, D = 128); panel-major,
+  // both run at 52k.
+  void pack_k(const void* const* rows, int64_t n, int64_t stride) {
+    const int64_t d = p_.args.shape.head_dim;
+    K::pack_transposed(rows, n, p_.args.dtype, d, stride, k_t_, kPanelWidth, kPanelWidth * d);
+  }
+  void pack_v(const void* const* rows, int64_t n, int64_t stride) {
+    for (int64_t c = 0; c < n; ++c)
+      K::load_row(rows[c], p_.args.dtype, p_.args.shape.head_dim, stride, 1.0f, v_tile_ + c * kPanelWidth,
+                  kPanelWidth * n);
+  }
+
+  // s (m, n_pad) = Q (stacked rows [s0, s0 + m)) K^T, in log2 units.
+  void scores(int64_t s0, int64_t m, int64_t n, float* s, int64_t lds, RowPrefetch* prefetch) {
+    const int64_t dp = p_.head_dim_padded, d = p_.args.shape.head_dim;
+    K::gemm(m, round_up(n, kPanelWidth), d, q_tile_ + s0 * dp, dp, k_t_, kPanelWidth, s, lds, false,
+            kPanelWidth * d, prefetch);
+  }
+
+  // acc (m, D_pad) += P (m, n) V.
+  void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch) {
+    const int64_t dp = p_.head_dim_padded;
+    K::gemm(m, dp, n, p, ldp, v_tile_, kPanelWidth, acc, dp, true, kPanelWidth * n, prefetch);
+  }
+
+ private:
+  const Problem& p_;
+  int64_t kv_pad_;
+  float* q_tile_;
+  float* k_t_;
+  float* v_tile_;
+};
+
+// Packed bf16 operands for bf16 inputs (Problem::product == bf16_dot): Q
+// kept bf16 and unscaled (the products are then exact, summed in fp32, and
+// the scale is applied to the fp32 scores), K and V in the VNNI pair layout
+// (bf16_kernels.hpp), P split into bf16 hi + lo so that P V keeps P's fp32
+// precision (docs/accuracy.md: the naive bf16 implementation keeps P in
+// fp32, and P rounded to bf16 alone exceeds twice its error). The products
+// are K::bf16_gemm (vdpbf16ps or AMX tiles).
+template <class K>
+class Bf16Operands {
+ public:
+  Bf16Operands(const Problem& p, const ForwardScratchLayout& l, float* scratch)
+      : p_(p), bf16_k_(l.bf16_k), bf16_kv_pad_(l.bf16_kv_pad),
+        q_tile_(reinterpret_cast<uint16_t*>(scratch + l.q_tile)),
+        k_tile_(reinterpret_cast<uint16_t*>(scratch + l.k_tile)),
+        v_tile_(reinterpret_cast<uint16_t*>(scratch + l.v_tile)),
+        p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_tile)),
+        p_lo_(p_hi_ + (score_tile_rows(p) + 16) * l.bf16_kv_pad) {}
+
+  void begin_item() { K::bf16_begin(); }
+  void end_item() { K::bf16_end(); }
+
+  void load_q_row(int64_t s, const void* src, int64_t stride) {
+    K::bf16_copy_row(src, p_.args.shape.head_dim, stride, q_tile_ + s * bf16_k_, bf16_k_);
+  }
+  void pack_k(const void* const* rows, int64_t n, int64_t stride) {
+    K::bf16_pack_k(rows, n, p_.args.shape.head_dim, stride, k_tile_, bf16_k_);
+  }
+  void pack_v(const void* const* rows, int64_t n, int64_t stride) {
+    K::bf16_pack_v(rows, n, p_.args.shape.head_dim, stride, v_tile_, bf16_kv_pad_);
+  }
+
+  void scores(int64_t s0, int64_t m, int64_t n, float* s, int64_t lds, RowPrefetch* prefetch) {
+    const int64_t n_pad = round_up(n, kPanelWidth);
+    K::bf16_gemm(m, n_pad, bf16_k_, q_tile_ + s0 * bf16_k_, nullptr, bf16_k_, k_tile_, kPanelWidth * bf16_k_,
+                 s, lds, false, prefetch);
+    for (int64_t t = 0; t < m; ++t) K::scale(s + t * lds, n, p_.score_scale);
+  }
+
+  void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch) {
+    const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
+    K::bf16_split_rows(p, ldp, m, n, k, p_hi_, p_lo_, bf16_kv_pad_);
+    K::bf16_gemm(m, dp, k, p_hi_, p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
+                 prefetch);
+  }
+
+ private:
+  const Problem& p_;
+  int64_t bf16_k_, bf16_kv_pad_;
+  uint16_t* q_tile_;  // (stacked rows + 16, bf16_k)
+  uint16_t* k_tile_;  // kv_pad / 16 panels of (bf16_k / 2, 16, 2)
+  uint16_t* v_tile_;  // D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
+  uint16_t* p_hi_;    // (stacked rows + 16, bf16_kv_pad)
+  uint16_t* p_lo_;
+};
+
+template <class K, class Operands>
 class ForwardMainloop {
  public:
-  ForwardMainloop(const Problem& p, float* scratch) : p_(p), a_(p.args) {
-    const int64_t bq = p.block_q, dp = p.head_dim_padded;
-    const int64_t hc = p.heads_per_item * p.kv_heads_per_item;  // query heads of an item
-    kv_pad_ = round_up(p.block_kv, kPanelWidth);
-    float* cursor = scratch;
-    auto take = [&](int64_t floats) {
-      float* piece = cursor;
-      cursor += round_up(floats, 16);
-      return piece;
-    };
-    // Must match forward_scratch_floats() in scheduler.cpp.
-    q_tile_ = take(hc * bq * dp);    // (heads * rows, D_pad), pre-scaled Q
-    acc_ = take(hc * bq * dp);       // (heads * rows, D_pad), un-normalized O
-    row_max_ = take(hc * bq);        // (heads * rows), log2 units
-    row_sum_ = take(hc * bq);        // (heads * rows)
-    k_t_ = take(dp * kv_pad_);       // K^T (D, BLOCK_KV_pad), panel-major
-    v_tile_ = take(kv_pad_ * dp);    // V (BLOCK_KV, D_pad), panel-major
-    s_tile_ = take(score_tile_rows(p) * kv_pad_);  // (stacked rows, BLOCK_KV_pad): scores, then P
+  ForwardMainloop(const Problem& p, float* scratch)
+      : p_(p), a_(p.args), layout_(forward_scratch_layout(p)), operands_(p, layout_, scratch) {
+    kv_pad_ = layout_.kv_pad;
+    acc_ = scratch + layout_.acc;          // (heads * rows, D_pad), un-normalized O
+    row_max_ = scratch + layout_.row_max;  // (heads * rows), log2 units
+    row_sum_ = scratch + layout_.row_sum;  // (heads * rows)
+    s_tile_ = scratch + layout_.s_tile;    // (stacked rows, BLOCK_KV_pad): scores, then P
     // (2 * BLOCK_KV_pad,) row addresses: this tile's rows while packing, then
     // the next tile's K rows and V rows for prefetch_.
-    key_rows_ = reinterpret_cast<const void**>(take(4 * kv_pad_));
+    key_rows_ = reinterpret_cast<const void**>(scratch + layout_.key_rows);
     // Tile-product policy, fixed for the call by the stacked row count: with
     // a few rows (decode) the products read K/V rows in place through row
-    // tables, and the unused K^T tile holds those tables (this tile's and
-    // the next one's, 4 x BLOCK_KV_pad pointers <= D_pad x BLOCK_KV_pad floats).
+    // tables, and the unused K tile holds those tables (this tile's and
+    // the next one's, 4 x BLOCK_KV_pad pointers, within the K tile).
     if constexpr (kHasFewRows) {
       static_assert(K::kFewRowsMax == kFewRowsMax, "plan_forward plans decode items for kFewRowsMax rows");
-      direct_ = p.heads_per_item * bq <= K::kFewRowsMax;
+      direct_ = p.heads_per_item * p.block_q <= K::kFewRowsMax;
     }
-    k_rows_ = reinterpret_cast<const void**>(k_t_);
+    // The few-rows products' fp32 Q (at most kFewRowsMax rows of D_pad) sits
+    // in the Q tile: its bf16 form holds 16 slack rows of >= D_pad elements.
+    few_rows_q_ = scratch + layout_.q_tile;
+    k_rows_ = reinterpret_cast<const void**>(scratch + layout_.k_tile);
     v_rows_ = k_rows_ + kv_pad_;
     k_ahead_ = v_rows_ + kv_pad_;
     v_ahead_ = k_ahead_ + kv_pad_;
@@ -77,6 +182,7 @@ class ForwardMainloop {
     rows_ = w.q_end - w.q_begin;
     const int64_t dp = p_.head_dim_padded;
     const int64_t stacked = w.head_count * rows_;
+    if (!direct_) operands_.begin_item();
     load_q_tiles(seq, w);
     std::memset(acc_, 0, sizeof(float) * stacked * dp);
     for (int64_t s = 0; s < stacked; ++s) {
@@ -158,6 +264,7 @@ class ForwardMainloop {
         prefetch_.finish();  // lines the products had no blocks left for
       }
     }
+    if (!direct_) operands_.end_item();
     epilogue(seq, w);
   }
 
@@ -167,6 +274,7 @@ class ForwardMainloop {
   // S (stacked rows [s0, s0 + m), keys of this tile) = Q K^T.
   void scores(int64_t s0, int64_t m, int64_t n, int64_t n_pad) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    (void)n_pad;
     if constexpr (kHasFewRows) {
       if (direct_) {
         // Prefetched while the scores run: the next step's K rows, and V rows
@@ -183,13 +291,13 @@ class ForwardMainloop {
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
                                    this_steps_v ? n : ahead_};
-        K::few_rows_scores(m, n, d, q_tile_ + s0 * dp, dp, k_rows_, a_.dtype, a_.k.stride[3],
+        K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, a_.dtype, a_.k.stride[3],
                            s_tile_, kv_pad_, ahead);
         return;
       }
     }
-    K::gemm(m, n_pad, d, q_tile_ + s0 * dp, dp, k_t_, kPanelWidth, s_tile_, kv_pad_, false,
-            kPanelWidth * d, &prefetch_);
+    (void)dp, (void)d;
+    operands_.scores(s0, m, n, s_tile_, kv_pad_, &prefetch_);
   }
 
   // acc (stacked rows [s0, s0 + m)) += P V.
@@ -202,13 +310,14 @@ class ForwardMainloop {
         return;
       }
     }
-    K::gemm(m, dp, n, s_tile_, kv_pad_, v_tile_, kPanelWidth, acc_ + s0 * dp, dp, true,
-            kPanelWidth * n, &prefetch_);
+    (void)d;
+    operands_.accumulate(m, n, s_tile_, kv_pad_, acc_ + s0 * dp, &prefetch_);
   }
 
   int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
   int64_t query_of(const WorkItem& w, int64_t s) const { return w.q_begin + s % rows_; }
 
+  // The few-rows products take Q as packed fp32 rows, pre-scaled.
   void load_q_tiles(const Sequence& seq, const WorkItem& w) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     const int64_t esize = int64_t(dtype_size(a_.dtype));
@@ -217,7 +326,8 @@ class ForwardMainloop {
       const char* src = static_cast<const char*>(a_.q.data) +
                         (seq.q_batch * a_.q.stride[0] + head_of(w, s) * a_.q.stride[1] +
                          row * a_.q.stride[2]) * esize;
-      K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.score_scale, q_tile_ + s * dp);
+      if (direct_) K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.score_scale, few_rows_q_ + s * dp);
+      else operands_.load_q_row(s, src, a_.q.stride[3]);
     }
   }
 
@@ -249,22 +359,13 @@ class ForwardMainloop {
     }
   }
 
-  // K^T (D, n_pad) and V (n, D_pad), converted to fp32 once and shared by
-  // every query head of the KV group. Pages are gathered here. Both are
-  // stored panel-major, as the B operand of the two products: each 16-column
-  // panel is one contiguous (rows, 16) block. Row-major tiles have row
-  // strides of 256 and 512 bytes, which put a panel's rows in 16 and 8 of
-  // L1's 64 sets; the panel then evicts itself and P V ran 13% slower than Q K^T
-  // (58k against 52k cycles per 128x64 tile, D = 128); panel-major, both
-  // run at 52k.
+  // The K and V tiles, packed once as the operands' B layouts and shared by
+  // every query head of the KV group. Pages are gathered here.
   void load_kv_tile(const Sequence& seq, int64_t batch, int64_t kv_head, int64_t j0, int64_t n) {
-    const int64_t d = a_.shape.head_dim;
     fill_key_rows(a_.k, seq, batch, kv_head, j0, n, key_rows_);
-    K::pack_transposed(key_rows_, n, a_.dtype, d, a_.k.stride[3], k_t_, kPanelWidth, kPanelWidth * d);
+    operands_.pack_k(key_rows_, n, a_.k.stride[3]);
     fill_key_rows(a_.v, seq, batch, kv_head, j0, n, key_rows_);
-    for (int64_t c = 0; c < n; ++c)
-      K::load_row(key_rows_[c], a_.dtype, d, a_.v.stride[3], 1.0f, v_tile_ + c * kPanelWidth,
-                  kPanelWidth * n);
+    operands_.pack_v(key_rows_, n, a_.v.stride[3]);
   }
 
   // Queues the next K/V tile's rows (toward L2) for the tile products of this
@@ -370,14 +471,14 @@ class ForwardMainloop {
 
   const Problem& p_;
   const ForwardArgs& a_;
+  const ForwardScratchLayout layout_;
+  Operands operands_;
   int64_t kv_pad_ = 0;
   int64_t rows_ = 0;  // query rows of the current item
-  float* q_tile_ = nullptr;
+  float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) pre-scaled fp32 Q
   float* acc_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;
-  float* k_t_ = nullptr;
-  float* v_tile_ = nullptr;
   float* s_tile_ = nullptr;
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
@@ -389,8 +490,22 @@ class ForwardMainloop {
   RowPrefetch prefetch_;               // packed tiles: the next tile's lines
 };
 
-// The entry the dispatcher calls for each work item.
-inline void run_forward_item(const Problem& p, const WorkItem& w, float* scratch) {
-  ForwardMainloop<Kernels> loop(p, scratch);
+// The entry the dispatcher calls for each work item: the operand policy is
+// the one switch point (plan_forward sets Problem::product only where the
+// ISA has bf16 products).
+template <class K>
+inline void run_forward_item_on(const Problem& p, const WorkItem& w, float* scratch) {
+  if constexpr (requires { K::kBf16Products; }) {
+    if (p.product == TileProduct::bf16_dot) {
+      ForwardMainloop<K, Bf16Operands<K>> loop(p, scratch);
+      loop.run(w);
+      return;
+    }
+  }
+  ForwardMainloop<K, Fp32Operands<K>> loop(p, scratch);
   loop.run(w);
+}
+
+inline void run_forward_item(const Problem& p, const WorkItem& w, float* scratch) {
+  run_forward_item_on<Kernels>(p, w, scratch);
 }

@@ -20,4 +20,12 @@ double amx_bf16_loop(int64_t iterations, float* sink);
 // Asks Linux once per process for the AMX tile data state; true if granted.
 bool request_amx_permission();
 
+// vdpbf16ps multiply-adds (isa/avx512bf16/peak_avx512bf16.cpp; 2 flops per
+// multiply-add, two per lane per instruction); 0 in a build without it.
+double bf16_dot_loop_avx512bf16(int64_t iterations, float* sink);
+// Whether this build has the avx512bf16 and amx rungs (the compiler took
+// -mavx512bf16 -mamx-tile -mamx-bf16): isa/amx/forward_amx.cpp says yes,
+// isa/amx_none/ no.
+bool bf16_products_built();
+
 }  // namespace tileattn::detail

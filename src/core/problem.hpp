@@ -28,8 +28,17 @@ struct Band {
   int64_t right = kUnbounded;
 };
 
+// The packed tile products of a call (decode's few-rows products read K/V in
+// place and ignore this): fp32 FMAs on fp32 operands, or bf16 dot products
+// with fp32 sums on bf16 operands in the VNNI pair layout (bf16 inputs on
+// the avx512bf16 and amx rungs).
+enum class TileProduct { fp32_fma, bf16_dot };
+
+constexpr int64_t kBf16PairBlock = 32;  // bf16 reduction dims pad to this (one AMX tile row)
+
 struct Problem {
   ForwardArgs args;
+  TileProduct product = TileProduct::fp32_fma;
   int64_t group = 1;           // query heads per KV head
   float score_scale = 0.0f;    // softmax scale * log2(e): scores live in log2 units
   Band band;
@@ -157,7 +166,30 @@ Problem describe(const ForwardArgs& args);
 // causal and windowed problems end balanced.
 std::vector<WorkItem> make_schedule(const Problem& p, int threads);
 
-// Floats of per-thread scratch the forward main loop needs (see mainloop.hpp).
-int64_t forward_scratch_floats(const Problem& p);
+// The forward main loop's per-thread scratch: each piece's offset in floats
+// from the 64-byte aligned start (every piece 64-byte aligned). The one
+// place the layout is written; mainloop.hpp takes its pointers from here.
+struct ForwardScratchLayout {
+  int64_t kv_pad = 0;         // BLOCK_KV rounded up to kPanelWidth
+  int64_t bf16_k = 0;         // bf16_dot: D rounded up to kBf16PairBlock (Q K^T's reduction)
+  int64_t bf16_kv_pad = 0;    // bf16_dot: BLOCK_KV rounded up to kBf16PairBlock (P V's reduction)
+  int64_t q_tile = 0;         // fp32: (heads * rows, D_pad) pre-scaled Q;
+                              // bf16_dot: (heads * rows + 16, bf16_k) bf16, unscaled Q
+  int64_t acc = 0;            // (heads * rows, D_pad) fp32, un-normalized O
+  int64_t row_max = 0;        // (heads * rows), log2 units
+  int64_t row_sum = 0;        // (heads * rows)
+  int64_t k_tile = 0;         // fp32: K^T (D, kv_pad) panel-major; bf16_dot: K pairs
+                              // (kv_pad / 16 panels of (bf16_k / 2, 16, 2)) bf16
+  int64_t v_tile = 0;         // fp32: V (kv_pad, D_pad) panel-major; bf16_dot: V pairs
+                              // (D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)) bf16
+  int64_t s_tile = 0;         // (stacked rows, kv_pad) fp32: scores, then P
+  int64_t p_tile = 0;         // bf16_dot: P as bf16 hi and lo, 2 x (stacked rows + 16, bf16_kv_pad)
+  int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)
+  int64_t total = 0;          // floats in all
+};
+ForwardScratchLayout forward_scratch_layout(const Problem& p);
+
+// Floats of per-thread scratch the forward main loop needs.
+static inline int64_t forward_scratch_floats(const Problem& p) { return forward_scratch_layout(p).total; }
 
 }  // namespace tileattn::detail

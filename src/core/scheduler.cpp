@@ -51,17 +51,35 @@ std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
   return items;
 }
 
-int64_t forward_scratch_floats(const Problem& p) {
-  const int64_t bq = p.block_q, bkv = round_up(p.block_kv, kPanelWidth);
-  const int64_t dp = p.head_dim_padded, hc = p.heads_per_item * p.kv_heads_per_item;
-  auto aligned = [](int64_t floats) { return round_up(floats, 16); };  // 64-byte aligned pieces
-  return aligned(hc * bq * dp)          // q_tile   (heads, BLOCK_Q, D_pad), pre-scaled Q
-         + aligned(hc * bq * dp)        // acc      (heads, BLOCK_Q, D_pad), un-normalized O
-         + 2 * aligned(hc * bq)         // row_max, row_sum (heads, BLOCK_Q)
-         + aligned(dp * bkv)            // k_t      (D, BLOCK_KV_pad), K transposed
-         + aligned(bkv * dp)            // v_tile   (BLOCK_KV_pad, D_pad)
-         + aligned(score_tile_rows(p) * bkv)  // s_tile (stacked rows, BLOCK_KV_pad), scores then P
-         + 4 * bkv;                     // key-row pointer tables (2 * BLOCK_KV_pad 8-byte slots)
+ForwardScratchLayout forward_scratch_layout(const Problem& p) {
+  ForwardScratchLayout l;
+  const int64_t bq = p.block_q, dp = p.head_dim_padded;
+  const int64_t rows = p.heads_per_item * p.kv_heads_per_item * bq;  // stacked rows of an item
+  const bool bf16 = p.product == TileProduct::bf16_dot;
+  l.kv_pad = round_up(p.block_kv, kPanelWidth);
+  l.bf16_k = round_up(p.args.shape.head_dim, kBf16PairBlock);
+  l.bf16_kv_pad = round_up(p.block_kv, kBf16PairBlock);
+  // The bf16 A operands (Q, P) carry 16 rows of slack: AMX loads whole
+  // 16-row tiles, and a tail's extra rows only feed discarded results.
+  constexpr int64_t kSlackRows = 16;
+  auto bf16_floats = [](int64_t elements) { return (elements + 1) / 2; };
+  auto take = [&](int64_t floats) {  // 64-byte aligned pieces
+    const int64_t at = l.total;
+    l.total += round_up(floats, 16);
+    return at;
+  };
+  l.q_tile = take(bf16 ? bf16_floats((rows + kSlackRows) * l.bf16_k) : rows * dp);
+  l.acc = take(rows * dp);
+  l.row_max = take(rows);
+  l.row_sum = take(rows);
+  // The few-rows products keep their row tables (4 x kv_pad pointers) in
+  // k_tile instead: it always holds at least 8 x kv_pad floats.
+  l.k_tile = take(bf16 ? bf16_floats(l.kv_pad * l.bf16_k) : dp * l.kv_pad);
+  l.v_tile = take(bf16 ? bf16_floats(l.bf16_kv_pad * dp) : l.kv_pad * dp);
+  l.s_tile = take(score_tile_rows(p) * l.kv_pad);
+  l.p_tile = take(bf16 ? bf16_floats(2 * (score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
+  l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));
+  return l;
 }
 
 }  // namespace tileattn::detail

@@ -29,6 +29,8 @@ const char* isa_name(Isa isa) {
     case Isa::generic: return "generic";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512bf16: return "avx512bf16";
+    case Isa::amx: return "amx";
     case Isa::reference: return "reference";
   }
   return "unknown";
@@ -39,8 +41,10 @@ Isa parse_isa(const std::string& name) {
   if (name == "generic" || name == "portable") return Isa::generic;
   if (name == "avx2") return Isa::avx2;
   if (name == "avx512") return Isa::avx512;
+  if (name == "avx512bf16") return Isa::avx512bf16;
+  if (name == "amx") return Isa::amx;
   if (name == "reference") return Isa::reference;
-  throw Error("isa: expected auto, generic, avx2, avx512 or reference, got '" + name + "'");
+  throw Error("isa: expected auto, generic, avx2, avx512, avx512bf16, amx or reference, got '" + name + "'");
 }
 
 const char* layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }

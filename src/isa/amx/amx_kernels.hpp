@@ -1,0 +1,141 @@
+// The amx rung: the AVX-512 Kernels plus bf16 products on AMX-BF16 tiles.
+// Included by forward_amx.cpp (compiled with the AVX-512, AVX512-BF16 and
+// AMX flags); tests compile it against a portable model of the tile
+// instructions instead (TILEATTN_AMX_EMULATION).
+//
+// Tiles: 0-3 hold a 32 x 32 block of C (fp32, 16 x 16 each), 4-5 two A
+// tiles (16 rows x 32 bf16), 6-7 two B tiles (16 pair rows x 16 columns x
+// 2 bf16), all configured as 16 rows of 64 bytes (amx_tile_config). One
+// tdpbf16ps is 16 x 16 x 32 multiply-adds; a 32 x 32 block does four per
+// two A and two B loads. The B layout is bf16_kernels.hpp's pair layout,
+// whose pair rows are 64 bytes: a B tile is 16 consecutive pair rows.
+#pragma once
+
+#include "isa/avx512bf16/bf16_kernels.hpp"
+
+#ifndef TILEATTN_AMX_EMULATION
+#include <immintrin.h>
+#else
+#include TILEATTN_AMX_EMULATION
+#endif
+
+namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
+
+// The tile configuration (palette 1) _tile_loadconfig reads: 64 bytes.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+static inline const AmxTileConfig& amx_tile_config() {
+  static const AmxTileConfig config = [] {
+    AmxTileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.bytes_per_row[t] = 64;
+      c.rows[t] = 16;
+    }
+    return c;
+  }();
+  return config;
+}
+
+// C tiles (RT x CT of 16 x 16 at c, row stride ldc_bytes) (+)= A (RT row
+// tiles) B (CT column panels) over k (a multiple of 32) [+ A_lo B].
+template <int RT, int CT, bool kLo>
+static inline void amx_block(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda, const uint16_t* b,
+                             int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+  const int64_t a_stride = lda * 2, c_stride = ldc * 4;
+  if (accumulate) {
+    _tile_loadd(0, c, c_stride);
+    if constexpr (CT > 1) _tile_loadd(1, c + 16, c_stride);
+    if constexpr (RT > 1) _tile_loadd(2, c + 16 * ldc, c_stride);
+    if constexpr (RT > 1 && CT > 1) _tile_loadd(3, c + 16 * ldc + 16, c_stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (CT > 1) _tile_zero(1);
+    if constexpr (RT > 1) _tile_zero(2);
+    if constexpr (RT > 1 && CT > 1) _tile_zero(3);
+  }
+  for (int64_t kk = 0; kk < k; kk += 32) {
+    _tile_loadd(6, b + kk * 16, 64);
+    if constexpr (CT > 1) _tile_loadd(7, b + b_panel + kk * 16, 64);
+    for (int part = 0; part < (kLo ? 2 : 1); ++part) {
+      const uint16_t* from = part == 0 ? a : a_lo;
+      _tile_loadd(4, from + kk, a_stride);
+      if constexpr (RT > 1) _tile_loadd(5, from + 16 * lda + kk, a_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (CT > 1) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (RT > 1) _tile_dpbf16ps(2, 5, 6);
+      if constexpr (RT > 1 && CT > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, c_stride);
+  if constexpr (CT > 1) _tile_stored(1, c + 16, c_stride);
+  if constexpr (RT > 1) _tile_stored(2, c + 16 * ldc, c_stride);
+  if constexpr (RT > 1 && CT > 1) _tile_stored(3, c + 16 * ldc + 16, c_stride);
+}
+
+// One band of rows (RT row tiles) across every column panel.
+template <int RT, bool kLo>
+static inline void amx_rows(int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                            const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32)
+    amx_block<RT, 2, kLo>(k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate);
+  if (j < n) amx_block<RT, 1, kLo>(k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate);
+}
+
+template <bool kLo>
+static inline void amx_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                            const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                            RowPrefetch* prefetch) {
+  constexpr int64_t kPrefetchLinesPerBand = 16;
+  int64_t i = 0;
+  for (; i + 32 <= m; i += 32) {
+    amx_rows<2, kLo>(n, k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b, b_panel, c + i * ldc, ldc,
+                     accumulate);
+    if (prefetch) prefetch->issue(kPrefetchLinesPerBand);
+  }
+  if (i + 16 <= m) {
+    amx_rows<1, kLo>(n, k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b, b_panel, c + i * ldc, ldc,
+                     accumulate);
+    i += 16;
+  }
+  if (i == m) return;
+  // The last m - i < 16 rows: C goes through a 16-row block on the stack, 16
+  // columns at a time (a tile store writes all 16 rows, and the rows after
+  // m belong to other heads or lie past the buffer). The A operands carry
+  // 16 slack rows (ForwardScratchLayout), whose products are discarded.
+  const int64_t rows = m - i;
+  alignas(64) float block[16 * 16];
+  for (int64_t j = 0; j < n; j += 16) {
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t col = 0; col < 16; ++col)
+        block[r * 16 + col] = accumulate && r < rows ? c[(i + r) * ldc + j + col] : 0.0f;
+    amx_block<1, 1, kLo>(k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b + j / 16 * b_panel, b_panel, block,
+                         16, accumulate);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t col = 0; col < 16; ++col) c[(i + r) * ldc + j + col] = block[r * 16 + col];
+  }
+}
+
+struct AmxKernels : Kernels, Bf16Packing {
+  static constexpr bool kBf16Products = true;
+  // A work item's products run between these: the tile configuration is
+  // loaded per item, since other code on the thread (oneDNN under PyTorch)
+  // may load its own between our calls, and released after it.
+  static void bf16_begin() { _tile_loadconfig(&amx_tile_config()); }
+  static void bf16_end() { _tile_release(); }
+  // bf16_kernels.hpp's Bf16DotKernels::bf16_gemm on tiles; k a multiple of 32.
+  static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                        const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                        RowPrefetch* prefetch = nullptr) {
+    if (a_lo) amx_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch);
+    else amx_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch);
+  }
+};
+
+}  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE

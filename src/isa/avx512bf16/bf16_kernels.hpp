@@ -1,0 +1,214 @@
+// bf16 operands for the bf16 dot-product tile products (AVX512-BF16's
+// vdpbf16ps and AMX-BF16's tdpbf16ps), and the vdpbf16ps product itself.
+// Included by the avx512bf16 and amx translation units, compiled with the
+// AVX-512 flags plus -mavx512bf16 (and the AMX flags for amx).
+//
+// The VNNI pair layout, for C (m, n) += A (m, k) B (k, n) with k even:
+//   A: row-major bf16 (rows, lda); its (row, 2p) and (row, 2p + 1) form pair p;
+//   B: panel-major: the 16 output columns of panel j / 16 start at
+//      b + (j / 16) * b_panel; pair row p holds, for each of the 16 columns,
+//      B(2p, j) then B(2p + 1, j): 32 bf16, 64 bytes, at + p * 32.
+// Q K^T takes A = Q (reduction over D), B = K with pairs along D; P V takes
+// A = P (reduction over keys), B = V with pairs along keys. One pair row is
+// one vdpbf16ps B vector and one row of an AMX B tile.
+#pragma once
+
+#include "isa/avx512/kernels.hpp"
+
+namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
+
+#ifndef TILEATTN_AVX512_EMULATION
+static inline __m512bh as_bf16_pairs(__m512i v) { return (__m512bh)v; }
+#endif
+
+static inline __mmask32 tail_mask32(int64_t n) {
+  return static_cast<__mmask32>(n >= 32 ? 0xffffffffu : ((1u << n) - 1u));
+}
+
+// Packing and conversion into the pair layout (bf16 inputs only).
+struct Bf16Packing {
+  // dst[0, k) = the row's D bf16 elements, then zeros (k >= d).
+  static void bf16_copy_row(const void* src, int64_t d, int64_t stride, uint16_t* dst, int64_t k) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    if (stride == 1) {
+      for (int64_t c = 0; c < k; c += 32)
+        _mm512_storeu_si512(dst + c, _mm512_maskz_loadu_epi16(tail_mask32(d - c), s + c));
+      return;
+    }
+    int64_t c = 0;
+    for (; c < d; ++c) dst[c] = s[c * stride];
+    for (; c < k; ++c) dst[c] = 0;
+  }
+
+  // K (n keys of D elements, rows[j]) into kv_pad / 16 panels of (k / 2
+  // pair rows, 16 keys, 2): element (j, d) at dst + (j / 16) * 16 * k +
+  // (d / 2) * 32 + (j % 16) * 2 + d % 2. Keys n..round_up(n, 16) and
+  // elements D..k are zero. A pair is one 32-bit word, so a 16-key x 32-element
+  // block is a 16 x 16 transpose of words (transpose16).
+  static void bf16_pack_k(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
+                          int64_t k) {
+    const int64_t n_pad = (n + 15) / 16 * 16;
+    if (stride == 1) {
+      for (int64_t j0 = 0; j0 < n_pad; j0 += 16) {
+        uint16_t* panel = dst + j0 * k;
+        for (int64_t c0 = 0; c0 < k; c0 += 32) {
+          const __mmask32 cols = tail_mask32(d - c0);
+          __m512 block[16];
+          for (int64_t r = 0; r < 16; ++r)
+            block[r] = j0 + r < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(
+                                        cols, static_cast<const uint16_t*>(rows[j0 + r]) + c0))
+                                  : _mm512_setzero_ps();
+          transpose16(block);
+          for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(panel + (c0 / 2 + p) * 32, _mm512_castps_si512(block[p]));
+        }
+      }
+      return;
+    }
+    for (int64_t j = 0; j < n_pad; ++j)
+      for (int64_t c = 0; c < k; ++c)
+        dst[(j / 16) * 16 * k + (c / 2) * 32 + (j % 16) * 2 + c % 2] =
+            j < n && c < d ? static_cast<const uint16_t*>(rows[j])[c * stride] : uint16_t(0);
+  }
+
+  // V (n keys of D elements) into D_pad / 16 panels of (kv_pad / 2 pair rows,
+  // 16 columns, 2): element (j, c) at dst + (c / 16) * 16 * kv_pad +
+  // (j / 2) * 32 + (c % 16) * 2 + j % 2; keys n..kv_pad are zero.
+  static void bf16_pack_v(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
+                          int64_t kv_pad) {
+    const int64_t d_pad = (d + 15) / 16 * 16;
+    if (stride == 1) {
+      // Words 0..15 interleave the first 16 elements of rows a and b, words
+      // 16..31 the next 16: a0 b0 a1 b1 ...
+      alignas(64) uint16_t lo_index[32], hi_index[32];
+      for (int i = 0; i < 16; ++i) {
+        lo_index[2 * i] = uint16_t(i), lo_index[2 * i + 1] = uint16_t(32 + i);
+        hi_index[2 * i] = uint16_t(16 + i), hi_index[2 * i + 1] = uint16_t(48 + i);
+      }
+      const __m512i lo = _mm512_load_si512(lo_index), hi = _mm512_load_si512(hi_index);
+      for (int64_t j = 0; j < kv_pad; j += 2) {
+        const uint16_t* a = j < n ? static_cast<const uint16_t*>(rows[j]) : nullptr;
+        const uint16_t* b = j + 1 < n ? static_cast<const uint16_t*>(rows[j + 1]) : nullptr;
+        for (int64_t c0 = 0; c0 < d_pad; c0 += 32) {
+          const __mmask32 cols = tail_mask32(d - c0);
+          const __m512i ra = a ? _mm512_maskz_loadu_epi16(cols, a + c0) : _mm512_setzero_si512();
+          const __m512i rb = b ? _mm512_maskz_loadu_epi16(cols, b + c0) : _mm512_setzero_si512();
+          uint16_t* out = dst + (c0 / 16) * 16 * kv_pad + (j / 2) * 32;
+          _mm512_store_si512(out, _mm512_permutex2var_epi16(ra, lo, rb));
+          if (c0 + 16 < d_pad) _mm512_store_si512(out + 16 * kv_pad, _mm512_permutex2var_epi16(ra, hi, rb));
+        }
+      }
+      return;
+    }
+    for (int64_t j = 0; j < kv_pad; ++j)
+      for (int64_t c = 0; c < d_pad; ++c)
+        dst[(c / 16) * 16 * kv_pad + (j / 2) * 32 + (c % 16) * 2 + j % 2] =
+            j < n && c < d ? static_cast<const uint16_t*>(rows[j])[c * stride] : uint16_t(0);
+  }
+
+  // P (m rows of n fp32, row r at p + r * ldp) as hi + lo, two bf16 rows of
+  // k (zero-padded): hi = bf16(P) and lo = bf16(P - hi), both rounded to
+  // nearest even, so hi + lo holds P to about 2^-17 relative. P is finite
+  // (the softmax's exponentials, times the dropout scale).
+  static void bf16_split_rows(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
+                              uint16_t* lo, int64_t ld) {
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    auto round_bits = [&](__m512i x) {  // bf16 nearest-even of finite fp32 bits, in the low 16 bits
+      return _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(x, 16), one))), 16);
+    };
+    for (int64_t r = 0; r < m; ++r) {
+      const float* row = p + r * ldp;
+      for (int64_t c = 0; c < k; c += 16) {
+        const __m512 x = _mm512_maskz_loadu_ps(tail_mask(n - c), row + c);
+        const __m512i h = round_bits(_mm512_castps_si512(x));
+        const __m512 rest = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+        const __m512i l = round_bits(_mm512_castps_si512(rest));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * ld + c), _mm512_cvtepi32_epi16(h));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * ld + c), _mm512_cvtepi32_epi16(l));
+      }
+    }
+  }
+};
+
+// vdpbf16ps register tile: MR rows x (16 * NV) columns of C, like the fp32
+// gemm_block; each step takes one pair of the reduction (two bf16 of every A
+// row, one pair row of B). With a_lo, every step adds A_lo's pair too.
+template <int MR, int NV, bool kLo>
+static inline void bf16_dot_block(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                                  const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < k / 2; ++p) {
+    __m512i bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_si512(b + v * b_panel + p * 32);
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
+      const __m512bh ar = as_bf16_pairs(_mm512_set1_epi32(pair));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, as_bf16_pairs(bv[v]));
+      if constexpr (kLo) {
+        std::memcpy(&pair, a_lo + r * lda + 2 * p, sizeof(pair));
+        const __m512bh al = as_bf16_pairs(_mm512_set1_epi32(pair));
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], al, as_bf16_pairs(bv[v]));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+}
+
+template <int NV, bool kLo, int R>
+static inline void bf16_dot_rows_tail(int rows, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                                      const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+  if constexpr (R > 0) {
+    if (rows == R) return bf16_dot_block<R, NV, kLo>(k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
+    bf16_dot_rows_tail<NV, kLo, R - 1>(rows, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
+  }
+}
+
+template <int NV, bool kLo>
+static inline void bf16_dot_panel(int64_t m, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                                  const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                                  RowPrefetch* prefetch) {
+  constexpr int kRows = kBlockRows<NV>;
+  constexpr int64_t kPrefetchLinesPerBlock = 8;
+  int64_t i = 0;
+  for (; i + kRows <= m; i += kRows) {
+    bf16_dot_block<kRows, NV, kLo>(k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b, b_panel, c + i * ldc,
+                                   ldc, accumulate);
+    if (prefetch) prefetch->issue(kPrefetchLinesPerBlock);
+  }
+  bf16_dot_rows_tail<NV, kLo, kRows - 1>(int(m - i), k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b,
+                                         b_panel, c + i * ldc, ldc, accumulate);
+}
+
+template <bool kLo>
+static inline void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo,
+                                 int64_t lda, const uint16_t* b, int64_t b_panel, float* c, int64_t ldc,
+                                 bool accumulate, RowPrefetch* prefetch) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64)
+    bf16_dot_panel<4, kLo>(m, k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate, prefetch);
+  for (; j + 32 <= n; j += 32)
+    bf16_dot_panel<2, kLo>(m, k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate, prefetch);
+  if (j < n)
+    bf16_dot_panel<1, kLo>(m, k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate, prefetch);
+}
+
+// The avx512bf16 rung: the AVX-512 Kernels plus bf16 products on vdpbf16ps.
+struct Bf16DotKernels : Kernels, Bf16Packing {
+  static constexpr bool kBf16Products = true;
+  static void bf16_begin() {}
+  static void bf16_end() {}
+  // C (m, n) (+)= A (m, k) B (k, n) [+ A_lo (m, k) B], in the pair layout
+  // above; n a multiple of 16, k even. a_lo may be null.
+  static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                        const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                        RowPrefetch* prefetch = nullptr) {
+    if (a_lo) bf16_dot_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch);
+    else bf16_dot_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch);
+  }
+};
+
+}  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE
