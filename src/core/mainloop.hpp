@@ -133,7 +133,8 @@ class Bf16Operands {
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch) {
     const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
     K::bf16_split_rows(p, ldp, m, n, k, p_hi_, p_lo_, bf16_kv_pad_);
-    K::bf16_gemm(m, dp, k, p_hi_, p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
+    static const bool hi_only = std::getenv("TILEATTN_EXP_HI_ONLY") != nullptr;
+    K::bf16_gemm(m, dp, k, p_hi_, hi_only ? nullptr : p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
                  prefetch);
   }
 

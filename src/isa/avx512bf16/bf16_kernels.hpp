@@ -21,9 +21,12 @@ namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 static inline __m512bh as_bf16_pairs(__m512i v) { return (__m512bh)v; }
 #endif
 
+// The first n of 32 lanes (none for n <= 0).
 static inline __mmask32 tail_mask32(int64_t n) {
-  return static_cast<__mmask32>(n >= 32 ? 0xffffffffu : ((1u << n) - 1u));
+  return static_cast<__mmask32>(n >= 32 ? 0xffffffffu : n <= 0 ? 0u : ((1u << n) - 1u));
 }
+// The first n of 16 lanes (none for n <= 0; tail_mask wants n > 0).
+static inline __mmask16 lanes16(int64_t n) { return n <= 0 ? __mmask16(0) : tail_mask(n); }
 
 // Packing and conversion into the pair layout (bf16 inputs only).
 struct Bf16Packing {
@@ -118,7 +121,7 @@ struct Bf16Packing {
     for (int64_t r = 0; r < m; ++r) {
       const float* row = p + r * ldp;
       for (int64_t c = 0; c < k; c += 16) {
-        const __m512 x = _mm512_maskz_loadu_ps(tail_mask(n - c), row + c);
+        const __m512 x = _mm512_maskz_loadu_ps(lanes16(n - c), row + c);  // zero past n
         const __m512i h = round_bits(_mm512_castps_si512(x));
         const __m512 rest = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
         const __m512i l = round_bits(_mm512_castps_si512(rest));
