@@ -15,8 +15,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512_vnni = false, avx512_bf16 = false, avx512_fp16 = false;
   // AMX-TILE and AMX-BF16 with the tile state enabled by the OS (XCR0 bits
-  // 17-18). tileattn's kernels do not use AMX yet; `tileattn info` measures
-  // its peak (measure_amx_bf16_peak_gflops).
+  // 17-18): the amx rung's bf16 products (Isa::amx).
   bool amx_bf16 = false;
   std::string vendor, brand;
 };
@@ -74,9 +73,16 @@ double measure_fma_peak_gflops(int threads = 0, Isa isa = Isa::automatic, double
 // Measured AMX-BF16 tile multiply-add throughput in GFLOP/s (bf16 inputs,
 // fp32 accumulation, 2 flops per multiply-add), the same way; 0 where the
 // CPU, the OS (Linux grants the tile state per process on request) or the
-// build gives no AMX. tileattn's kernels do not use AMX yet: this says what
-// a bf16 path on it could reach.
+// build gives no AMX. The yardstick of the amx rung's bf16 forward.
 double measure_amx_bf16_peak_gflops(int threads = 0, double seconds = 0.2, int reps = 3);
+// Measured AVX512-BF16 dot-product throughput (vdpbf16ps: bf16 pairs, fp32
+// sums, 2 flops per multiply-add) in GFLOP/s, the same way; 0 where the CPU
+// or the build has no avx512bf16 rung. The yardstick of the avx512bf16
+// rung's bf16 forward.
+double measure_bf16_dot_peak_gflops(int threads = 0, double seconds = 0.2, int reps = 3);
+// The rung bf16 inputs take under Isa::automatic (TILEATTN_ISA included):
+// amx, avx512bf16, or the FP32-FMA path they share with fp32 inputs.
+Isa bf16_isa();
 // cpu_features().amx_bf16, and Linux granted this process the tile data
 // state (asked once, on the first call; a process whose threads have signal
 // stacks too small for the tile state, as under some sanitizers, is refused).

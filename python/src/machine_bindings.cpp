@@ -19,7 +19,8 @@ nb::dict machine_info() {
   d["f16c"] = f.f16c;
   d["avx512f"] = f.avx512f;
   d["avx512_bf16"] = f.avx512_bf16;
-  d["amx_bf16"] = f.amx_bf16;  // present; tileattn does not use AMX yet
+  d["amx_bf16"] = f.amx_bf16;
+  d["bf16_isa"] = std::string(isa_name(bf16_isa()));  // the rung bf16 inputs take
   d["threads"] = hardware_threads();
   const CacheSizes& c = cache_sizes();
   d["l1d_bytes"] = c.l1d;

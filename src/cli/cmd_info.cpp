@@ -17,9 +17,11 @@ const char* const kHelp =
     "usage: tileattn info [--json]\n"
     "ISA path chosen, CPU features, cache sizes, threads, tile shapes per head_dim and dtype\n"
     "(with how each was chosen), per-thread scratch, the measured FP32 FMA peak\n"
-    "(peak_gflops: all threads; peak_gflops_1thread), the measured AMX-BF16 peak where the CPU\n"
-    "and the OS give AMX (amx_bf16_usable; amx_bf16_peak_gflops, 0 otherwise; tileattn does\n"
-    "not use AMX yet) and the OpenBLAS core of the baseline.\n";
+    "(peak_gflops: all threads; peak_gflops_1thread), the rung bf16 inputs take (bf16_isa:\n"
+    "amx, avx512bf16, or the FMA path of fp32), the measured vdpbf16ps peak\n"
+    "(bf16_dot_peak_gflops, 0 without AVX512-BF16), the measured AMX-BF16 peak where the CPU\n"
+    "and the OS give AMX (amx_bf16_usable; amx_bf16_peak_gflops, 0 otherwise) and the\n"
+    "OpenBLAS core of the baseline.\n";
 
 // Per-thread scratch of the forward main loop for one query head per work
 // item (detail::forward_scratch_floats in src/core/scheduler.cpp).
@@ -77,7 +79,7 @@ int cmd_info(int argc, char** argv) {
   }
   r.raw("cpu_features", features_json + "]", features);
   std::string available_json = "[", available;
-  for (Isa i : {Isa::generic, Isa::avx2, Isa::avx512})
+  for (Isa i : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     if (isa_available(i)) {
       available_json += std::string(available.empty() ? "" : ", ") + json_quote(isa_name(i));
       available += std::string(available.empty() ? "" : " ") + isa_name(i);
@@ -119,11 +121,17 @@ int cmd_info(int argc, char** argv) {
   r.number("peak_gflops", peak);
   r.number("peak_gflops_1thread", peak1);
   r.text("peak_isa", isa_name(isa));
+  r.text("bf16_isa", isa_name(bf16_isa()));
+  const double dot = measure_bf16_dot_peak_gflops(threads);
+  char dot_human[128];
+  std::snprintf(dot_human, sizeof dot_human, "%.1f%s", dot,
+                dot > 0 ? " (vdpbf16ps, bf16 pairs into fp32)" : " (no AVX512-BF16 rung)");
+  r.raw("bf16_dot_peak_gflops", json_number(dot), dot_human);
   r.boolean("amx_bf16_usable", amx_bf16_usable());
   const double amx = measure_amx_bf16_peak_gflops(threads);
   char amx_human[128];
   std::snprintf(amx_human, sizeof amx_human, "%.1f%s", amx,
-                amx > 0 ? " (bf16 tile multiply-adds; tileattn does not use AMX yet)" : " (no usable AMX-BF16)");
+                amx > 0 ? " (bf16 tile multiply-adds)" : " (no usable AMX-BF16)");
   r.raw("amx_bf16_peak_gflops", json_number(amx), amx_human);
 
   const OpenBlas& blas = load_openblas();

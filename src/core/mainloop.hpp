@@ -42,6 +42,7 @@
 template <class K>
 class Fp32Operands {
  public:
+  static constexpr bool kDeferredScale = false;  // scores() leaves them in log2 units
   Fp32Operands(const Problem& p, const ForwardScratchLayout& l, float* scratch)
       : p_(p), kv_pad_(l.kv_pad), q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile),
         v_tile_(scratch + l.v_tile) {}
@@ -102,6 +103,8 @@ class Fp32Operands {
 template <class K>
 class Bf16Operands {
  public:
+  // scores() may leave the scale to the softmax (deferred_scale()).
+  static constexpr bool kDeferredScale = true;
   Bf16Operands(const Problem& p, const ForwardScratchLayout& l, float* scratch)
       : p_(p), bf16_k_(l.bf16_k), bf16_kv_pad_(l.bf16_kv_pad),
         q_tile_(reinterpret_cast<uint16_t*>(scratch + l.q_tile)),
@@ -123,18 +126,28 @@ class Bf16Operands {
     K::bf16_pack_v(rows, n, p_.args.shape.head_dim, stride, v_tile_, bf16_kv_pad_);
   }
 
+  // The factor the softmax still applies to the scores (1: none). A
+  // positive scale commutes with the row max exactly (rounding is
+  // monotonic) and leaves -inf (masked) scores -inf, so the softmax can fold
+  // it into its exponentials (one FMA); an additive mask, added in log2
+  // units, or a scale <= 0 needs it applied first.
+  float deferred_scale() const {
+    const bool fold = p_.score_scale > 0.0f && p_.args.mask.kind != MaskSpec::Kind::additive;
+    return fold ? p_.score_scale : 1.0f;
+  }
+
   void scores(int64_t s0, int64_t m, int64_t n, float* s, int64_t lds, RowPrefetch* prefetch) {
     const int64_t n_pad = round_up(n, kPanelWidth);
     K::bf16_gemm(m, n_pad, bf16_k_, q_tile_ + s0 * bf16_k_, nullptr, bf16_k_, k_tile_, kPanelWidth * bf16_k_,
                  s, lds, false, prefetch);
-    for (int64_t t = 0; t < m; ++t) K::scale(s + t * lds, n, p_.score_scale);
+    if (deferred_scale() == 1.0f)
+      for (int64_t t = 0; t < m; ++t) K::scale(s + t * lds, n, p_.score_scale);
   }
 
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch) {
     const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
     K::bf16_split_rows(p, ldp, m, n, k, p_hi_, p_lo_, bf16_kv_pad_);
-    static const bool hi_only = std::getenv("TILEATTN_EXP_HI_ONLY") != nullptr;
-    K::bf16_gemm(m, dp, k, p_hi_, hi_only ? nullptr : p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
+    K::bf16_gemm(m, dp, k, p_hi_, p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
                  prefetch);
   }
 
@@ -405,6 +418,12 @@ class ForwardMainloop {
       float* row_max = row_max_ + s0 + c0;
       float* row_sum = row_sum_ + s0 + c0;
       K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
+      float deferred = 1.0f;  // a scale the scores still lack (Bf16Operands::deferred_scale)
+      if constexpr (Operands::kDeferredScale) {
+        if (!direct_) deferred = operands_.deferred_scale();
+        if (deferred != 1.0f)
+          for (int64_t t = 0; t < rows; ++t) tile_max[t] *= deferred;
+      }
       for (int64_t t = 0; t < rows; ++t) {
         if (tile_max[t] != tile_max[t]) {
           // A NaN score (NaN in this query row or in a visible key): the row's
@@ -422,7 +441,12 @@ class ForwardMainloop {
           row_max[t] = new_max;
         }
       }
-      K::exp2_sum_rows(s_rows, kv_pad_, rows, n, row_max, tile_sum);
+      if constexpr (Operands::kDeferredScale) {
+        if (deferred != 1.0f) K::exp2_sum_rows_scaled(s_rows, kv_pad_, rows, n, deferred, row_max, tile_sum);
+        else K::exp2_sum_rows(s_rows, kv_pad_, rows, n, row_max, tile_sum);
+      } else {
+        K::exp2_sum_rows(s_rows, kv_pad_, rows, n, row_max, tile_sum);
+      }
       for (int64_t t = 0; t < rows; ++t) {
         float* s = s_rows + t * kv_pad_;
         // NaN rows, and rows that have seen no visible key yet (max -inf):

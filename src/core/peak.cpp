@@ -20,6 +20,8 @@ using LoopFn = double (*)(int64_t, float*);
 
 LoopFn loop_for(Isa isa) {
   switch (isa) {
+    case Isa::amx:
+    case Isa::avx512bf16:  // their fp32 and fp16 inputs run the AVX-512 FMAs
     case Isa::avx512: return detail::fma_loop_avx512;
     case Isa::avx2: return detail::fma_loop_avx2;
     default: return detail::fma_loop_generic;
@@ -81,6 +83,11 @@ double measure_fma_peak_gflops(int threads, Isa isa, double seconds, int reps) {
   Isa path = isa == Isa::automatic ? best_isa() : isa;
   if (path == Isa::reference || !isa_available(path)) path = Isa::generic;
   return measure_loop_gflops(loop_for(path), threads, seconds, reps);
+}
+
+double measure_bf16_dot_peak_gflops(int threads, double seconds, int reps) {
+  if (!isa_available(Isa::avx512bf16)) return 0;
+  return measure_loop_gflops(detail::bf16_dot_loop_avx512bf16, threads, seconds, reps);
 }
 
 bool amx_bf16_usable() { return cpu_features().amx_bf16 && detail::request_amx_permission(); }

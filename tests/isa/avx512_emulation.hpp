@@ -186,6 +186,9 @@ inline __m512 _mm512_mul_ps(__m512 a, __m512 b) {
 inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
   return per_lane([&](int i) { return std::fma(a.f32[i], b.f32[i], c.f32[i]); });
 }
+inline __m512 _mm512_fmsub_ps(__m512 a, __m512 b, __m512 c) {
+  return per_lane([&](int i) { return std::fma(a.f32[i], b.f32[i], -c.f32[i]); });
+}
 inline __m512 _mm512_max_ps(__m512 a, __m512 b) {
   return per_lane([&](int i) { return lane::max(a.f32[i], b.f32[i]); });
 }

@@ -1,7 +1,6 @@
 // The amx rung's forward main loop: bf16 inputs on AMX-BF16 tiles
 // (AmxKernels); the AVX-512 kernels for everything else in the loop.
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 

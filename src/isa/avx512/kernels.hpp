@@ -214,6 +214,16 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
     for (; r < rows; ++r) sums[r] = exp2_sum(s + r * ld, n, sub[r]);
   }
 
+  // Row r: s := exp2(s * scale - sub[r]) (one rounding: an FMA), sums[r] =
+  // its sum: the softmax of raw scores whose scale the products left out
+  // (the bf16 operands, mainloop.hpp).
+  static void exp2_sum_rows_scaled(float* s, int64_t ld, int64_t rows, int64_t n, float scale,
+                                   const float* sub, float* sums) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) exp2_sum_group<4, true>(s + r * ld, ld, n, sub + r, sums + r, scale);
+    for (; r < rows; ++r) exp2_sum_group<1, true>(s + r * ld, ld, n, sub + r, sums + r, scale);
+  }
+
   template <int G>
   static inline void row_max_group(const float* s, int64_t ld, int64_t n, float* out) {
     __m512 m[G];
@@ -233,8 +243,10 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
     for (int g = 0; g < G; ++g) out[g] = nan[g] ? __builtin_nanf("") : _mm512_reduce_max_ps(m[g]);
   }
 
-  template <int G>
-  static inline void exp2_sum_group(float* s, int64_t ld, int64_t n, const float* sub, float* sums) {
+  template <int G, bool kScaled = false>
+  static inline void exp2_sum_group(float* s, int64_t ld, int64_t n, const float* sub, float* sums,
+                                    float scale = 1.0f) {
+    const __m512 scale_v = _mm512_set1_ps(scale);
     __m512 sv[G], sum[G];
     for (int g = 0; g < G; ++g) {
       sv[g] = _mm512_set1_ps(sub[g]);
@@ -244,7 +256,9 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
       const __mmask16 mask = tail_mask(n - j);
       for (int g = 0; g < G; ++g) {
         float* x = s + g * ld + j;
-        const __m512 e = _mm512_maskz_mov_ps(mask, exp2_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x), sv[g])));
+        const __m512 v = _mm512_maskz_loadu_ps(mask, x);
+        const __m512 arg = kScaled ? _mm512_fmsub_ps(v, scale_v, sv[g]) : _mm512_sub_ps(v, sv[g]);
+        const __m512 e = _mm512_maskz_mov_ps(mask, exp2_ps(arg));
         _mm512_mask_storeu_ps(x, mask, e);
         sum[g] = _mm512_add_ps(sum[g], e);
       }

@@ -19,6 +19,7 @@ namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
 #ifndef TILEATTN_AVX512_EMULATION
 static inline __m512bh as_bf16_pairs(__m512i v) { return (__m512bh)v; }
+static inline __m512i bf16_bits(__m512bh v) { return (__m512i)v; }
 #endif
 
 // The first n of 32 lanes (none for n <= 0).
@@ -110,23 +111,23 @@ struct Bf16Packing {
 
   // P (m rows of n fp32, row r at p + r * ldp) as hi + lo, two bf16 rows of
   // k (zero-padded): hi = bf16(P) and lo = bf16(P - hi), both rounded to
-  // nearest even, so hi + lo holds P to about 2^-17 relative. P is finite
-  // (the softmax's exponentials, times the dropout scale).
+  // nearest even by vcvtne2ps2bf16 (which reads denormals as 0: P below
+  // 2^-126 counts as 0), so hi + lo holds P to about 2^-17 relative. P is
+  // finite (the softmax's exponentials, times the dropout scale).
   static void bf16_split_rows(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
                               uint16_t* lo, int64_t ld) {
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    auto round_bits = [&](__m512i x) {  // bf16 nearest-even of finite fp32 bits, in the low 16 bits
-      return _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(x, 16), one))), 16);
-    };
     for (int64_t r = 0; r < m; ++r) {
       const float* row = p + r * ldp;
-      for (int64_t c = 0; c < k; c += 16) {
-        const __m512 x = _mm512_maskz_loadu_ps(lanes16(n - c), row + c);  // zero past n
-        const __m512i h = round_bits(_mm512_castps_si512(x));
-        const __m512 rest = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-        const __m512i l = round_bits(_mm512_castps_si512(rest));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * ld + c), _mm512_cvtepi32_epi16(h));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * ld + c), _mm512_cvtepi32_epi16(l));
+      for (int64_t c = 0; c < k; c += 32) {
+        const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(n - c), row + c);  // zero past n
+        const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(n - c - 16), row + c + 16);
+        const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(x1, x0));  // x0's 16 words, then x1's
+        const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+        const __m512 h1 = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+        const __m512i l = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
+        _mm512_storeu_si512(hi + r * ld + c, h);
+        _mm512_storeu_si512(lo + r * ld + c, l);
       }
     }
   }

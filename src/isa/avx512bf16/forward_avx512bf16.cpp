@@ -1,7 +1,6 @@
 // The avx512bf16 rung's forward main loop: bf16 inputs on vdpbf16ps
 // (Bf16DotKernels); the AVX-512 kernels for everything else in the loop.
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
