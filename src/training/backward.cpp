@@ -23,8 +23,12 @@ namespace detail {
 
 namespace {
 
+// The bf16 rungs' backward runs the AVX-512 FP32-FMA loop for every dtype
+// (bf16 products in the backward are not built yet).
 BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
   switch (isa) {
+    case Isa::amx:
+    case Isa::avx512bf16:
     case Isa::avx512: return backward_normalizers_avx512;
     case Isa::avx2: return backward_normalizers_avx2;
     default: return backward_normalizers_generic;
@@ -33,6 +37,8 @@ BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
 
 BackwardItemFn backward_item_fn(Isa isa) {
   switch (isa) {
+    case Isa::amx:
+    case Isa::avx512bf16:
     case Isa::avx512: return backward_item_avx512;
     case Isa::avx2: return backward_item_avx2;
     default: return backward_item_generic;
