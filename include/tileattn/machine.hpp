@@ -80,6 +80,10 @@ double measure_amx_bf16_peak_gflops(int threads = 0, double seconds = 0.2, int r
 // or the build has no avx512bf16 rung. The yardstick of the avx512bf16
 // rung's bf16 forward.
 double measure_bf16_dot_peak_gflops(int threads = 0, double seconds = 0.2, int reps = 3);
+// The code that runs a forward of `dtype` inputs on `isa`: the bf16 rungs
+// (amx, avx512bf16) run fp32 and fp16 inputs on the avx512 code, so tune
+// file entries and tile choices for those are avx512's.
+Isa kernel_isa(Isa isa, DType dtype);
 // The rung bf16 inputs take under Isa::automatic (TILEATTN_ISA included):
 // amx, avx512bf16, or the FP32-FMA path they share with fp32 inputs.
 Isa bf16_isa();

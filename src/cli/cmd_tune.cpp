@@ -67,7 +67,7 @@ int cmd_tune(int argc, char** argv) {
       fa.threads = threads;
       fa.isa = isa;
       const double flops = 4.0 * double(dim) * double(kSeq) * double(kSeq) * double(kHeads);
-      TuneEntry best{isa_name(isa), dim, dtype_name(dtype), 0, 0};
+      TuneEntry best{isa_name(kernel_isa(isa, dtype)), dim, dtype_name(dtype), 0, 0};
       double best_ms = 0;
       for (int bq : kBlockQ)
         for (int bkv : kBlockKv) {
@@ -121,7 +121,8 @@ int cmd_tune(int argc, char** argv) {
     r.raw("results", results_json + "]", "");
     std::string winners_json = "[";
     for (const TuneEntry& w : winners)
-      winners_json += std::string(winners_json.size() > 1 ? ", " : "") + "{\"head_dim\": " + std::to_string(w.head_dim) +
+      winners_json += std::string(winners_json.size() > 1 ? ", " : "") + "{\"isa\": " + json_quote(w.isa) +
+                      ", \"head_dim\": " + std::to_string(w.head_dim) +
                       ", \"dtype\": " + json_quote(w.dtype) + ", \"block_q\": " + std::to_string(w.block_q) +
                       ", \"block_kv\": " + std::to_string(w.block_kv) + "}";
     r.raw("winners", winners_json + "]", "");

@@ -144,6 +144,11 @@ Isa best_isa() {
 
 Isa bf16_isa() { return resolve_isa(Isa::automatic); }
 
+Isa kernel_isa(Isa isa, DType dtype) {
+  const bool bf16_rung = isa == Isa::amx || isa == Isa::avx512bf16;
+  return bf16_rung && dtype != DType::bf16 ? Isa::avx512 : isa;
+}
+
 Isa resolve_isa(Isa requested) {
   if (requested == Isa::automatic) {
     const char* env = std::getenv("TILEATTN_ISA");

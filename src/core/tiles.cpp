@@ -80,7 +80,7 @@ TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype) {
   }
   static const std::vector<TuneEntry> tuned = read_tune_file(tune_file_path());
   for (const TuneEntry& e : tuned) {
-    if (e.isa == isa_name(isa) && e.head_dim == head_dim && e.dtype == dtype_name(dtype)) {
+    if (e.isa == isa_name(kernel_isa(isa, dtype)) && e.head_dim == head_dim && e.dtype == dtype_name(dtype)) {
       t.block_q = e.block_q;
       t.block_kv = e.block_kv;
       t.reason = "tune file " + tune_file_path();
