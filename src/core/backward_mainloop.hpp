@@ -17,6 +17,14 @@
 //   dQ_chunk += dS K,   dK += dS^T Q
 // dK and dV of the key tile are final after the last query tile: rounded to
 // the output dtype once. dQ sums over chunks afterwards (backward.cpp).
+//
+// bf16 inputs on a Kernels with bf16 products (Problem::product ==
+// bf16_dot: the avx512bf16 and amx rungs) run four of the five products as
+// bf16 dot products with fp32 sums, in the forward's pair layout
+// (bf16_kernels.hpp): dP = dO V^T on the inputs themselves (exact products),
+// and dV, dQ, dK with their fp32 A operand (P^T, dS, dS^T) split into bf16
+// hi + lo, as the forward splits P. S = Q K^T stays on FP32 FMAs, formed
+// exactly as the normalizer pass forms it.
 
 template <class K>
 class BackwardMainloop {
@@ -39,6 +47,17 @@ class BackwardMainloop {
     transposed_ = scratch + layout_.transposed;
     row_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.row_ptrs);
     key_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.key_ptrs);
+    if constexpr (kHasBf16) {
+      bf16_ = p.fwd.product == TileProduct::bf16_dot;
+      auto bf16_piece = [&](int64_t offset) { return reinterpret_cast<uint16_t*>(scratch + offset); };
+      k_pairs_ = bf16_piece(layout_.k_pairs);
+      v_pairs_ = bf16_piece(layout_.v_pairs);
+      d_o16_ = bf16_piece(layout_.d_o16);
+      d_o_pairs_ = bf16_piece(layout_.d_o_pairs);
+      q_pairs_ = bf16_piece(layout_.q_pairs);
+      a_hi_ = bf16_piece(layout_.a_hi);
+      a_lo_ = bf16_piece(layout_.a_lo);
+    }
   }
 
   // Rows rows[0, count) of head h in sequence b: the max of their scores S
@@ -95,6 +114,9 @@ class BackwardMainloop {
   void run(const BackwardItem& w) {
     const Sequence seq = sequence_of(p_.fwd, w.batch);
     const int64_t dp = p_.fwd.head_dim_padded;
+    if constexpr (kHasBf16) {
+      if (bf16_) K::bf16_begin();
+    }
     for (int64_t j0 = w.key_begin; j0 < w.key_end; j0 += p_.fwd.block_kv) {
       const int64_t n = min64(p_.fwd.block_kv, w.key_end - j0);
       load_kv_tile(seq, w, j0, n);
@@ -110,9 +132,14 @@ class BackwardMainloop {
         }
       store_kv_gradients(seq, w, j0, n);
     }
+    if constexpr (kHasBf16) {
+      if (bf16_) K::bf16_end();
+    }
   }
 
  private:
+  static constexpr bool kHasBf16 = requires { K::kBf16Products; };
+
   // One (query tile, key tile) pair of head h: rows [i_begin, i_end), keys [j0, j0 + n).
   // Flattened: called out of line, GCC 12 keeps the AVX2 register tile's
   // accumulator arrays on the stack (a spill per FMA pair, measured 2x slower
@@ -144,8 +171,14 @@ class BackwardMainloop {
     }
     // dV += (P o Z)^T dO: (n, rows) x (rows, D_pad).
     transpose_tile(pd_, rows, n);
-    K::gemm(n, dp, rows, transposed_, bq_pad_, d_o_, dp, dv_, dp, true);
-    K::gemm(rows, n_pad, d, d_o_, dp, v_t_, kv_pad_, dp_, kv_pad_, false);  // dP (rows, n_pad)
+    if (bf16_) {
+      bf16_product_of_split(transposed_, bq_pad_, n, rows, d_o_pairs_, layout_.bf16_q, dv_);
+      bf16_dot(rows, n_pad, layout_.bf16_d, d_o16_, nullptr, layout_.bf16_d, v_pairs_, kPanelWidth * layout_.bf16_d,
+               dp_, kv_pad_, false);  // dP (rows, n_pad)
+    } else {
+      K::gemm(n, dp, rows, transposed_, bq_pad_, d_o_, dp, dv_, dp, true);
+      K::gemm(rows, n_pad, d, d_o_, dp, v_t_, kv_pad_, dp_, kv_pad_, false);  // dP (rows, n_pad)
+    }
     for (int64_t t = 0; t < rows; ++t) {
       const float delta = p_.row_delta[row_slot(p_, w.batch, h, i_begin + t)];
       const float* p = s_ + t * kv_pad_;
@@ -159,10 +192,31 @@ class BackwardMainloop {
     }
     // dQ += dS K: (rows, n) x (n, D_pad), into this chunk's fp32 slice.
     float* dq = p_.dq_partial + dq_slot(p_, w.chunk, w.batch, h, i_begin) * dp;
-    K::gemm(rows, dp, n, dp_, kv_pad_, k_rows_, dp, dq, dp, true);
-    // dK += dS^T Q: (n, rows) x (rows, D_pad).
+    if (bf16_) bf16_product_of_split(dp_, kv_pad_, rows, n, k_pairs_, layout_.bf16_kv, dq);
+    else K::gemm(rows, dp, n, dp_, kv_pad_, k_rows_, dp, dq, dp, true);
+    // dK += dS^T Q: (n, rows) x (rows, D_pad) (Q unscaled for the bf16 products).
     transpose_tile(dp_, rows, n);
-    K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
+    if (bf16_) bf16_product_of_split(transposed_, bq_pad_, n, rows, q_pairs_, layout_.bf16_q, dk_);
+    else K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
+  }
+
+  // K::bf16_gemm where the Kernels has it (bf16_ is false elsewhere).
+  void bf16_dot(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+    if constexpr (kHasBf16) K::bf16_gemm(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
+  }
+
+  // c (m, D_pad) += a (m, k fp32 columns, row stride lda) B, where B holds k
+  // rows in pairs along them (pad = k rounded up to 32, panel 16 x pad): a is
+  // split into bf16 hi + lo first.
+  void bf16_product_of_split(const float* a, int64_t lda, int64_t m, int64_t k, const uint16_t* b, int64_t pad,
+                             float* c) {
+    if constexpr (kHasBf16) {
+      const int64_t k32 = round_up(k, kBf16PairBlock);
+      K::bf16_split_rows(a, lda, m, k, k32, a_hi_, a_lo_, pad);
+      K::bf16_gemm(m, p_.fwd.head_dim_padded, k32, a_hi_, a_lo_, pad, b, kPanelWidth * pad, c,
+                   p_.fwd.head_dim_padded, true);
+    }
   }
 
   // transposed_ (n, BLOCK_Q_pad) = tile (rows, n)^T, with the forward's K^T packer.
@@ -178,7 +232,9 @@ class BackwardMainloop {
            (batch * stride[0] + head * stride[1] + row * stride[2]) * esize;
   }
 
-  // Q (pre-scaled to log2 units, as in the forward) and dO of rows [i_begin, i_begin + rows).
+  // Q (pre-scaled to log2 units, as in the forward) and dO of rows [i_begin,
+  // i_begin + rows); for the bf16 products also dO as rows and both in pairs
+  // along the rows.
   void load_query_rows(const Sequence& seq, int64_t h, int64_t i_begin, int64_t rows) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
     const BackwardArgs& b = *p_.args;
@@ -186,8 +242,20 @@ class BackwardMainloop {
       const int64_t row = seq.q_row0 + i_begin + t;
       K::load_row(row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row), a_.dtype, d,
                   a_.q.stride[3], p_.fwd.score_scale, q_ + t * dp);
-      K::load_row(row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, row), a_.dtype, d,
-                  b.d_o.stride[3], 1.0f, d_o_ + t * dp);
+      if (!bf16_)
+        K::load_row(row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, row), a_.dtype, d,
+                    b.d_o.stride[3], 1.0f, d_o_ + t * dp);
+    }
+    if constexpr (kHasBf16) {
+      if (!bf16_) return;
+      for (int64_t t = 0; t < rows; ++t) {
+        row_ptrs_[t] = row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, seq.q_row0 + i_begin + t);
+        K::bf16_copy_row(row_ptrs_[t], d, b.d_o.stride[3], d_o16_ + t * layout_.bf16_d, layout_.bf16_d);
+      }
+      K::bf16_pack_v(row_ptrs_, rows, d, b.d_o.stride[3], d_o_pairs_, layout_.bf16_q);
+      for (int64_t t = 0; t < rows; ++t)
+        row_ptrs_[t] = row_address(a_.q.data, a_.q.stride, seq.q_batch, h, seq.q_row0 + i_begin + t);
+      K::bf16_pack_v(row_ptrs_, rows, d, a_.q.stride[3], q_pairs_, layout_.bf16_q);
     }
   }
 
@@ -196,11 +264,20 @@ class BackwardMainloop {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
     for (int64_t c = 0; c < n; ++c) {
       key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
-      K::load_row(key_ptrs_[c], a_.dtype, d, a_.k.stride[3], 1.0f, k_rows_ + c * dp);
+      if (!bf16_) K::load_row(key_ptrs_[c], a_.dtype, d, a_.k.stride[3], 1.0f, k_rows_ + c * dp);
     }
     K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
+    if constexpr (kHasBf16) {
+      if (bf16_) K::bf16_pack_v(key_ptrs_, n, d, a_.k.stride[3], k_pairs_, layout_.bf16_kv);
+    }
     for (int64_t c = 0; c < n; ++c)
       key_ptrs_[c] = row_address(a_.v.data, a_.v.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
+    if constexpr (kHasBf16) {
+      if (bf16_) {
+        K::bf16_pack_k(key_ptrs_, n, d, a_.v.stride[3], v_pairs_, layout_.bf16_d);
+        return;
+      }
+    }
     K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.v.stride[3], v_t_, kv_pad_);
   }
 
@@ -211,9 +288,11 @@ class BackwardMainloop {
       mask_score_row(s_ + t * kv_pad_, n, p_.fwd, seq, batch, h, i_begin + t, j0, band_partial);
   }
 
-  // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q; dV as accumulated.
+  // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q (the bf16 products take Q
+  // unscaled: ln(2) * scale * log2(e) then); dV as accumulated.
   void store_kv_gradients(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const float dk_factor = bf16_ ? kLn2 * p_.fwd.score_scale : kLn2;
     const int64_t esize = int64_t(dtype_size(a_.dtype));
     const BackwardArgs& b = *p_.args;
     for (int64_t c = 0; c < n; ++c) {
@@ -222,7 +301,7 @@ class BackwardMainloop {
                  (seq.k_batch * b.dk.stride[0] + w.kv_head * b.dk.stride[1] + row * b.dk.stride[2]) * esize;
       char* dv = static_cast<char*>(b.dv.data) +
                  (seq.k_batch * b.dv.stride[0] + w.kv_head * b.dv.stride[1] + row * b.dv.stride[2]) * esize;
-      K::store_row(dk_ + c * dp, kLn2, d, a_.dtype, dk, b.dk.stride[3]);
+      K::store_row(dk_ + c * dp, dk_factor, d, a_.dtype, dk, b.dk.stride[3]);
       K::store_row(dv_ + c * dp, 1.0f, d, a_.dtype, dv, b.dv.stride[3]);
     }
   }
@@ -230,13 +309,17 @@ class BackwardMainloop {
   const BackwardProblem& p_;
   const ForwardArgs& a_;
   const BackwardScratchLayout layout_;
+  bool bf16_ = false;  // bf16 products (p.fwd.product == bf16_dot on a Kernels that has them)
+  uint16_t *k_pairs_ = nullptr, *v_pairs_ = nullptr, *d_o16_ = nullptr, *d_o_pairs_ = nullptr,
+           *q_pairs_ = nullptr, *a_hi_ = nullptr, *a_lo_ = nullptr;
   int64_t kv_pad_ = 0, bq_pad_ = 0;
   float *k_rows_, *k_t_, *v_t_, *dk_, *dv_, *q_, *d_o_, *s_, *dp_, *z_, *pd_, *transposed_;
   const void** row_ptrs_;
   const void** key_ptrs_;
 };
 
-// The entry the dispatcher calls for each work item.
+// The entry the dispatcher calls for each work item (the main loop takes the
+// bf16 products itself where Problem::product asks and Kernels has them).
 inline void run_backward_item(const BackwardProblem& p, const BackwardItem& w, float* scratch) {
   BackwardMainloop<Kernels> loop(p, scratch);
   loop.run(w);

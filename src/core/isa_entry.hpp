@@ -28,6 +28,10 @@ using BackwardItemFn = void (*)(const BackwardProblem& p, const BackwardItem& w,
 void backward_item_generic(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_avx2(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_avx512(const BackwardProblem& p, const BackwardItem& w, float* scratch);
+// bf16 inputs only (Problem::product == bf16_dot); the normalizer pass of
+// these rungs is avx512's.
+void backward_item_avx512bf16(const BackwardProblem& p, const BackwardItem& w, float* scratch);
+void backward_item_amx(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 
 // The backward's normalizer pass: rows[0, count) of head h in sequence b.
 using BackwardNormalizersFn = void (*)(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,

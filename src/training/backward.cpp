@@ -23,8 +23,8 @@ namespace detail {
 
 namespace {
 
-// The bf16 rungs' backward runs the AVX-512 FP32-FMA loop for every dtype
-// (bf16 products in the backward are not built yet).
+// The bf16 rungs run the AVX-512 backward for fp32 and fp16 inputs and for
+// the normalizer pass (FP32 FMAs, as the scores of the main loop).
 BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
   switch (isa) {
     case Isa::amx:
@@ -35,10 +35,10 @@ BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
   }
 }
 
-BackwardItemFn backward_item_fn(Isa isa) {
+BackwardItemFn backward_item_fn(Isa isa, DType dtype) {
   switch (isa) {
-    case Isa::amx:
-    case Isa::avx512bf16:
+    case Isa::amx: return dtype == DType::bf16 ? backward_item_amx : backward_item_avx512;
+    case Isa::avx512bf16: return dtype == DType::bf16 ? backward_item_avx512bf16 : backward_item_avx512;
     case Isa::avx512: return backward_item_avx512;
     case Isa::avx2: return backward_item_avx2;
     default: return backward_item_generic;
@@ -253,6 +253,8 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   const int hw = detail::hardware_threads();
   const int threads = args.forward.threads <= 0 || args.forward.threads > hw ? hw : args.forward.threads;
   detail::BackwardProblem p = detail::plan_backward(args);
+  if ((isa == Isa::amx || isa == Isa::avx512bf16) && args.forward.dtype == DType::bf16)
+    p.fwd.product = detail::TileProduct::bf16_dot;  // before any scratch is sized
   const AttentionShape& s = args.forward.shape;
   if (s.batch == 0) return;
 
@@ -292,7 +294,7 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   if (!items.empty()) {
     const int workers = int(detail::min64(threads, int64_t(items.size())));
     detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
-    const detail::BackwardItemFn run_item = detail::backward_item_fn(isa);
+    const detail::BackwardItemFn run_item = detail::backward_item_fn(isa, args.forward.dtype);
     detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
       run_item(p, items[size_t(item)], scratch.for_worker(worker));
     });

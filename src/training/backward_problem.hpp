@@ -84,6 +84,17 @@ static inline KeyRange visible_queries(const Band& band, const Sequence& s, int6
 // backward.cpp and the carving in backward_mainloop.hpp.
 struct BackwardScratchLayout {
   int64_t k_rows, k_t, v_t, dk, dv, q, d_o, s, dp, z, pd, transposed, row_ptrs, key_ptrs;
+  // bf16 products (fwd.product == bf16_dot; 0 otherwise), bf16 pieces in the
+  // pair layout of isa/avx512bf16/bf16_kernels.hpp, reductions padded to 32:
+  int64_t bf16_kv;     // BLOCK_KV rounded up to 32
+  int64_t bf16_q;      // BLOCK_Q rounded up to 32
+  int64_t bf16_d;      // head_dim rounded up to 32
+  int64_t k_pairs;     // K, pairs along keys (B of dQ += dS K)
+  int64_t v_pairs;     // V, pairs along D (B of dP = dO V^T)
+  int64_t d_o16;       // dO rows bf16 (A of dP), 16 slack rows
+  int64_t d_o_pairs;   // dO, pairs along query rows (B of dV += P^T dO)
+  int64_t q_pairs;     // Q unscaled, pairs along query rows (B of dK += dS^T Q)
+  int64_t a_hi, a_lo;  // an fp32 A operand split into bf16 hi + lo, 16 slack rows
   int64_t total;
 };
 static inline BackwardScratchLayout backward_scratch_layout(const BackwardProblem& p) {
@@ -111,6 +122,20 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
   l.transposed = take(kv * bq);              // (BLOCK_KV_pad, BLOCK_Q_pad): (P o Z)^T, then dS^T
   l.row_ptrs = take(2 * bq);                 // row pointers for the transposes (8-byte slots)
   l.key_ptrs = take(2 * kv);                 // K/V row pointers
+  if (p.fwd.product == TileProduct::bf16_dot) {
+    auto bf16 = [](int64_t elements) { return (elements + 1) / 2; };  // floats holding them
+    l.bf16_kv = round_up(p.fwd.block_kv, kBf16PairBlock);
+    l.bf16_q = round_up(p.fwd.block_q, kBf16PairBlock);
+    l.bf16_d = round_up(p.fwd.args.shape.head_dim, kBf16PairBlock);
+    const int64_t a_rows = max64(kv, bq) + 16, a_cols = max64(l.bf16_kv, l.bf16_q);
+    l.k_pairs = take(bf16(l.bf16_kv * dp));
+    l.v_pairs = take(bf16(kv * l.bf16_d));
+    l.d_o16 = take(bf16((bq + 16) * l.bf16_d));
+    l.d_o_pairs = take(bf16(l.bf16_q * dp));
+    l.q_pairs = take(bf16(l.bf16_q * dp));
+    l.a_hi = take(bf16(a_rows * a_cols));
+    l.a_lo = take(bf16(a_rows * a_cols));
+  }
   l.total = cursor;
   return l;
 }

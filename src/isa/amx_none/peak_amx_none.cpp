@@ -23,5 +23,11 @@ void forward_item_avx512bf16(const Problem&, const WorkItem&, float*) {
 void forward_item_amx(const Problem&, const WorkItem&, float*) {
   throw std::logic_error("tileattn: built without the amx rung");
 }
+void backward_item_avx512bf16(const BackwardProblem&, const BackwardItem&, float*) {
+  throw std::logic_error("tileattn: built without the avx512bf16 rung");
+}
+void backward_item_amx(const BackwardProblem&, const BackwardItem&, float*) {
+  throw std::logic_error("tileattn: built without the amx rung");
+}
 
 }  // namespace tileattn::detail

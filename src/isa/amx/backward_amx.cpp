@@ -1,0 +1,23 @@
+// The amx rung's backward main loop: bf16 inputs on AmxKernels's bf16
+// products (backward_mainloop.hpp); other dtypes run backward_item_avx512.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/isa_entry.hpp"
+#include "training/backward_problem.hpp"
+
+#define TILEATTN_AVX512_NAMESPACE amx
+#include "isa/amx/amx_kernels.hpp"
+
+namespace tileattn::detail::amx::loop {
+using Kernels = AmxKernels;
+#include "core/backward_mainloop.hpp"
+}  // namespace tileattn::detail::amx::loop
+
+namespace tileattn::detail {
+void backward_item_amx(const BackwardProblem& p, const BackwardItem& w, float* scratch) {
+  amx::loop::run_backward_item(p, w, scratch);
+}
+}  // namespace tileattn::detail
