@@ -9,13 +9,13 @@
 #include <string>
 
 #include "cli/args.hpp"
-#include "cli/band.hpp"
 #include "cli/commands.hpp"
 #include "cli/naive_baseline.hpp"
 #include "cli/openblas.hpp"
 #include "cli/report.hpp"
 #include "cli/sweep.hpp"
 #include "cli/timing.hpp"
+#include "core/band.hpp"
 #include "core/thread_pool.hpp"
 #include "tileattn/attention.hpp"
 #include "tileattn/backward.hpp"
@@ -179,9 +179,9 @@ int cmd_bench(int argc, char** argv) {
     ca.threads = threads;
   }
 
-  const BandMask band = BandMask::from(causal, window_left, window_right);
+  const detail::Band band = detail::make_band(causal, window_left, window_right);
   const double flops_per_pair = (backward ? 10.0 : 4.0) * double(dim);
-  const double flops = flops_per_pair * double(band.pairs(seq, kv_seq)) * double(batch * heads);
+  const double flops = flops_per_pair * double(detail::band_pairs(band, seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
   const TileShape tiles = choose_tiles(isa, dim, dtype);
   const double peak = given_peak > 0 ? given_peak : measure_fma_peak_gflops(threads, isa);
