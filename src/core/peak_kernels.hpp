@@ -19,5 +19,9 @@ double fma_loop_avx512(int64_t iterations, float* sink);
 double amx_bf16_loop(int64_t iterations, float* sink);
 // Asks Linux once per process for the AMX tile data state; true if granted.
 bool request_amx_permission();
+// Whether this build has the AMX loop (false: isa/amx_none, a compiler
+// without -mamx-tile -mamx-bf16), so that tests can tell a CPU without AMX
+// from a build without it.
+bool amx_peak_built();
 
 }  // namespace tileattn::detail
