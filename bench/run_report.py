@@ -12,12 +12,13 @@ desktop CPU that nothing else is using. Usage:
     python3 bench/run_report.py [--binary build/bin/tileattn] [--python .venv/bin/python]
                                 [--quick] [--out-dir bench/results] [--img-dir docs/img]
 
---quick runs a tiny grid (seconds) into a temporary folder, to check the
+--quick runs a tiny grid (seconds) into build/report-quick, to check the
 tooling; scripts/bench_report.sh builds first and then runs this.
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,7 +71,7 @@ def main(argv=None):
     parser.add_argument("--binary", default=os.path.join(ROOT, "build/bin/tileattn"))
     parser.add_argument("--python", default=os.path.join(ROOT, ".venv/bin/python"),
                         help="interpreter with torch / onnxruntime (missing ones become 'missing' rows)")
-    parser.add_argument("--quick", action="store_true", help="tiny grid into a temporary folder")
+    parser.add_argument("--quick", action="store_true", help="tiny grid into build/report-quick")
     parser.add_argument("--out-dir", default=None, help="results folder (default bench/results)")
     parser.add_argument("--img-dir", default=None, help="plots folder (default docs/img)")
     parser.add_argument("--doc", default=None, help="Markdown file whose table is replaced (default docs/benchmarks.md)")
@@ -79,11 +80,21 @@ def main(argv=None):
         print(f"run_report.py: no tileattn binary at {args.binary} (scripts/build.sh builds it)", file=sys.stderr)
         return 2
     python = args.python if os.access(args.python, os.X_OK) else sys.executable
-    scratch = tempfile.mkdtemp(prefix="tileattn_report_")
-    out_dir = args.out_dir or (scratch if args.quick else os.path.join(ROOT, "bench/results"))
-    img_dir = args.img_dir or (scratch if args.quick else os.path.join(ROOT, "docs/img"))
+    # Per-sweep JSON files go to a temporary folder, removed at the end however
+    # the run ends; --quick writes its results under build/report-quick.
+    quick_dir = os.path.join(ROOT, "build", "report-quick")
+    out_dir = args.out_dir or (quick_dir if args.quick else os.path.join(ROOT, "bench/results"))
+    img_dir = args.img_dir or (quick_dir if args.quick else os.path.join(ROOT, "docs/img"))
     doc = args.doc if args.doc is not None else ("" if args.quick else os.path.join(ROOT, "docs/benchmarks.md"))
     os.makedirs(out_dir, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="tileattn_report_")
+    try:
+        return run_grid(args, python, scratch, out_dir, img_dir, doc)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_grid(args, python, scratch, out_dir, img_dir, doc):
 
     start = time.monotonic()
     load_start = os.getloadavg()[0]

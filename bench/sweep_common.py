@@ -125,7 +125,7 @@ def q_len(case):
 
 
 def visible_pairs(nq, nk, left, right):
-    """(query, key) pairs a band leaves visible (src/cli/band.hpp), bottom-right aligned."""
+    """(query, key) pairs a band leaves visible (src/core/band.hpp), bottom-right aligned."""
     total = 0
     for i in range(nq):
         center = i + nk - nq

@@ -11,11 +11,16 @@ interleaved, call by call, and each ratio is the median of per-pair ratios: on a
 machine the load of other processes moves a step's time by more than the difference.
 """
 import argparse
+import sys
 import time
 
-import torch
+try:
+    import torch
 
-import tileattn
+    import tileattn
+except ModuleNotFoundError as e:
+    sys.exit(f"llama_layer.py: {e}. Run it with the project's interpreter, .venv/bin/python "
+             "(scripts/setup.sh installs torch there, scripts/test_python.sh installs tileattn).")
 
 
 def median(values):

@@ -13,4 +13,4 @@ start=$(date +%s)
 echo "test_python: package installed in $(( $(date +%s) - start )) s" >&2
 # Run from tests/python so `import tileattn` finds the installed package, not python/tileattn.
 cd tests/python
-exec "../../$PY" -m pytest -q -p no:cacheprovider "$@" .
+exec "../../$PY" -m pytest -q -rs -p no:cacheprovider "$@" .

@@ -12,6 +12,8 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include <nanobind/nanobind.h>
 
@@ -30,6 +32,17 @@ inline T* from_address(Address a) {
 }
 
 using Stride4 = std::array<int64_t, 4>;
+
+// An Error of the KV-cache calls with the C++ names of the new keys and
+// values (k_new, v_new) spelled as Python's attention_with_kvcache names its
+// arguments (k, v).
+inline Error with_python_kv_names(const Error& e) {
+  std::string text = e.what();
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"k_new", "k"}, {"v_new", "v"}})
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  return Error(text);
+}
 using Stride3 = std::array<int64_t, 3>;
 
 // The inputs and options of a forward call on raw addresses, as the

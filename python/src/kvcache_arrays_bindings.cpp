@@ -329,8 +329,9 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     nb::gil_scoped_release release;
     run_timed([&] { tileattn::attention_with_kvcache(a); });
   } catch (const Error& e) {
-    if (!o_given.is_none()) fail_for_out(e, true);
-    throw;
+    const Error renamed = with_python_kv_names(e);
+    if (!o_given.is_none()) fail_for_out(renamed, true);
+    throw renamed;
   }
   if (fw == Framework::torch) increment_versions(k_cache, v_cache);
   return nb::make_tuple(o, lse);

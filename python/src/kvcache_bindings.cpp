@@ -61,7 +61,11 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
   a.window_right = window_right;
   a.threads = threads;
   nb::gil_scoped_release release;
-  run_timed([&] { tileattn::attention_with_kvcache(a); });
+  try {
+    run_timed([&] { tileattn::attention_with_kvcache(a); });
+  } catch (const Error& e) {
+    throw with_python_kv_names(e);
+  }
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ nb::dict machine_info() {
 
 void bind_machine(nb::module_& m) {
   m.def("machine_info", &machine_info, "ISA chosen, CPU features, cache sizes, hardware threads");
+  m.def("hardware_threads", [] { return hardware_threads(); }, "threads the hardware offers (at least 1)");
 }
 
 }  // namespace tileattn::python

@@ -21,7 +21,11 @@ def set_num_threads(threads):
 
 
 def get_num_threads():
-    return _settings["threads"]
+    """Threads tileattn's kernels will use: the count set (at most the hardware's), or every
+    hardware thread when none was set."""
+    hardware = _C.hardware_threads()
+    threads = _settings["threads"]
+    return hardware if threads == 0 or threads > hardware else threads
 
 
 def dtype_code(x):

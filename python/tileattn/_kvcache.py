@@ -310,4 +310,4 @@ def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, inte
         addr(lse), es("lse", lse), addr(k_cache), es("k_cache", k_cache), addr(v_cache),
         es("v_cache", v_cache), cache, addr(seqlens), table_addr, k_addr, k_strides, v_addr,
         v_strides, cos_addr, sin_addr, rotary, interleaved, scale, causal, window_left,
-        window_right, _kernel.get_num_threads())
+        window_right, _kernel._settings["threads"])

@@ -35,7 +35,7 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd."""
     return _C.forward_arrays(q, k, v, attn_mask, layout, is_causal, window_left, window_right,
-                             softmax_scale, dropout_p, seed, _kernel.get_num_threads(), True)
+                             softmax_scale, dropout_p, seed, _kernel._settings["threads"], True)
 
 
 @flash_attention_op.register_fake
@@ -116,7 +116,7 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     if not is_compiling():
         # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                                dropout_p, seed, _kernel.get_num_threads(), return_lse,
+                                dropout_p, seed, _kernel._settings["threads"], return_lse,
                                 eager_only=True)
         if out is not None:
             return out

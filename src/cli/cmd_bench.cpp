@@ -4,18 +4,19 @@
 // --impl times only one of the two (a sweep runs each in its own process so
 // that each one's peak memory is its own); --decode times one new query token
 // against a KV cache; --sweep runs a grid of cases (sweep.cpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "cli/args.hpp"
-#include "cli/band.hpp"
 #include "cli/commands.hpp"
 #include "cli/naive_baseline.hpp"
 #include "cli/openblas.hpp"
 #include "cli/report.hpp"
 #include "cli/sweep.hpp"
 #include "cli/timing.hpp"
+#include "core/band.hpp"
 #include "core/thread_pool.hpp"
 #include "tileattn/attention.hpp"
 #include "tileattn/backward.hpp"
@@ -179,12 +180,20 @@ int cmd_bench(int argc, char** argv) {
     ca.threads = threads;
   }
 
-  const BandMask band = BandMask::from(causal, window_left, window_right);
+  const detail::Band band = detail::make_band(causal, window_left, window_right);
   const double flops_per_pair = (backward ? 10.0 : 4.0) * double(dim);
-  const double flops = flops_per_pair * double(band.pairs(seq, kv_seq)) * double(batch * heads);
+  const double flops = flops_per_pair * double(detail::band_pairs(band, seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
   const TileShape tiles = choose_tiles(isa, dim, dtype);
-  const double peak = given_peak > 0 ? given_peak : measure_fma_peak_gflops(threads, isa);
+  // The peak is measured right before and right after the timed work, and the
+  // larger taken: a neighbour that loads the machine during one of them
+  // otherwise gives a fraction of peak above 1.
+  const double peak_before = given_peak > 0 ? given_peak : measure_fma_peak_gflops(threads, isa);
+  double peak = peak_before;
+  auto measure_peak_after = [&] {
+    if (given_peak > 0) return;
+    peak = std::max(peak_before, measure_fma_peak_gflops(threads, isa));
+  };
 
   Report rep;
   rep.integer("batch", batch);
@@ -219,19 +228,34 @@ int cmd_bench(int argc, char** argv) {
     std::vector<double> rep_ms;
     for (int r = 0; r < reps; ++r) rep_ms.push_back(time_ms(run_kernel));
     ms = median(rep_ms);
+    measure_peak_after();
     const double gflops = flops / (ms * 1e-3) * 1e-9;
     rep.integer("block_q", tiles.block_q);
     rep.integer("block_kv", tiles.block_kv);
     rep.text("tile_reason", tiles.reason);
+    // Tiles from `tileattn tune`'s file change every later run: name the file.
+    if (tiles.reason.rfind("tune file", 0) == 0)
+      rep.raw("tune_file", json_quote(tune_file_path()),
+              tune_file_path() + " (written by `tileattn tune`; delete it to undo)");
+    else
+      rep.null("tune_file");
     rep.integer("reps", reps);
     std::string reps_human;
-    for (double t : rep_ms) reps_human += (reps_human.empty() ? "" : " ") + json_number(t);
+    for (double t : rep_ms) {
+      if (!reps_human.empty()) reps_human += ' ';
+      reps_human += json_number(t);
+    }
     rep.raw("rep_ms", json_number_array(rep_ms), reps_human);
     rep.number("flops", flops);
     rep.number("ms", ms);
     rep.number("gflops", gflops);
     rep.number("peak_gflops", peak);
     rep.number("fraction_of_peak", gflops / peak);
+    if (gflops > peak)
+      std::fprintf(stderr,
+                   "tileattn: warning: %.1f GFLOP/s is above the peak %.1f GFLOP/s (%.1f before the run): "
+                   "the machine's load changed while measuring; fraction_of_peak is not meaningful\n",
+                   gflops, peak, peak_before);
     rep.number("peak_rss_mb", peak_rss_mb());
   }
 

@@ -38,7 +38,9 @@ int64_t scratch_bytes(int64_t head_dim, const TileShape& tiles) {
 std::string feature_list(const CpuFeatures& f) {
   std::string out;
   auto add = [&](bool on, const char* name) {
-    if (on) out += (out.empty() ? "" : " ") + std::string(name);
+    if (!on) return;
+    if (!out.empty()) out += ' ';
+    out += name;
   };
   add(f.avx2, "avx2");
   add(f.fma, "fma");
@@ -92,6 +94,7 @@ int cmd_info(int argc, char** argv) {
   r.integer("threads", threads);
 
   std::string tiles_json = "[", tiles_human;
+  int64_t tuned_tiles = 0;
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (int64_t d : {64, 80, 96, 128, 256}) {
       const TileShape t = choose_tiles(isa, d, dtype);
@@ -106,6 +109,7 @@ int cmd_info(int argc, char** argv) {
       std::snprintf(line, sizeof line, "\n  d=%-3lld %-4s %3dx%-3d scratch %6lld B  ", (long long)d,
                     dtype_name(dtype), t.block_q, t.block_kv, (long long)scratch);
       tiles_human += line + t.reason;
+      tuned_tiles += t.reason.rfind("tune file", 0) == 0;
     }
   r.raw("tiles", tiles_json + "]", "(head_dim dtype block_q x block_kv)" + tiles_human);
   r.text("scratch_formula",
@@ -115,6 +119,13 @@ int cmd_info(int argc, char** argv) {
          "scale with the query heads per work item (1 in scratch_per_thread_bytes)");
   r.text("tune_file", tune_file_path());
   r.integer("tune_entries", int64_t(read_tune_file(tune_file_path()).size()));
+  // `tileattn tune` writes this file and every later run reads it: say when
+  // it changed the tiles above, and how to undo it.
+  r.raw("tune_tiles_applied", std::to_string(tuned_tiles),
+        tuned_tiles == 0 ? std::string("0")
+                         : std::to_string(tuned_tiles) + " of the tiles above come from " + tune_file_path() +
+                               " (written by `tileattn tune`; delete it, or point TILEATTN_TUNE_FILE elsewhere, "
+                               "to undo)");
 
   const double peak = measure_fma_peak_gflops(threads, isa);
   const double peak1 = measure_fma_peak_gflops(1, isa);

@@ -77,14 +77,32 @@ bool same_entry(const std::string& a, const std::string& b) {
          da.st_ino == db.st_ino;
 }
 
-// Two output flags naming one file would lose one output: a usage error
+// Whether writing output `out` would replace or overwrite input `in`: the
+// same entry (rename() would replace it), or an existing output path that
+// resolves to the input's file (a symlink or hard link to it).
+bool clobbers_input(const std::string& out, const std::string& in) {
+  if (same_entry(out, in)) return true;
+  struct stat so, si;
+  return ::stat(out.c_str(), &so) == 0 && ::stat(in.c_str(), &si) == 0 && so.st_dev == si.st_dev &&
+         so.st_ino == si.st_ino;
+}
+
+// Two output flags naming one file would lose one output, and an output
+// naming an input file would silently replace the input: usage errors
 // before anything is read or computed.
-void check_distinct_outputs(const Args& args, std::initializer_list<const char*> flags) {
-  for (auto i = flags.begin(); i != flags.end(); ++i)
+void check_distinct_outputs(const Args& args, std::initializer_list<const char*> flags,
+                            std::initializer_list<const char*> inputs) {
+  for (auto i = flags.begin(); i != flags.end(); ++i) {
+    if (!args.has(*i)) continue;
     for (auto j = i + 1; j != flags.end(); ++j)
-      if (args.has(*i) && args.has(*j) && same_entry(args.text(*i), args.text(*j)))
+      if (args.has(*j) && same_entry(args.text(*i), args.text(*j)))
         throw UsageError(std::string("run: ") + *i + " and " + *j + " name the same file '" + args.text(*j) +
                          "'");
+    for (const char* in : inputs)
+      if (args.has(in) && clobbers_input(args.text(*i), args.text(in)))
+        throw UsageError(std::string("run: ") + *i + " '" + args.text(*i) + "' is the input file of " + in +
+                         "; writing it would overwrite the input");
+  }
 }
 
 }  // namespace
@@ -112,7 +130,8 @@ int cmd_run(int argc, char** argv) {
       if (!args.has(required))
         throw UsageError(std::string("run: the backward needs --dout, --dq, --dk and --dv; ") + required +
                          " is missing");
-  check_distinct_outputs(args, {"--out", "--lse", "--dq", "--dk", "--dv"});
+  check_distinct_outputs(args, {"--out", "--lse", "--dq", "--dk", "--dv"},
+                         {"--q", "--k", "--v", "--mask", "--dout"});
 
   const io::NpyArray q_file = io::read_npy(q_path);
   const io::NpyArray k_file = io::read_npy(k_path);

@@ -20,10 +20,12 @@ namespace {
 
 const char* const kHelp =
     "usage: tileattn tune [--dims 64,128] [--dtypes fp32] [--threads T] [--out PATH] [--json]\n"
-    "Times block_q in {32,64,96,128} x block_kv in {32,64,128,256} for each head_dim and dtype\n"
-    "(B=1, H=4, N=2048, no mask, median of 3 after a warm-up) on the automatic ISA path and\n"
+    "Times block_q in {32,64,96,128,192,256} x block_kv in {32,64,128,256} for each head_dim and\n"
+    "dtype (B=1, H=4, N=2048, no mask, median of 3 after a warm-up) on the automatic ISA path and\n"
     "writes the fastest to the tune file (default: TILEATTN_TUNE_FILE or\n"
-    "~/.cache/tileattn/tune.conf), keeping its entries for other shapes.\n";
+    "~/.cache/tileattn/tune.conf), keeping its entries for other shapes.\n"
+    "Every later run in this account (CLI, C, C++ and Python) reads that file and uses its tiles;\n"
+    "`tileattn info` and `tileattn bench` name it when it applies. To undo: delete the file.\n";
 
 constexpr int kBlockQ[] = {32, 64, 96, 128, 192, 256};
 constexpr int kBlockKv[] = {32, 64, 128, 256};

@@ -13,14 +13,14 @@ namespace {
 
 // scores (Nq, Nk) = scale * Q K^T, then each row softmaxed in place over its
 // visible keys (rows with none become zeros).
-void probabilities(const OpenBlas& blas, int64_t nq, int64_t nk, int64_t d, const BandMask& band,
+void probabilities(const OpenBlas& blas, int64_t nq, int64_t nk, int64_t d, const detail::Band& band,
                    float scale, int threads, const float* qh, const float* kh, float* scores) {
   blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kTrans, int(nq), int(nk), int(d), scale, qh,
              int(d), kh, int(d), 0.0f, scores, int(nk));
   detail::parallel_for(nq, threads, [&](int64_t i, int) {
     float* row = scores + i * nk;
-    int64_t first, last;
-    band.keys(i, nq, nk, first, last);
+    const detail::KeyRange keys = detail::band_keys(band, nk - nq, nk, i, i + 1);
+    const int64_t first = keys.first, last = keys.last;
     float row_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = first; j < last; ++j) row_max = std::max(row_max, row[j]);
     float sum = 0;
@@ -36,7 +36,7 @@ void probabilities(const OpenBlas& blas, int64_t nq, int64_t nk, int64_t d, cons
 
 }  // namespace
 
-void naive_attention(const OpenBlas& blas, const BaselineShape& s, const BandMask& band, float scale,
+void naive_attention(const OpenBlas& blas, const BaselineShape& s, const detail::Band& band, float scale,
                      int threads, const float* q, const float* k, const float* v, float* o) {
   const int64_t nq = s.seqlen_q, nk = s.seqlen_k, d = s.head_dim;
   const int64_t group = s.heads / s.kv_heads;
@@ -51,7 +51,7 @@ void naive_attention(const OpenBlas& blas, const BaselineShape& s, const BandMas
     }
 }
 
-void naive_attention_backward(const OpenBlas& blas, const BaselineShape& s, const BandMask& band,
+void naive_attention_backward(const OpenBlas& blas, const BaselineShape& s, const detail::Band& band,
                               float scale, int threads, const float* q, const float* k, const float* v,
                               const float* o, const float* d_o, float* dq, float* dk, float* dv) {
   const int64_t nq = s.seqlen_q, nk = s.seqlen_k, d = s.head_dim;

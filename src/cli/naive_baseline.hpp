@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "cli/band.hpp"
 #include "cli/openblas.hpp"
+#include "core/band.hpp"
 
 namespace tileattn::cli {
 
@@ -17,7 +17,7 @@ struct BaselineShape {
 // q, o: [batch, heads, seqlen_q, head_dim]; k, v: [batch, kv_heads, seqlen_k,
 // head_dim], contiguous. The softmax rows are spread over `threads` threads;
 // OpenBLAS uses its own (set_num_threads).
-void naive_attention(const OpenBlas& blas, const BaselineShape& s, const BandMask& band, float scale,
+void naive_attention(const OpenBlas& blas, const BaselineShape& s, const detail::Band& band, float scale,
                      int threads, const float* q, const float* k, const float* v, float* o);
 
 }  // namespace tileattn::cli
@@ -28,7 +28,7 @@ namespace tileattn::cli {
 // dV += P^T dO, dP = dO V^T, dS = P o (dP - rowsum(dO o O)), dQ = scale dS K and
 // dK += scale dS^T Q, all with sgemm and two Nq x Nk matrices in memory.
 // dk and dv accumulate over the query heads of a KV group: zero them first.
-void naive_attention_backward(const OpenBlas& blas, const BaselineShape& s, const BandMask& band,
+void naive_attention_backward(const OpenBlas& blas, const BaselineShape& s, const detail::Band& band,
                               float scale, int threads, const float* q, const float* k, const float* v,
                               const float* o, const float* d_o, float* dq, float* dk, float* dv);
 

@@ -9,11 +9,11 @@
 #include <ctime>
 #include <set>
 
-#include "cli/band.hpp"
 #include "cli/progress.hpp"
 #include "cli/report.hpp"
 #include "cli/sweep_child.hpp"
 #include "cli/sweep_rows.hpp"
+#include "core/band.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::cli {
@@ -247,10 +247,10 @@ std::vector<SweepCase> sweep_cases(const SweepPlan& plan) {
 }
 
 double case_flops(const SweepPlan& plan, const SweepCase& c) {
-  const BandMask band = BandMask::from(c.mask == "causal", c.mask == "window" ? plan.window_left : -1,
-                                       c.mask == "window" ? plan.window_right : -1);
+  const detail::Band band = detail::make_band(c.mask == "causal", c.mask == "window" ? plan.window_left : -1,
+                                              c.mask == "window" ? plan.window_right : -1);
   const double per_pair = (c.pass == "backward" ? 10.0 : 4.0) * double(c.dim);
-  return per_pair * double(band.pairs(c.q_len(), c.seq)) * double(plan.batch * plan.heads);
+  return per_pair * double(detail::band_pairs(band, c.q_len(), c.seq)) * double(plan.batch * plan.heads);
 }
 
 int adaptive_reps(double flops) {

@@ -205,11 +205,12 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
   // Work = (query, key) pairs x heads x head_dim over the items. Decode at
   // 32/8 heads, D = 128, bf16, the worker asleep at the call: 16 cached
   // tokens (70 K) took 21 us on one thread and 50 us on two; 256 tokens (1 M)
-  // 152 against 134 us. The results do not depend on it (the plan does not).
+  // 152 against 134 us. The results do not depend on it (the plan does not);
+  // the thread-determinism tests turn it off (every_thread_runs_items).
   constexpr int64_t kMinParallelWork = 256 * 1024;
   int64_t work = 0;
   for (const WorkItem& w : items) work += w.cost * p.head_dim_padded;
-  if (work < kMinParallelWork) workers = 1;
+  if (work < kMinParallelWork && !every_thread_runs_items()) workers = 1;
   Workspace scratch(forward_scratch_floats(p), workers);
   std::vector<float> partial_o, partial_lse;
   if (p.kv_splits > 1) {

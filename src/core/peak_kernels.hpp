@@ -19,6 +19,10 @@ double fma_loop_avx512(int64_t iterations, float* sink);
 double amx_bf16_loop(int64_t iterations, float* sink);
 // Asks Linux once per process for the AMX tile data state; true if granted.
 bool request_amx_permission();
+// Whether this build has the AMX loop (false: isa/amx_none, a compiler
+// without -mamx-tile -mamx-bf16), so that tests can tell a CPU without AMX
+// from a build without it.
+bool amx_peak_built();
 
 // vdpbf16ps multiply-adds (isa/avx512bf16/peak_avx512bf16.cpp; 2 flops per
 // multiply-add, two per lane per instruction); 0 in a build without it.

@@ -4,15 +4,7 @@
 
 namespace tileattn::detail {
 
-Band make_band(const MaskSpec& mask) {
-  Band band;
-  // A side wider than any sequence (validation allows up to INT64_MAX) is
-  // unbounded; clamping keeps i + offset -/+ side inside int64.
-  band.left = mask.window_left < 0 || mask.window_left > kUnbounded ? kUnbounded : mask.window_left;
-  band.right = mask.window_right < 0 || mask.window_right > kUnbounded ? kUnbounded : mask.window_right;
-  if (mask.causal && band.right > 0) band.right = 0;
-  return band;
-}
+Band make_band(const MaskSpec& mask) { return make_band(mask.causal, mask.window_left, mask.window_right); }
 
 Problem describe(const ForwardArgs& args) {
   Problem p;

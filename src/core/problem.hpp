@@ -7,13 +7,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/band.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * log2(e))
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2): converts log2 units back to natural log
-constexpr int64_t kUnbounded = int64_t{1} << 60;  // a window side of -1
 constexpr int kPanelWidth = 16;  // every packed row length is a multiple of this (floats)
 
 static inline int64_t round_up(int64_t x, int64_t multiple) {
@@ -21,12 +21,6 @@ static inline int64_t round_up(int64_t x, int64_t multiple) {
 }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-// Visible keys of query i are  i + offset - left <= j <= i + offset + right.
-struct Band {
-  int64_t left = kUnbounded;
-  int64_t right = kUnbounded;
-};
 
 // The packed tile products of a call (decode's few-rows products read K/V in
 // place and ignore this): fp32 FMAs on fp32 operands, or bf16 dot products
@@ -113,16 +107,9 @@ static inline Sequence sequence_of(const Problem& p, int64_t b) {
 }
 
 // Keys [first, last) that any query row in [i_begin, i_end) may see.
-struct KeyRange {
-  int64_t first = 0, last = 0;
-};
 static inline KeyRange visible_keys(const Band& band, const Sequence& s, int64_t i_begin,
                                     int64_t i_end) {
-  KeyRange r;
-  r.first = max64(0, i_begin + s.offset - band.left);
-  r.last = min64(s.nk, i_end - 1 + s.offset + band.right + 1);
-  if (r.last < r.first) r.last = r.first;
-  return r;
+  return band_keys(band, s.offset, s.nk, i_begin, i_end);
 }
 
 // Query rows of [i_begin, i_end) that see at least one key of [j_begin,

@@ -1,5 +1,6 @@
 #include "core/thread_pool.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -101,12 +102,15 @@ class ThreadPool {
   }
   int workers() const { return static_cast<int>(threads_.size()); }
 
-  // Caller must hold busy_.
-  void run(int64_t count, int helpers, const std::function<void(int64_t, int)>& body) {
+  // Caller must hold busy_. `round_robin`: wait for all `helpers` to join,
+  // then thread w runs items w, w + helpers + 1, ... (the test hook).
+  void run(int64_t count, int helpers, const std::function<void(int64_t, int)>& body, bool round_robin) {
     body_ = &body;
     count_ = count;
     next_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
+    round_robin_ = round_robin;
+    joined_.store(0, std::memory_order_relaxed);
     {
       // Under the mutex: a worker about to sleep checks the generation under
       // it, and a worker joins only while the region is open (worker_loop).
@@ -116,6 +120,9 @@ class ThreadPool {
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
+    if (round_robin) {
+      while (joined_.load(std::memory_order_acquire) < helpers) std::this_thread::yield();
+    }
     drain(0);
     {
       // Every item is claimed: close the region, so that a worker that wakes
@@ -138,8 +145,10 @@ class ThreadPool {
 
  private:
   void drain(int worker) {
-    for (;;) {
-      int64_t item = next_.fetch_add(1, std::memory_order_relaxed);
+    const int64_t stride = helpers_ + 1;
+    for (int64_t taken = 0;; ++taken) {
+      int64_t item = round_robin_ ? worker + taken * stride : next_.fetch_add(1, std::memory_order_relaxed);
+      if (round_robin_ && next_.load(std::memory_order_relaxed) >= count_) return;  // an item threw
       if (item >= count_) return;
       try {
         (*body_)(item, worker);
@@ -170,6 +179,7 @@ class ThreadPool {
         // while this worker was waking.
         if (worker > helpers_ || !open_ || generation_.load(std::memory_order_relaxed) != seen) continue;
         pending_.fetch_add(1, std::memory_order_relaxed);
+        joined_.fetch_add(1, std::memory_order_release);
       }
       drain(worker);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -188,6 +198,8 @@ class ThreadPool {
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};
   int helpers_ = 0;       // guarded by mutex_
+  bool round_robin_ = false;      // set before the region opens
+  std::atomic<int> joined_{0};    // workers that joined this region
   bool open_ = false;     // guarded by mutex_: workers may still join the region
   std::atomic<int> pending_{0};  // workers that joined and have not finished
   std::exception_ptr error_;
@@ -196,6 +208,19 @@ class ThreadPool {
 ThreadPool& pool() {
   static ThreadPool instance(hardware_threads() - 1);
   return instance;
+}
+
+std::atomic<bool>& every_thread_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+std::mutex& census_mutex() {
+  static std::mutex m;
+  return m;
+}
+ThreadCensus& census() {
+  static ThreadCensus c;
+  return c;
 }
 
 }  // namespace
@@ -208,13 +233,44 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
   ThreadPool& p = pool();
   if (helpers > p.workers()) helpers = p.workers();
   std::unique_lock<std::mutex> busy(p.busy_, std::try_to_lock);
+  if (every_thread_runs_items()) {
+    // The test hook: count the distinct threads that run items.
+    std::atomic<uint64_t> seen{0};
+    const std::function<void(int64_t, int)> counted = [&](int64_t item, int worker) {
+      seen.fetch_or(uint64_t{1} << (worker & 63), std::memory_order_relaxed);
+      body(item, worker);
+    };
+    if (helpers <= 0 || !busy.owns_lock()) {
+      for (int64_t i = 0; i < count; ++i) counted(i, 0);
+    } else {
+      p.run(count, helpers, counted, true);
+    }
+    std::lock_guard<std::mutex> lock(census_mutex());
+    ThreadCensus& c = census();
+    c.max_threads = std::max(c.max_threads, __builtin_popcountll(seen.load()));
+    c.max_items = std::max(c.max_items, count);
+    return;
+  }
   if (helpers <= 0 || !busy.owns_lock()) {
     // Single-threaded, or another caller holds the pool: run here. Results are
     // the same, since each item is computed whole by one thread.
     for (int64_t i = 0; i < count; ++i) body(i, 0);
     return;
   }
-  p.run(count, helpers, body);
+  p.run(count, helpers, body, false);
+}
+
+void set_every_thread_runs_items(bool on) { every_thread_flag().store(on, std::memory_order_relaxed); }
+bool every_thread_runs_items() { return every_thread_flag().load(std::memory_order_relaxed); }
+
+void reset_thread_census() {
+  std::lock_guard<std::mutex> lock(census_mutex());
+  census() = ThreadCensus{};
+}
+
+ThreadCensus thread_census() {
+  std::lock_guard<std::mutex> lock(census_mutex());
+  return census();
 }
 
 }  // namespace tileattn::detail

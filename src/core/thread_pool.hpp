@@ -21,4 +21,24 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
 // Threads the hardware offers (at least 1).
 int hardware_threads();
 
+// Test hook for the thread-determinism tests (tests/core/*threads*): while on,
+// run_forward_plan ignores its inline threshold, and parallel_for waits for
+// every helper it asked for to join and deals the items round-robin (item i
+// to thread i % threads), so that each thread given an item runs it, however
+// small the call. Results are the same either way: each item is computed
+// whole by one thread. Not for production use; not thread-safe to toggle
+// while calls run.
+void set_every_thread_runs_items(bool on);
+bool every_thread_runs_items();
+
+// What the parallel regions since reset_thread_census() used: the most
+// distinct threads that ran items in one region, and the most items one
+// region had. Counted only while every_thread_runs_items() is on.
+struct ThreadCensus {
+  int max_threads = 0;
+  int64_t max_items = 0;
+};
+void reset_thread_census();
+ThreadCensus thread_census();
+
 }  // namespace tileattn::detail

@@ -21,14 +21,6 @@ T* advance(T* base, int64_t elements, int64_t element_size) {
 
 }  // namespace
 
-Band make_band(bool causal, int64_t window_left, int64_t window_right) {
-  Band band;
-  band.left = window_left < 0 ? kUnboundedSide : window_left;
-  band.right = window_right < 0 ? kUnboundedSide : window_right;
-  if (causal) band.right = 0;  // causal AND a window: the narrower right side
-  return band;
-}
-
 std::optional<Block> plan_block(Segment q, Segment k, Band band) {
   // Queries that see at least one key of k, and keys seen by at least one
   // query of q. Every query kept sees only keys kept, so no kept row is empty.

@@ -11,23 +11,18 @@
 #include <optional>
 #include <vector>
 
+#include "core/band.hpp"
 #include "tileattn/attention.hpp"
 #include "tileattn/mpi.hpp"
 
 namespace tileattn::mpi::detail {
 
-// Larger than any sequence; stands for "-1: unbounded" so that the band
-// arithmetic needs no special cases.
-inline constexpr int64_t kUnboundedSide = int64_t{1} << 60;
-
-// The mask in global positions: key j is visible to query i when
-// i - left <= j <= i + right.
-struct Band {
-  int64_t left = kUnboundedSide;
-  int64_t right = kUnboundedSide;
-};
-// causal narrows the right side to 0; -1 means unbounded.
-Band make_band(bool causal, int64_t window_left, int64_t window_right);
+// The mask in global positions: the library's band (core/band.hpp) with
+// offset 0, key j visible to query i when i - left <= j <= i + right.
+// causal narrows the right side to 0; -1 means unbounded (kUnbounded, so
+// that the band arithmetic needs no special cases).
+using tileattn::detail::Band;
+using tileattn::detail::make_band;
 
 // A query segment against a key segment, both trimmed to the rows and keys
 // the band lets meet, and the band restated in ForwardArgs' bottom-right

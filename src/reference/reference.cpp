@@ -47,7 +47,7 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
         Real max_score = -std::numeric_limits<Real>::infinity();
         bool any = false;
         for (int64_t j = 0; j < seq.nk; ++j) {
-          bool keep = j >= i + seq.offset - p.band.left && j <= i + seq.offset + p.band.right;
+          bool keep = detail::band_keeps(p.band, seq.offset, i, j);
           double bias = 0.0;
           if (keep && a.mask.kind != MaskSpec::Kind::none) {
             const auto& ms = a.mask.stride;

@@ -99,6 +99,35 @@ TEST(cliInfo, ShowsTheTuneFileReason) {
     }
   EXPECT_TRUE(found);
   EXPECT_EQ(j.get("tune_entries")->num, 3);
+  EXPECT_EQ(j.get("tune_tiles_applied")->num, 1);  // d=64 fp32 on this CPU's path
+}
+
+// Tiles from the tune file change every later run: bench names the file
+// (JSON and human) when its tiles came from it, and says null otherwise.
+TEST(cliBench, NamesTheTuneFileWhenItsTilesApply) {
+  TempDir dir;
+  std::ofstream(dir / "tune.conf") << "avx2 32 fp32 32x128\ngeneric 32 fp32 32x128\navx512 32 fp32 32x128\n";
+  const std::string bench = "bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline";
+  const std::string env = "TILEATTN_TUNE_FILE='" + (dir / "tune.conf") + "' ";
+  Result r = run_cli(bench + " --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_or_fail(r.out);
+  ASSERT_NE(j.get("tune_file"), nullptr);
+  EXPECT_EQ(j.get("tune_file")->type, Json::null);
+  const std::string command = env + "'" + TILEATTN_CLI + "' " + bench + " --json >'" + (dir / "out.json") + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  j = parse_or_fail(slurp(dir / "out.json"));
+  EXPECT_EQ(j.get("tune_file")->str, dir / "tune.conf");
+  EXPECT_EQ(j.get("block_q")->num, 32);
+  const std::string human = env + "'" + TILEATTN_CLI + "' " + bench + " >'" + (dir / "out.txt") + "'";
+  ASSERT_EQ(std::system(human.c_str()), 0);
+  const std::string text = slurp(dir / "out.txt");
+  const std::size_t line = text.find("\ntune_file:");
+  ASSERT_NE(line, std::string::npos) << text;
+  EXPECT_NE(text.substr(line, text.find('\n', line + 1) - line)
+                .find(dir / "tune.conf" + " (written by `tileattn tune`; delete it to undo)"),
+            std::string::npos)
+      << text;
 }
 
 TEST(cliBench, JsonHasEveryDesignField) {
@@ -185,6 +214,28 @@ TEST(cliCheck, UnknownIsaListsEveryChoice) {
   EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
   EXPECT_NE(r.err.find("--isa: expected all, auto, generic, avx2 or avx512, got 'bogus'"), std::string::npos)
       << r.err;
+}
+
+// A fraction of peak above 1 is impossible: bench still prints its JSON (on
+// stdout, alone) and warns on stderr. A peak of 0.001 GFLOP/s forces it.
+TEST(cliBench, WarnsWhenTheFractionOfPeakIsAboveOne) {
+  TempDir dir;
+  const Result r = run_cli("bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --peak-gflops 0.001 --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  EXPECT_GT(j.get("fraction_of_peak")->num, 1);
+  EXPECT_NE(r.err.find("warning: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("fraction_of_peak is not meaningful"), std::string::npos) << r.err;
+}
+
+// The help names the candidates the command times (6 block_q x 4 block_kv).
+TEST(cliTune, HelpListsTheTimedCandidates) {
+  TempDir dir;
+  const Result r = run_cli("tune --help", dir);
+  ASSERT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("block_q in {32,64,96,128,192,256} x block_kv in {32,64,128,256}"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("To undo: delete the file"), std::string::npos) << r.out;
 }
 
 TEST(cliTune, WritesTheWinnersThatInfoThenUses) {

@@ -39,7 +39,7 @@ TEST(cliBaseline, MatchesTheLibraryForwardAndBackward) {
   const std::vector<float> q = random(q_elems), k = random(k_elems), v = random(k_elems), d_o = random(q_elems);
   const float scale = 0.25f;
   // Causal and a left window, so that some keys and the band are exercised.
-  const BandMask band = BandMask::from(true, 20, -1);
+  const detail::Band band = detail::make_band(true, 20, -1);
 
   ForwardArgs fa;
   fa.shape = {s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k, s.head_dim};

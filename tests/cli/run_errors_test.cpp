@@ -2,6 +2,7 @@
 // "tileattn: ", and no output file (nor a temporary one) left behind.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -155,6 +156,30 @@ TEST_F(cliRunErrors, TwoOutputsNamingOneFile) {
   expect_failure(in + " --out '" + (dir / "sub/../o.npy") + "' --lse '" + (dir / "o.npy") + "'",
                  "--out and --lse name the same file");
   EXPECT_EQ(slurp(dir / "o.npy"), "old");
+}
+
+// An output naming an input file (spelled the same, reached another way, or
+// a link to it) would silently replace the input: exit 2 naming both flags,
+// inputs untouched.
+TEST_F(cliRunErrors, OutputNamingAnInputFile) {
+  const std::string in = "run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" +
+                         (dir / "v.npy") + "'";
+  const std::string q_bytes = slurp(dir / "q.npy"), k_bytes = slurp(dir / "k.npy");
+  expect_failure(in + " --out '" + (dir / "q.npy") + "'", "--out '" + (dir / "q.npy") + "' is the input file of --q");
+  expect_failure(in + " --out '" + (dir / "o.npy") + "' --lse '" + (dir / "./k.npy") + "'",
+                 "--lse '" + (dir / "./k.npy") + "' is the input file of --k");
+  ASSERT_EQ(symlink((dir / "v.npy").c_str(), (dir / "v_link.npy").c_str()), 0);
+  expect_failure(in + " --out '" + (dir / "v_link.npy") + "'", "is the input file of --v");
+  const std::string g = dir / "g.npy";
+  expect_failure(in + " --out '" + (dir / "o.npy") + "' --dout '" + (dir / "q.npy") + "' --dq '" +
+                     (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" + (dir / "q.npy") + "'",
+                 "--dv '" + (dir / "q.npy") + "' is the input file of --q");
+  std::ofstream(dir / "do.npy") << slurp(dir / "q.npy");
+  expect_failure(in + " --out '" + (dir / "o.npy") + "' --dout '" + (dir / "do.npy") + "' --dq '" +
+                     (dir / "do.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" + (dir / "dv.npy") + "'",
+                 "--dq '" + (dir / "do.npy") + "' is the input file of --dout");
+  EXPECT_EQ(slurp(dir / "q.npy"), q_bytes);
+  EXPECT_EQ(slurp(dir / "k.npy"), k_bytes);
 }
 
 // Staged outputs have short names of their own: an output name of 250

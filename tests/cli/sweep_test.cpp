@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/cli_support.hpp"
+#include "core/band.hpp"
 
 namespace tileattn::cli_test {
 namespace {
@@ -48,15 +49,13 @@ bool exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-// Visible pairs of a band (bottom-right aligned), written out independently
-// of src/cli/band.hpp.
+// Visible pairs of a window (bottom-right aligned), pair by pair, by the band
+// rule the library uses (src/core/band.hpp).
 double pairs(int nq, int nk, int left, int right) {
+  const detail::Band band = detail::make_band(false, left, right);
   double total = 0;
   for (int i = 0; i < nq; ++i)
-    for (int j = 0; j < nk; ++j) {
-      const int center = i + nk - nq;
-      if ((left < 0 || j >= center - left) && (right < 0 || j <= center + right)) total += 1;
-    }
+    for (int j = 0; j < nk; ++j) total += detail::band_keeps(band, nk - nq, i, j);
   return total;
 }
 

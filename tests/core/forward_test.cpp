@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "support/forward_edge_checks.hpp"
+#include "support/thread_census.hpp"
 #include "testing/case_table.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/machine.hpp"
@@ -17,7 +18,10 @@ namespace {
 std::vector<Isa> paths() { return {Isa::generic, Isa::avx2, Isa::avx512}; }
 
 // Runs `c` on `isa` with 1 and 2 threads; checks accuracy and that the two
-// thread counts agree bit for bit.
+// thread counts agree bit for bit. The 2-thread run goes through the test
+// hook that makes both threads run items (a small call would otherwise run
+// on the calling thread alone, and a helper that wakes late finds every item
+// taken), and the test checks that they did.
 void check_case(const Case& c, Isa isa) {
   if (!isa_available(isa)) GTEST_SKIP() << isa_name(isa) << " not available on this CPU";
   CaseData one(c), two(c);
@@ -25,7 +29,8 @@ void check_case(const Case& c, Isa isa) {
   one.args.threads = 1;
   two.args.threads = 2;
   attention_forward(one.args);
-  attention_forward(two.args);
+  const detail::ThreadCensus census = run_on_every_thread([&] { attention_forward(two.args); });
+  expect_threads_took_part(census, 2, c.name());
   const Comparison cmp = compare_with_reference(one);
   EXPECT_TRUE(cmp.ok()) << c.name() << " on " << isa_name(isa) << ": " << cmp.describe();
   const size_t bytes = c.dtype == DType::f32 ? one.o32.size() * 4 : one.o16.size() * 2;

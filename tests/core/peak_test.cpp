@@ -2,6 +2,7 @@
 // AMX-BF16 peak only where the CPU and the OS give AMX (else 0).
 #include <gtest/gtest.h>
 
+#include "core/peak_kernels.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::testing {
@@ -28,6 +29,16 @@ TEST(Peak, AmxPeakIsMeasuredExactlyWhereAmxIsUsable) {
   // loaded machine).
   const double fma = measure_fma_peak_gflops(1, Isa::automatic, 0.02, 1);
   EXPECT_GT(amx, 2 * fma) << "AMX " << amx << " GFLOP/s, FMA " << fma;
+}
+
+// A CPU without AMX skips; a CPU with AMX and a build without the AMX loop
+// (isa/amx_none: the compiler lacked the flags) fails, rather than passing
+// the test above with a peak of 0.
+TEST(Peak, AmxPathIsBuiltWhereTheCpuHasAmx) {
+  if (!cpu_features().amx_bf16) GTEST_SKIP() << "this CPU has no AMX-BF16 (or the OS did not enable its tile state)";
+  EXPECT_TRUE(detail::amx_peak_built())
+      << "this CPU has AMX-BF16 but the build has no AMX path (the compiler took no -mamx-tile -mamx-bf16; "
+         "CMakeLists.txt built isa/amx_none instead)";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // ThreadSanitizer by scripts/sanitize.sh (suite name *Thread*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -75,6 +76,26 @@ TEST(ThreadPool, ConcurrentCallers) {
     });
   for (auto& t : callers) t.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+// The test hook of the determinism tests: with it on, every thread asked for
+// runs items even when the items are few and tiny (without it the caller
+// usually takes them all before a helper wakes), and the census counts them.
+TEST(ThreadPool, EveryThreadHookMakesEachThreadRunItems) {
+  const int threads = std::min(4, hardware_threads());
+  set_every_thread_runs_items(true);
+  for (int64_t count : {1, 2, 3, 7}) {
+    reset_thread_census();
+    std::vector<std::atomic<int>> ran_on(static_cast<size_t>(threads));
+    parallel_for(count, threads, [&](int64_t, int worker) { ran_on[static_cast<size_t>(worker)].fetch_add(1); });
+    const ThreadCensus c = thread_census();
+    const int64_t expected = std::min<int64_t>(threads, count);
+    EXPECT_EQ(c.max_threads, expected) << "count " << count;
+    EXPECT_EQ(c.max_items, count);
+    for (int64_t w = 0; w < expected; ++w) EXPECT_GE(ran_on[static_cast<size_t>(w)].load(), 1) << "worker " << w;
+  }
+  set_every_thread_runs_items(false);
+  expect_each_item_once(1000, threads);
 }
 
 }  // namespace

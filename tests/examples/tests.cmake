@@ -46,3 +46,10 @@ add_test(NAME examples.pkg_config
                  -DWORK=${CMAKE_BINARY_DIR}/test-pkg-config -DCHECKER=$<TARGET_FILE:check_c_result>
                  -P ${tileattn_examples_dir}/pkg_config.cmake)
 set_tests_properties(examples.pkg_config PROPERTIES FIXTURES_REQUIRED tileattn_installed TIMEOUT 60)
+
+# The README's C snippet compiles (it once filled a field the struct lacks).
+add_test(NAME examples.readme_c_snippet
+         COMMAND ${CMAKE_COMMAND} -DREADME=${PROJECT_SOURCE_DIR}/README.md -DINCLUDE=${PROJECT_SOURCE_DIR}/include
+                 -DCC=${CMAKE_C_COMPILER} -DWORK=${CMAKE_BINARY_DIR}/test-readme
+                 -P ${tileattn_examples_dir}/readme_snippets.cmake)
+set_tests_properties(examples.readme_c_snippet PROPERTIES TIMEOUT 60)

@@ -134,6 +134,20 @@ def test_set_num_threads_checks_type_and_range():
     assert tileattn.get_num_threads() == before
 
 
+def test_get_num_threads_says_how_many_threads_the_kernels_use():
+    hardware = tileattn.info()["threads"]
+    before = tileattn._kernel._settings["threads"]
+    try:
+        tileattn.set_num_threads(0)
+        assert tileattn.get_num_threads() == hardware  # 0: every hardware thread, not "0"
+        tileattn.set_num_threads(1)
+        assert tileattn.get_num_threads() == 1
+        tileattn.set_num_threads(hardware + 5)
+        assert tileattn.get_num_threads() == hardware  # the library caps at the hardware's count
+    finally:
+        tileattn.set_num_threads(before)
+
+
 def test_torch_device_and_dtype_errors():
     q, k, v = (torch.from_numpy(x) for x in qkv())
     with pytest.raises(ValueError, match="q: tensor is on device 'meta'"):

@@ -80,9 +80,14 @@ def test_rotary_in_the_kernel_equals_rotating_first():
 def test_kvcache_errors_leave_the_cache_unchanged(rng):
     kc, vc = np.zeros((1, 2, 4, 8), np.float32), np.zeros((1, 2, 4, 8), np.float32)
     q, k, v = rand(rng, 1, 2, 1, 8), rand(rng, 1, 2, 2, 8), rand(rng, 1, 2, 2, 8)
-    with pytest.raises(ValueError):
-        tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=3)  # 3 + 2 > capacity 4
+    # 3 + 2 > capacity 4: the message names the Python argument k (the C++ field is k_new).
+    with pytest.raises(ValueError, match=r"^k: appending 2 tokens") as overflow:
+        tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=3)
+    assert "k_new" not in str(overflow.value)
     assert np.all(kc == 0)
+    with pytest.raises(ValueError, match=r"^k: appending 2 tokens"):
+        tileattn.attention_with_kvcache(torch.from_numpy(q), torch.from_numpy(kc), torch.from_numpy(vc),
+                                        torch.from_numpy(k), torch.from_numpy(v), cache_seqlens=3)
     with pytest.raises(ValueError, match="cache_seqlens"):
         tileattn.attention_with_kvcache(q, kc, vc, k, v)
     with pytest.raises(ValueError, match="k, v"):

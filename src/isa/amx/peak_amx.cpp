@@ -34,6 +34,8 @@ struct alignas(64) TileConfig {
 
 }  // namespace
 
+bool amx_peak_built() { return true; }
+
 bool request_amx_permission() {
   static std::once_flag once;
   static bool granted = false;

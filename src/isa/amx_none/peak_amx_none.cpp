@@ -10,6 +10,8 @@ namespace tileattn::detail {
 
 bool request_amx_permission() { return false; }
 
+bool amx_peak_built() { return false; }
+
 double amx_bf16_loop(int64_t, float*) { return 0; }
 
 double bf16_dot_loop_avx512bf16(int64_t, float*) { return 0; }
