@@ -26,9 +26,10 @@ import sweep_common as common  # noqa: E402
 BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
 # Fixed colours so a library looks the same in every plot.
 COLORS = {"tileattn": "tab:blue", "naive-openblas": "tab:red", "torch-sdpa": "tab:orange",
-          "onnxruntime": "tab:green"}
+          "onnxruntime": "tab:green", "openvino-sdpa": "tab:purple"}
 NAMES = {"tileattn": "tileattn", "naive-openblas": "naive GEMM+softmax+GEMM (OpenBLAS)",
-         "torch-sdpa": "PyTorch SDPA", "onnxruntime": "ONNX Runtime Attention"}
+         "torch-sdpa": "PyTorch SDPA", "onnxruntime": "ONNX Runtime Attention",
+         "openvino-sdpa": "OpenVINO SDPA"}
 DTYPE_STYLE = {"fp32": "-", "bf16": "--", "fp16": ":"}
 PASS_TITLE = {"forward": "Forward", "backward": "Backward (dQ, dK, dV)", "decode": "Decode (1 query token, N cached keys)"}
 

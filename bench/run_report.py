@@ -2,7 +2,8 @@
 """Regenerates the benchmark report from scratch: measured runs -> plots + table.
 
 Runs `tileattn bench --sweep` (tileattn and the naive OpenBLAS baseline) and
-bench/sweep_peers.py (PyTorch SDPA, ONNX Runtime; each only where installed)
+bench/sweep_peers.py (PyTorch SDPA, ONNX Runtime, OpenVINO SDPA; each only
+where installed, a 'missing' row with the reason otherwise)
 over the grid below, with one FMA peak measured at the start for every row,
 merges the rows into bench/results/results.json and .csv, and runs
 bench/report.py: docs/img/bench_*.png, bench/results/report.md and the table
@@ -33,14 +34,18 @@ SEQS = "512,1024,2048,4096,8192,16384"
 # (what, grid flags shared by both drivers). Batch 1, 4 heads, every thread.
 # The naive baseline stops where its N x N scores pass 1100 MB (N = 16384
 # forward is 1024 MB; the backward keeps two matrices); ONNX Runtime keeps the
-# scores of all heads at once and stops at 2100 MB (N = 8192 with 4 heads).
+# scores of all heads at once and stops at 2100 MB (N = 8192 with 4 heads);
+# OpenVINO stops where its one [Nq, Nk] fp32 mask would pass the same 2100 MB
+# (never in this grid). bf16 (tileattn on AMX / AVX512-BF16, SDPA, OpenVINO;
+# ONNX Runtime has no bf16 CPU kernel) covers no mask and causal: the causal
+# half added about 25 s to the report on a 2-core Xeon (see docs/benchmarks.md).
 GRID = [
     ("forward", ["--passes", "forward", "--dims", "128", "--masks", "none,causal", "--seqs", SEQS]),
     ("forward, D=64", ["--passes", "forward", "--dims", "64", "--masks", "none,causal",
                        "--seqs", "512,1024,2048,4096,8192"]),
     ("forward, sliding window", ["--passes", "forward", "--dims", "128", "--masks", "window",
                                  "--seqs", "512,1024,2048,4096,8192"]),
-    ("forward, bf16", ["--passes", "forward", "--dims", "128", "--masks", "none", "--dtypes", "bf16",
+    ("forward, bf16", ["--passes", "forward", "--dims", "128", "--masks", "none,causal", "--dtypes", "bf16",
                        "--seqs", "512,1024,2048,4096"]),
     ("backward", ["--passes", "backward", "--dims", "128", "--masks", "none,causal",
                   "--seqs", "512,1024,2048,4096"]),
@@ -49,6 +54,8 @@ GRID = [
 QUICK_GRID = [
     ("quick", ["--passes", "forward,backward,decode", "--dims", "32", "--masks", "none,causal",
                "--seqs", "128,256", "--reps", "2"]),
+    ("quick, bf16", ["--passes", "forward", "--dims", "32", "--masks", "none,causal", "--dtypes", "bf16",
+                     "--seqs", "128", "--reps", "2"]),
 ]
 COMMON = ["--batch", "1", "--heads", "4", "--window", "256,0"]
 MAX_NAIVE_MB = "1100"
@@ -70,7 +77,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--binary", default=os.path.join(ROOT, "build/bin/tileattn"))
     parser.add_argument("--python", default=os.path.join(ROOT, ".venv/bin/python"),
-                        help="interpreter with torch / onnxruntime (missing ones become 'missing' rows)")
+                        help="interpreter with torch / onnxruntime / openvino (missing ones become 'missing' rows)")
     parser.add_argument("--quick", action="store_true", help="tiny grid into build/report-quick")
     parser.add_argument("--out-dir", default=None, help="results folder (default bench/results)")
     parser.add_argument("--img-dir", default=None, help="plots folder (default docs/img)")

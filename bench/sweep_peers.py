@@ -7,7 +7,12 @@ Peers, each only where installed and each labelled with what actually ran:
                 (torch._fused_sdp_choice) and the aten operator that ran (the
                 profiler's op name);
   onnxruntime   ONNX Runtime's CPU implementation of the ONNX opset-23
-                Attention operator (one-node model built with the onnx package).
+                Attention operator (one-node model built with the onnx package);
+  openvino-sdpa OpenVINO's CPU plugin running a one-node model of its opset-13
+                ScaledDotProductAttention (built with the openvino Python API),
+                compiled with NUM_STREAMS 1, INFERENCE_NUM_THREADS = the case's
+                threads and INFERENCE_PRECISION_HINT = the case's dtype; `detail`
+                names the nodes of the compiled (runtime) graph that ran.
 
 Every (peer, case) runs in its own process, forked from a parent that has
 imported the peer and run nothing else, so peak_rss_mb is that process's own
@@ -19,7 +24,7 @@ of `tileattn bench --sweep` (docs/benchmarks.md), so bench/report.py merges
 both. Usage:
 
     .venv/bin/python bench/sweep_peers.py --seqs 512,1024 --dims 64 --masks none,causal \
-        --passes forward --impls torch,onnxruntime --peak-gflops 150 --out peers.json
+        --passes forward --impls torch,onnxruntime,openvino --peak-gflops 150 --out peers.json
 """
 import argparse
 import importlib.util
@@ -36,12 +41,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common as common  # noqa: E402
 
-IMPLS = ("torch", "onnxruntime")
-ROW_IMPL = {"torch": "torch-sdpa", "onnxruntime": "onnxruntime"}
-MODULE = {"torch": "torch", "onnxruntime": "onnxruntime"}
+IMPLS = ("torch", "onnxruntime", "openvino")
+ROW_IMPL = {"torch": "torch-sdpa", "onnxruntime": "onnxruntime", "openvino": "openvino-sdpa"}
+MODULE = {"torch": "torch", "onnxruntime": "onnxruntime", "openvino": "openvino"}
 # ONNX Runtime's Attention kernel keeps the scores of every (batch, head) at
-# once; above this many MiB of them a case is skipped rather than swapping a
-# shared machine (--max-matrix-mb).
+# once, and so does OpenVINO's unfused fp16 path; OpenVINO's fused path keeps
+# one [Nq, Nk] mask (the causal one is a constant of the compiled graph).
+# Above this many MiB of them a case is skipped rather than swapping a shared
+# machine (--max-matrix-mb).
 DEFAULT_MAX_MATRIX_MB = 4096
 
 
@@ -252,7 +259,168 @@ def onnxruntime_run(case, reps, want_output=False):
     return ms, label, detail
 
 
-RUNNERS = {"torch": torch_run, "onnxruntime": onnxruntime_run}
+# --------------------------------------------------------------- OpenVINO
+
+OV_PRECISION = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+def openvino_mask(case):
+    """(keep, causal) for OpenVINO's ScaledDotProductAttention: its `causal`
+    attribute aligns top-left (like PyTorch's is_causal), the same as
+    tileattn's bottom-right only when Nq == Nk; other bands become a boolean
+    [Nq, Nk] mask input (True = take part), None where every key is visible."""
+    left, right = case_band(case)
+    nq, nk = common.q_len(case), case["seq"]
+    if left < 0 and right < 0:
+        return None, False
+    if case["mask"] == "causal" and nq == nk:
+        return None, True
+    keep = band_keep(nq, nk, left, right)
+    return (None if keep.all() else keep), False
+
+
+def openvino_model(case, keep, causal):
+    """One-node model: Q [B, H, Nq, D], K/V [B, HKV, N, D] parameters in the
+    case's dtype (bf16 parameters for bf16: the runtime gets bf16 inputs, as
+    tileattn and SDPA do), M [Nq, N] boolean when `keep` is given. The op
+    wants K/V with the query's head count (its shape check rejects HKV < H),
+    so GQA repeats each K/V head H/HKV times inside the graph
+    (Unsqueeze -> Broadcast -> Reshape, the repeat_kv of Llama-style models),
+    which runs on every call and is timed. The scale is the op's default,
+    1/sqrt(D) (an explicit scale constant would have to be in the inputs'
+    dtype, and 1/sqrt(128) is not exact in bf16)."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    ov_type = {"fp32": ov.Type.f32, "fp16": ov.Type.f16, "bf16": ov.Type.bf16}[case["dtype"]]
+    b, h, hkv, d = case["batch"], case["heads"], case["kv_heads"], case["dim"]
+    nq, nk = common.q_len(case), case["seq"]
+    q = ops.parameter([b, h, nq, d], ov_type, name="Q")
+    k = ops.parameter([b, hkv, nk, d], ov_type, name="K")
+    v = ops.parameter([b, hkv, nk, d], ov_type, name="V")
+    params = [q, k, v]
+    key, value = k, v
+    if h != hkv:
+        def repeat_kv(x):
+            x = ops.unsqueeze(x, ops.constant(np.array([2], np.int64)))
+            x = ops.broadcast(x, ops.constant(np.array([b, hkv, h // hkv, nk, d], np.int64)))
+            return ops.reshape(x, ops.constant(np.array([b, h, nk, d], np.int64)), special_zero=False)
+        key, value = repeat_kv(k), repeat_kv(v)
+    if keep is not None:
+        m = ops.parameter([nq, nk], ov.Type.boolean, name="M")
+        params.append(m)
+        node = ops.scaled_dot_product_attention(q, key, value, m, causal=False)
+    else:
+        node = ops.scaled_dot_product_attention(q, key, value, causal=causal)
+    return ov.Model([node], params, "tileattn_peer_sdpa")
+
+
+def openvino_tensor(array, dtype):
+    """An ov.Tensor of `array` (float32 NumPy) in the case's dtype. NumPy has
+    no bfloat16: OpenVINO's Python API shows a bf16 tensor's data as a
+    float16 array of the same bits, so the bits are copied through uint16."""
+    import numpy as np
+    import openvino as ov
+    if dtype == "fp32":
+        return ov.Tensor(np.ascontiguousarray(array, dtype=np.float32))
+    if dtype == "fp16":
+        return ov.Tensor(np.ascontiguousarray(array, dtype=np.float16))
+    tensor = ov.Tensor(ov.Type.bf16, list(array.shape))
+    tensor.data.view(np.uint16)[...] = bf16_bits(array)
+    return tensor
+
+
+def bf16_bits(array):
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, as
+    torch's .to(torch.bfloat16) does (inputs here are finite)."""
+    import numpy as np
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def openvino_output(tensor, dtype):
+    """float32 NumPy copy of an output ov.Tensor (bf16 bits read as such)."""
+    import numpy as np
+    data = tensor.data
+    if dtype == "bf16":
+        return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return data.astype(np.float32)
+
+
+def openvino_runtime_graph(compiled):
+    """The compiled graph's nodes that do work, in execution order, as
+    'layerType[primitiveType]', a fused node followed by the original
+    operations it runs (e.g. 'Subgraph[jit_avx512_bf16: Multiply, Add, Softmax,
+    ScaledDotProductAttention]': the plugin decomposed the op and its Snippets
+    compiler fused it back into one kernel). Reshapes (views) are left out."""
+    import re
+    out = []
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str)
+        if layer in ("Input", "Output", "Const", "Reshape"):
+            continue
+        entry = f"{layer}[{info['primitiveType'].astype(str)}"
+        if layer == "Subgraph":
+            names = [re.sub(r"_\d+$", "", n) for n in info["originalLayersNames"].astype(str).split(",") if n]
+            entry += ": " + ", ".join(dict.fromkeys(names))
+        out.append(entry + "]")
+    return ", ".join(out)
+
+
+def openvino_compile(case, keep, causal):
+    """(compiled model, config) for the CPU plugin; Unsupported with OpenVINO's error."""
+    import openvino as ov
+    config = {"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": case["threads"],
+              "INFERENCE_PRECISION_HINT": OV_PRECISION[case["dtype"]]}
+    try:
+        return ov.Core().compile_model(openvino_model(case, keep, causal), "CPU", config), config
+    except Exception as e:
+        raise Unsupported(f"OpenVINO: {first_line(e)}")
+
+
+def openvino_run(case, reps, want_output=False):
+    import openvino as ov
+
+    if case["pass"] == "backward":
+        raise Unsupported("OpenVINO is an inference runtime: no backward for ScaledDotProductAttention")
+    keep, causal = openvino_mask(case)
+    compiled, config = openvino_compile(case, keep, causal)
+    request = compiled.create_infer_request()
+    q, k, v, _ = make_inputs(case)
+    for name, array in (("Q", q), ("K", k), ("V", v)):
+        request.set_tensor(name, openvino_tensor(array, case["dtype"]))
+    if keep is not None:
+        request.set_tensor("M", ov.Tensor(keep))
+
+    def step():
+        request.infer()  # inputs bound once above: no copies in the timed call
+        return request.get_output_tensor(0)
+
+    try:
+        if want_output:
+            return [openvino_output(step(), case["dtype"])]
+        ms = timed(step, reps)
+    except Exception as e:
+        raise Unsupported(f"OpenVINO: {first_line(e)}")
+    version = ov.get_version().split("-")[0]
+    label = f"OpenVINO {version} ScaledDotProductAttention (opset13, CPU plugin)"
+    nq, nk = common.q_len(case), case["seq"]
+    parts = [f"{config['NUM_STREAMS']} stream, {case['threads']} threads, "
+             f"inference precision {config['INFERENCE_PRECISION_HINT']} ({case['dtype']} inputs)"]
+    if case["heads"] != case["kv_heads"]:
+        parts.append(f"GQA: K/V broadcast from {case['kv_heads']} to {case['heads']} heads in the graph, per call")
+    if causal:
+        parts.append("causal attribute (top-left; Nq == Nk)")
+    elif keep is not None:
+        parts.append(f"boolean mask input [{nq}, {nk}]")
+    parts.append(f"ran {openvino_runtime_graph(compiled)}")
+    return ms, label, "; ".join(parts)
+
+
+RUNNERS = {"torch": torch_run, "onnxruntime": onnxruntime_run, "openvino": openvino_run}
 
 
 def first_line(error):
@@ -330,6 +498,31 @@ def matrix_mb(case):
     return case["batch"] * case["heads"] * common.q_len(case) * case["seq"] * 4 / 2**20
 
 
+def any_key_hidden(case):
+    """Whether the case's band hides some (query, key) pair (so a mask is built)."""
+    left, right = case_band(case)
+    nq, nk = common.q_len(case), case["seq"]
+    return common.visible_pairs(nq, nk, left, right) < nq * nk
+
+
+def too_big(impl, case, max_matrix_mb):
+    """The reason to skip (impl, case) for memory, or None. ONNX Runtime keeps
+    the scores of every head; OpenVINO's CPU plugin runs fp16 unfused
+    (MatMul, Softmax, MatMul: the same), and otherwise a fused kernel that
+    holds one [Nq, Nk] mask as fp32 where the case has one."""
+    if case["pass"] == "backward":
+        return None  # neither has a backward: the row says unsupported
+    if impl == "onnxruntime" or (impl == "openvino" and case["dtype"] == "fp16"):
+        mb, what = matrix_mb(case), "its scores of every head"
+    elif impl == "openvino" and any_key_hidden(case):
+        mb, what = common.q_len(case) * case["seq"] * 4 / 2**20, "its [Nq, Nk] fp32 mask"
+    else:
+        return None
+    if mb <= max_matrix_mb:
+        return None
+    return f"skipped: {what} would take {mb:.4g} MB (> --max-matrix-mb {max_matrix_mb:.4g})"
+
+
 def machine_info(peak):
     info = {"python": platform.python_version(), "peak_gflops": peak}
     for impl, module in MODULE.items():
@@ -352,11 +545,9 @@ def worker(impl, cases, reps, peak, max_matrix_mb):
         if import_error:
             row = common.base_row(ROW_IMPL[impl], case, case_reps, peak)
             row.update(status="missing", label=ROW_IMPL[impl], reason=import_error)
-        elif impl == "onnxruntime" and case["pass"] != "backward" and matrix_mb(case) > max_matrix_mb:
+        elif too_big(impl, case, max_matrix_mb):
             row = common.base_row(ROW_IMPL[impl], case, None, peak)
-            row.update(status="skipped", label=ROW_IMPL[impl],
-                       reason=f"skipped: its scores of every head would take {matrix_mb(case):.4g} MB "
-                              f"(> --max-matrix-mb {max_matrix_mb:.4g})")
+            row.update(status="skipped", label=ROW_IMPL[impl], reason=too_big(impl, case, max_matrix_mb))
         else:
             row = forked_row(impl, case, case_reps, peak)
         print(json.dumps(row), flush=True)
@@ -380,7 +571,7 @@ def sweep(args):
                 rows.append(row)
             continue
         # A fresh interpreter per peer: torch's 300 MB must not show up in
-        # ONNX Runtime's peak RSS.
+        # ONNX Runtime's or OpenVINO's peak RSS.
         spec = {"impl": impl, "cases": cases, "reps": plan["reps"], "peak": peak,
                 "max_matrix_mb": args.max_matrix_mb}
         child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
@@ -415,7 +606,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_sweep_arguments(parser, impls=IMPLS)
     parser.add_argument("--max-matrix-mb", type=float, default=DEFAULT_MAX_MATRIX_MB,
-                        help="skip ONNX Runtime where its scores of every head would exceed this (MiB)")
+                        help="skip ONNX Runtime (and OpenVINO) where the scores of every head "
+                             "(OpenVINO: its mask) would exceed this (MiB)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one peer's cases
     args = parser.parse_args(argv)
     if args.worker:

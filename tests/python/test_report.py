@@ -1,7 +1,8 @@
 """The benchmark report tooling: bench/sweep_common.py (grid, FLOPs, schema),
 bench/sweep_peers.py (peers compute the same attention as tileattn; missing
 and unsupported peers give rows with reasons), bench/report.py (plots and
-table), and agreement with `tileattn bench --sweep` when the binary is built."""
+table), bench/compare_bf16.py (paired timing; its --check bites), and
+agreement with `tileattn bench --sweep` when the binary is built."""
 import csv
 import io
 import json
@@ -76,7 +77,7 @@ def test_plan_checks_flags():
 
 @pytest.mark.parametrize("mask", ["none", "causal", "window"])
 @pytest.mark.parametrize("pass_name", ["forward", "decode"])
-@pytest.mark.parametrize("impl", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("impl", ["torch", "onnxruntime", "openvino"])
 def test_peers_compute_tileattns_attention(impl, pass_name, mask):
     pytest.importorskip(sweep_peers.MODULE[impl])
     case = tiny_case(**{"pass": pass_name, "mask": mask})
@@ -85,6 +86,26 @@ def test_peers_compute_tileattns_attention(impl, pass_name, mask):
     keep = sweep_peers.band_keep(common.q_len(case), case["seq"], left, right)
     (out,) = sweep_peers.RUNNERS[impl](case, 1, want_output=True)
     np.testing.assert_allclose(out, reference(q, k, v, keep), atol=2e-5)
+
+
+def bf16_round(a):
+    """float32 -> nearest bfloat16 (ties to even), back as float32."""
+    bits = a.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+def test_openvino_bf16_inputs_and_output_bits(mask):
+    # NumPy has no bfloat16: the inputs go in and the output comes out as bf16
+    # bit patterns through OpenVINO's float16-typed view of its bf16 tensors.
+    pytest.importorskip("openvino")
+    case = tiny_case(mask=mask, dtype="bf16")
+    q, k, v, _ = sweep_peers.make_inputs(case)
+    assert np.array_equal(sweep_peers.bf16_bits(q), (bf16_round(q).view(np.uint32) >> 16).astype(np.uint16))
+    keep = sweep_peers.band_keep(40, 40, *sweep_peers.case_band(case))
+    (out,) = sweep_peers.RUNNERS["openvino"](case, 1, want_output=True)
+    expected = reference(bf16_round(q), bf16_round(k), bf16_round(v), keep)
+    assert np.abs(out - expected).max() < 2e-2
 
 
 def test_torch_backward_gradients_match_float64():
@@ -105,7 +126,8 @@ def test_peer_rows_missing_and_unsupported(monkeypatch, capsys):
     # onnxruntime pretends to be absent; torch runs; ONNX Runtime has no backward.
     monkeypatch.setitem(sweep_peers.MODULE, "onnxruntime", "no_such_module_for_tileattn_tests")
     status = sweep_peers.main(["--seqs", "32", "--dims", "16", "--masks", "causal", "--passes", "forward,backward",
-                               "--heads", "2", "--threads", "1", "--reps", "1", "--peak-gflops", "10", "--json"])
+                               "--heads", "2", "--threads", "1", "--reps", "1", "--peak-gflops", "10", "--json",
+                               "--impls", "torch,onnxruntime"])
     assert status == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == common.SCHEMA
@@ -123,6 +145,62 @@ def test_peer_rows_missing_and_unsupported(monkeypatch, capsys):
             assert row["gflops"] == pytest.approx(row["flops"] / row["ms"] * 1e-6)
             assert row["fraction_of_peak"] == pytest.approx(row["gflops"] / 10)
             assert row["peak_rss_mb"] > 50  # the process holds torch
+
+
+def sweep_peers_json(*args):
+    """Runs bench/sweep_peers.py as a command (its worker and forked cases
+    included) and returns its rows."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sweep_peers.py"), *args, "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    doc = json.loads(out)
+    assert doc["schema"] == common.SCHEMA
+    return doc["machine"], doc["rows"]
+
+
+def test_openvino_row_fields():
+    pytest.importorskip("openvino", reason="scripts/setup.sh installs openvino; CI must run this")
+    machine, rows = sweep_peers_json("--impls", "openvino", "--seqs", "64", "--dims", "32", "--masks", "causal",
+                                     "--dtypes", "bf16", "--heads", "4", "--kv-heads", "2", "--threads", "1",
+                                     "--reps", "2", "--peak-gflops", "10")
+    assert machine["openvino"] == "installed"
+    (row,) = rows
+    assert list(row) == common.COLUMNS
+    assert row["status"] == "ok", row["reason"]
+    assert row["impl"] == "openvino-sdpa" and row["reason"] is None
+    assert row["label"].startswith("OpenVINO 20") and "ScaledDotProductAttention" in row["label"]
+    assert (row["pass"], row["dtype"], row["mask"], row["seq"], row["q_len"], row["heads"], row["kv_heads"]) == \
+        ("forward", "bf16", "causal", 64, 64, 4, 2)
+    assert row["flops"] == tiny_case(dim=32, seq=64, mask="causal")["flops"]
+    assert row["reps"] == 2 and row["ms"] > 0
+    assert row["gflops"] == pytest.approx(row["flops"] / row["ms"] * 1e-6)
+    assert row["fraction_of_peak"] == pytest.approx(row["gflops"] / 10)
+    assert row["peak_rss_mb"] > 30  # the process holds OpenVINO's libraries
+    detail = row["detail"]
+    assert "inference precision bf16 (bf16 inputs)" in detail and "1 threads" in detail
+    assert "K/V broadcast from 2 to 4 heads" in detail and "causal attribute" in detail
+    assert "ran " in detail and "Subgraph[" in detail  # the compiled graph's nodes
+
+
+def test_openvino_missing_and_unsupported_rows(monkeypatch, capsys):
+    monkeypatch.setitem(sweep_peers.MODULE, "openvino", "no_such_module_for_tileattn_tests")
+    assert sweep_peers.main(["--impls", "openvino", "--seqs", "32", "--dims", "16", "--threads", "1",
+                             "--masks", "none", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert (row["impl"], row["status"]) == ("openvino-sdpa", "missing")
+    assert "no_such_module_for_tileattn_tests is not installed" in row["reason"]
+    with pytest.raises(sweep_peers.Unsupported, match="inference runtime"):
+        sweep_peers.openvino_run(tiny_case(**{"pass": "backward"}), 1)
+
+
+def test_memory_guards_say_why():
+    big = tiny_case(seq=16384, mask="causal")
+    assert sweep_peers.too_big("torch", big, 100) is None
+    assert "scores of every head" in sweep_peers.too_big("onnxruntime", big, 100)
+    assert "[Nq, Nk] fp32 mask would take 1024 MB" in sweep_peers.too_big("openvino", big, 100)
+    assert sweep_peers.too_big("openvino", tiny_case(seq=16384), 100) is None  # no mask, fused: nothing N x N
+    assert sweep_peers.too_big("openvino", tiny_case(**{"seq": 16384, "pass": "decode", "mask": "causal"}), 100) is None
+    assert "scores of every head" in sweep_peers.too_big("openvino", tiny_case(seq=16384, dtype="fp16"), 100)
+    assert sweep_peers.too_big("openvino", big, 2100) is None
 
 
 def test_onnxruntime_backward_is_unsupported_with_reason():
@@ -195,3 +273,58 @@ def test_cpp_sweep_rows_have_the_same_columns_and_flops(tmp_path):
         assert row["flops"] == case["flops"], row
         assert row["q_len"] == common.q_len(case)
         assert row["status"] == "ok"
+
+
+def compare_bf16_env():
+    """Environment for bench/compare_bf16.py: tileattn importable as in this process."""
+    tileattn = pytest.importorskip("tileattn")
+    pytest.importorskip("torch")
+    pytest.importorskip("openvino", reason="scripts/setup.sh installs openvino; CI must run this")
+    site = os.path.dirname(os.path.dirname(os.path.abspath(tileattn.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def test_compare_bf16_quick_check_runs(tmp_path):
+    env = compare_bf16_env()
+    out = tmp_path / "c.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_bf16.py"), "--quick", "--check",
+                        "--rounds", "2", "--json", str(out)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = r.stdout
+    for needle in ("CPU: ", "tileattn bf16_isa: ", "date: ", "torch ", "openvino ", "vs SDPA bf16",
+                   "vs OpenVINO bf16", "vs OpenVINO fp32", "check: every peer's output matches"):
+        assert needle in text, needle
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["bf16_isa"] and doc["check_failures"] == []
+    assert len(doc["rows"]) == 2 * 5
+    for row in doc["rows"]:
+        assert set(row["ms"]) == {"tileattn", "sdpa", "openvino"}
+        for impl, ratio in row["ratio"].items():
+            assert ratio == pytest.approx(row["ms"][impl] / row["ms"]["tileattn"])
+            assert row["max_abs_diff"][impl] < (2e-2 if row["dtype"] == "bf16" else 1e-4)
+    means = {(m["impl"], m["dtype"]): m for m in doc["geomeans"]}
+    assert len(means[("sdpa", "bf16")]["shapes"]) == 4
+    assert len(means[("openvino", "bf16")]["shapes"]) == 3
+    assert len(means[("openvino", "fp32")]["shapes"]) == 2  # the shapes without a mask
+    assert all(m["geomean"] > 0 for m in doc["geomeans"])
+
+
+def test_compare_bf16_check_bites(monkeypatch, capsys):
+    # A peer output read in the wrong order (keys reversed along N) must fail --check.
+    compare_bf16_env()
+    import torch
+    import tileattn
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import compare_bf16
+    real = sweep_peers.openvino_output
+    monkeypatch.setattr(sweep_peers, "openvino_output", lambda t, dtype: real(t, dtype)[:, :, ::-1, :])
+    threads = (torch.get_num_threads(), tileattn.get_num_threads())
+    try:
+        assert compare_bf16.main(["--quick", "--check", "--rounds", "1", "--shapes", "h16_n4096_d64"]) == 1
+    finally:
+        torch.set_num_threads(threads[0])
+        tileattn.set_num_threads(threads[1])
+    err = capsys.readouterr().err
+    assert "check FAILED" in err and "openvino differs from tileattn" in err
