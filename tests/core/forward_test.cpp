@@ -59,6 +59,26 @@ INSTANTIATE_TEST_SUITE_P(Table, ForwardCases,
                                             ::testing::ValuesIn(paths())),
                          case_test_name);
 
+// The bf16 rungs differ from avx512 only for bf16 inputs (their fp32 and
+// fp16 inputs run the avx512 code, checked above): the whole table with its
+// inputs in bf16, on each rung's bf16 products. tests/isa/ checks the same
+// products through portable models of vdpbf16ps and the AMX tiles.
+std::vector<Case> bf16_table() {
+  std::vector<Case> cases;
+  for (Case c : correctness_cases()) {
+    c.dtype = DType::bf16;
+    bool seen = false;
+    for (const Case& other : cases) seen |= other.name() == c.name();
+    if (!seen) cases.push_back(c);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16Rungs, ForwardCases,
+                         ::testing::Combine(::testing::ValuesIn(bf16_table()),
+                                            ::testing::Values(Isa::avx512bf16, Isa::amx)),
+                         case_test_name);
+
 // The edge checks of tests/support/forward_edge_checks.hpp on each path.
 class ForwardEdges : public ::testing::TestWithParam<Isa> {
  protected:

@@ -142,7 +142,7 @@ TEST(Decode, TokenMajorCacheLayoutAndForcedIsaPaths) {
   spec.cache_bshd = true;
   expect_decode_matches_full_sequence(spec);
   spec.cache_bshd = false;
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx}) {
     if (!isa_available(isa)) continue;
     spec.isa = isa;
     expect_decode_matches_full_sequence(spec);

@@ -38,7 +38,7 @@ void expect_step_correct(DecodeSpec spec) {
 
 std::vector<Isa> isa_paths() {
   std::vector<Isa> paths;
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512})
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     if (isa_available(isa)) paths.push_back(isa);
   return paths;
 }

@@ -130,5 +130,22 @@ INSTANTIATE_TEST_SUITE_P(Table, BackwardCases,
                                             ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512)),
                          case_test_name);
 
+// The bf16 rungs' own code runs for bf16 inputs only: the table in bf16.
+std::vector<BackwardCase> bf16_backward_cases() {
+  std::vector<BackwardCase> cases;
+  for (BackwardCase bc : backward_cases()) {
+    bc.c.dtype = DType::bf16;
+    bool seen = false;
+    for (const BackwardCase& other : cases) seen |= other.name() == bc.name();
+    if (!seen) cases.push_back(bc);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16Rungs, BackwardCases,
+                         ::testing::Combine(::testing::ValuesIn(bf16_backward_cases()),
+                                            ::testing::Values(Isa::avx512bf16, Isa::amx)),
+                         case_test_name);
+
 }  // namespace
 }  // namespace tileattn::testing
