@@ -16,8 +16,9 @@ namespace {
 
 std::vector<Isa> paths() { return {Isa::generic, Isa::avx2, Isa::avx512}; }
 
-// Runs `c` on `isa` with 1 and 2 threads; checks accuracy and that the two
-// thread counts agree bit for bit.
+// Runs `c` on `isa` with 1 and 2 threads; checks accuracy, that the check
+// bites (every output x 1.001 for fp32, x 1.01 for fp16/bf16, must fail), and
+// that the two thread counts agree bit for bit.
 void check_case(const Case& c, Isa isa) {
   if (!isa_available(isa)) GTEST_SKIP() << isa_name(isa) << " not available on this CPU";
   CaseData one(c), two(c);
@@ -26,8 +27,12 @@ void check_case(const Case& c, Isa isa) {
   two.args.threads = 2;
   attention_forward(one.args);
   attention_forward(two.args);
-  const Comparison cmp = compare_with_reference(one);
+  const ReferenceOutput ref = reference_forward(one.args), naive = naive_forward(one.args);
+  const std::vector<double> o = dense_o(one), lse = dense_lse(one);
+  const Comparison cmp = compare_outputs(one.args, ref, naive, o, lse);
   EXPECT_TRUE(cmp.ok()) << c.name() << " on " << isa_name(isa) << ": " << cmp.describe();
+  const Comparison off = compare_outputs(one.args, ref, naive, o, lse, c.dtype == DType::f32 ? 1e-3 : 1e-2);
+  EXPECT_FALSE(off.ok()) << c.name() << " on " << isa_name(isa) << ": perturbed outputs passed: " << off.describe();
   const size_t bytes = c.dtype == DType::f32 ? one.o32.size() * 4 : one.o16.size() * 2;
   const void* o1 = c.dtype == DType::f32 ? static_cast<const void*>(one.o32.data()) : one.o16.data();
   const void* o2 = c.dtype == DType::f32 ? static_cast<const void*>(two.o32.data()) : two.o16.data();
