@@ -205,9 +205,9 @@ Comparison compare_outputs(const ForwardArgs& a, const ReferenceOutput& ref, con
   cmp.magnitude = rows.magnitude;
   cmp.worst_row = rows.worst_row;
   cmp.nan_mismatch = rows.nan_mismatch;
-  // The LSE, row by row: error <= 2 x naive error + 4 x 2^-23.
-  constexpr double kLseFloor = 4 * 0x1p-23;
-  cmp.lse_tolerance = kLseFloor;
+  // The LSE, row by row: error <= 2 x naive error + lse_floor_fraction x
+  // max(1, |LSE|) (testing/tolerance.hpp).
+  cmp.lse_tolerance = lse_floor_fraction();
   double worst = -1;
   for (size_t row = 0; row < lse.size(); ++row) {
     const double expected = ref.lse[row];
@@ -232,7 +232,8 @@ Comparison compare_outputs(const ForwardArgs& a, const ReferenceOutput& ref, con
     // (fp32 spacing 64 there).
     const double own_rounding = 2 * std::ldexp(1.0, std::ilogb(std::max(std::abs(expected), 1.0)) - 23);
     const double error = std::max(0.0, std::abs(got - expected) - own_rounding);
-    const double tolerance = 2 * std::abs(naive.lse[row] - expected) + kLseFloor;
+    const double tolerance =
+        2 * std::abs(naive.lse[row] - expected) + lse_floor_fraction() * std::max(1.0, std::abs(expected));
     if (error / tolerance > worst) {
       worst = error / tolerance;
       cmp.lse_error = error;

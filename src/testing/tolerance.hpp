@@ -63,6 +63,14 @@ inline double gradient_floor_fraction(DType dtype) {
   return 0.5 * unit_roundoff(dtype) + kAccumulatorUnits * unit_roundoff(DType::f32);
 }
 
+// The LSE's floor, per row, as a fraction of max(1, |LSE|): 16 units of fp32.
+// The LSE is a max of fp32 scores plus a log, rounded at their size, and the
+// naive error of one row can be near zero by luck: at |LSE| ~ 4e28 a row
+// needed 2.2 units (tests/reliability/numerics_test.cpp, huge scale), rows
+// at |LSE| ~ 1e6 under one. Its error is taken less its own rounding to fp32
+// (two units in the last place at its size).
+inline double lse_floor_fraction() { return 16 * unit_roundoff(DType::f32); }
+
 // The verdict on one tensor. error, naive_error and tolerance are those of its
 // worst row (the largest error / tolerance), so ok() == (error <= tolerance)
 // when no NaN disagrees.
