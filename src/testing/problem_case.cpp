@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/half.hpp"
+#include "testing/tolerance.hpp"
 
 namespace tileattn::testing {
 
@@ -159,74 +160,92 @@ void CaseData::set_k(int64_t kb, int64_t h, int64_t row, int64_t d, float value)
   detail::store_element(const_cast<void*>(args.k.data), int(c.dtype), kb * s[0] + h * s[1] + row * s[2] + d * s[3], value);
 }
 
-double tolerance_floor(DType dtype) {
-  // A quarter of the unit roundoff... see docs/accuracy.md for the rule.
-  switch (dtype) {
-    case DType::f32: return 0.25 * std::ldexp(1.0, -23);
-    case DType::f16: return 0.25 * std::ldexp(1.0, -10);
-    case DType::bf16: return 0.25 * std::ldexp(1.0, -7);
-  }
-  return 0;
-}
-
 std::string Comparison::describe() const {
   std::ostringstream s;
-  s << "max_error " << max_error << " (tolerance " << tolerance << " = 2 x naive " << naive_error
-    << " + floor), lse_error " << lse_error << " (tolerance " << lse_tolerance << ")"
-    << (nan_mismatch ? ", NaN mismatch" : "");
+  s << "max_error " << max_error << " in row " << worst_row << " (tolerance " << tolerance << " = 2 x naive "
+    << naive_error << " + floor " << floor << " at max|ref| " << magnitude << "; ratio " << ratio << ")";
+  if (perturb != 0) s << ", outputs x (1 + " << perturb << ")";
+  s << ", lse_error " << lse_error << " (tolerance " << lse_tolerance << ")" << (nan_mismatch ? ", NaN mismatch" : "");
   return s.str();
 }
 
-Comparison compare_with_reference(const CaseData& data) {
-  const ReferenceOutput ref = reference_forward(data.args);
-  const ReferenceOutput naive = naive_forward(data.args);
+std::vector<double> dense_o(const CaseData& data) {
   const ForwardArgs& a = data.args;
-  const int64_t qb_count = a.cu_seqlens_q ? 1 : a.shape.batch;
-  const int64_t rows = a.shape.seqlen_q, d = a.shape.head_dim, heads = a.shape.heads;
+  const int64_t batches = a.cu_seqlens_q ? 1 : a.shape.batch;
+  std::vector<double> o;
+  o.reserve(size_t(batches * a.shape.heads * a.shape.seqlen_q * a.shape.head_dim));
+  for (int64_t qb = 0; qb < batches; ++qb)
+    for (int64_t h = 0; h < a.shape.heads; ++h)
+      for (int64_t r = 0; r < a.shape.seqlen_q; ++r)
+        for (int64_t c = 0; c < a.shape.head_dim; ++c) o.push_back(data.o_at(qb, h, r, c));
+  return o;
+}
+
+std::vector<double> dense_lse(const CaseData& data) {
+  const ForwardArgs& a = data.args;
+  if (!a.lse) return {};
+  const int64_t batches = a.cu_seqlens_q ? 1 : a.shape.batch;
+  std::vector<double> lse;
+  for (int64_t qb = 0; qb < batches; ++qb)
+    for (int64_t h = 0; h < a.shape.heads; ++h)
+      for (int64_t r = 0; r < a.shape.seqlen_q; ++r) lse.push_back(data.lse_at(qb, h, r));
+  return lse;
+}
+
+Comparison compare_outputs(const ForwardArgs& a, const ReferenceOutput& ref, const ReferenceOutput& naive,
+                           const std::vector<double>& o, const std::vector<double>& lse, double perturb) {
   Comparison cmp;
-  double naive_lse_error = 0;
-  for (int64_t qb = 0; qb < qb_count; ++qb)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t r = 0; r < rows; ++r) {
-        const size_t row = size_t((qb * heads + h) * rows + r);
-        for (int64_t c = 0; c < d; ++c) {
-          const double expected = ref.o[row * size_t(d) + size_t(c)];
-          const double got = data.o_at(qb, h, r, c);
-          const double base = naive.o[row * size_t(d) + size_t(c)];
-          if (std::isnan(expected) != std::isnan(got)) cmp.nan_mismatch = true;
-          if (std::isnan(expected)) continue;
-          cmp.max_error = std::max(cmp.max_error, std::abs(got - expected));
-          if (!std::isnan(base)) cmp.naive_error = std::max(cmp.naive_error, std::abs(base - expected));
-        }
-        if (a.lse) {
-          const double expected = ref.lse[row];
-          const double got = data.lse_at(qb, h, r);
-          if (std::isnan(expected) != std::isnan(got)) cmp.nan_mismatch = true;
-          if (std::isnan(expected)) continue;
-          if (std::isinf(expected) || std::isinf(got)) {
-            if (expected != got) cmp.nan_mismatch = true;
-            continue;
-          }
-          // Scores are kept in log2 units, where fp32 ends at FLT_MAX * ln 2
-          // in natural units: a row biased beyond that (numpy.finfo(float32).min)
-          // has its LSE at that end (docs/accuracy.md).
-          constexpr double kLog2Limit = double(std::numeric_limits<float>::max()) * 0.6931471805599453;
-          if (std::abs(expected) > kLog2Limit) {
-            if (!(std::abs(got) >= 0.999 * kLog2Limit && (got < 0) == (expected < 0))) cmp.nan_mismatch = true;
-            continue;
-          }
-          // Less the LSE's own rounding to fp32 (two units in the last place
-          // at its size): the naive LSE here is max + log(sum) in double, so
-          // the rounding of the output alone would exceed "2 x naive" for a
-          // row biased by -1e9 (fp32 spacing 64 there).
-          const double own_rounding = 2 * std::ldexp(1.0, std::ilogb(std::max(std::abs(expected), 1.0)) - 23);
-          cmp.lse_error = std::max(cmp.lse_error, std::abs(got - expected) - own_rounding);
-          naive_lse_error = std::max(naive_lse_error, std::abs(naive.lse[row] - expected));
-        }
-      }
-  cmp.tolerance = 2 * cmp.naive_error + tolerance_floor(a.dtype);
-  cmp.lse_tolerance = 2 * naive_lse_error + 4 * std::ldexp(1.0, -23);
+  cmp.perturb = perturb;
+  const RowCheck rows = check_output(o, ref.o, naive.o, a.shape.head_dim, a.dtype, perturb);
+  cmp.max_error = rows.error;
+  cmp.naive_error = rows.naive_error;
+  cmp.tolerance = rows.tolerance;
+  cmp.ratio = rows.ratio;
+  cmp.floor = rows.floor;
+  cmp.magnitude = rows.magnitude;
+  cmp.worst_row = rows.worst_row;
+  cmp.nan_mismatch = rows.nan_mismatch;
+  // The LSE, row by row: error <= 2 x naive error + lse_floor_fraction x
+  // max(1, |LSE|) (testing/tolerance.hpp).
+  cmp.lse_tolerance = lse_floor_fraction();
+  double worst = -1;
+  for (size_t row = 0; row < lse.size(); ++row) {
+    const double expected = ref.lse[row];
+    const double got = lse[row];
+    if (std::isnan(expected) != std::isnan(got)) cmp.nan_mismatch = true;
+    if (std::isnan(expected)) continue;
+    if (std::isinf(expected) || std::isinf(got)) {
+      if (expected != got) cmp.nan_mismatch = true;
+      continue;
+    }
+    // Scores are kept in log2 units, where fp32 ends at FLT_MAX * ln 2 in
+    // natural units: a row biased beyond that (numpy.finfo(float32).min) has
+    // its LSE at that end (docs/accuracy.md).
+    constexpr double kLog2Limit = double(std::numeric_limits<float>::max()) * 0.6931471805599453;
+    if (std::abs(expected) > kLog2Limit) {
+      if (!(std::abs(got) >= 0.999 * kLog2Limit && (got < 0) == (expected < 0))) cmp.nan_mismatch = true;
+      continue;
+    }
+    // Less the LSE's own rounding to fp32 (two units in the last place at its
+    // size): the naive LSE here is max + log(sum) in double, so the rounding
+    // of the output alone would exceed "2 x naive" for a row biased by -1e9
+    // (fp32 spacing 64 there).
+    const double own_rounding = 2 * std::ldexp(1.0, std::ilogb(std::max(std::abs(expected), 1.0)) - 23);
+    const double error = std::max(0.0, std::abs(got - expected) - own_rounding);
+    const double tolerance =
+        2 * std::abs(naive.lse[row] - expected) + lse_floor_fraction() * std::max(1.0, std::abs(expected));
+    if (error / tolerance > worst) {
+      worst = error / tolerance;
+      cmp.lse_error = error;
+      cmp.lse_tolerance = tolerance;
+    }
+  }
   return cmp;
+}
+
+Comparison compare_with_reference(const CaseData& data, double perturb) {
+  return compare_outputs(data.args, reference_forward(data.args), naive_forward(data.args), dense_o(data),
+                         dense_lse(data), perturb);
 }
 
 }  // namespace tileattn::testing

@@ -53,23 +53,37 @@ struct CaseData {
   void set_k(int64_t kb, int64_t h, int64_t row, int64_t d, float value);
 };
 
+// The verdict of testing/tolerance.hpp's rule on O (per row) and the LSE.
 struct Comparison {
-  double max_error = 0;        // of the tested output against float64
-  double naive_error = 0;      // of the naive same-precision implementation
-  double tolerance = 0;        // 2 * naive_error + floor
-  double lse_error = 0;
+  double max_error = 0;        // worst O row (largest error / tolerance): its error against float64
+  double naive_error = 0;      // that row's error of the naive same-precision implementation
+  double tolerance = 0;        // that row's bound: 2 * naive_error + floor_fraction(dtype) * magnitude
+  double ratio = 0;            // max_error / tolerance: above 1 fails
+  double floor = 0;            // floor_fraction(dtype) * magnitude
+  double magnitude = 0;        // max |O| of the float64 reference
+  int64_t worst_row = -1;      // flat row index (batch, head, row) of that row
+  double perturb = 0;          // every O element was multiplied by 1 + perturb before comparing
+  double lse_error = 0;        // worst LSE row by the same rule (less the LSE's own rounding)
   double lse_tolerance = 0;
   bool nan_mismatch = false;   // NaN where the reference has none, or the reverse
-  bool ok() const { return !nan_mismatch && max_error <= tolerance && lse_error <= lse_tolerance; }
+  bool ok() const { return !nan_mismatch && ratio <= 1 && lse_error <= lse_tolerance; }
   std::string describe() const;
 };
 
-// Runs nothing: compares what is in data's outputs with the float64
-// reference, and the naive implementation's error, by DESIGN.md's rule.
-Comparison compare_with_reference(const CaseData& data);
+// Compares what is in data's outputs with the float64 reference, by
+// testing/tolerance.hpp's rule; runs nothing but the references. With
+// perturb != 0 every O element is scaled by (1 + perturb) first.
+Comparison compare_with_reference(const CaseData& data, double perturb = 0);
 
-// Absolute error floor added to the tolerance: a few units in the last place
-// of the output type at the output's scale.
-double tolerance_floor(DType dtype);
+// The same comparison for outputs held elsewhere: o dense [batches, heads,
+// seqlen_q, head_dim] as double, lse dense [batches, heads, seqlen_q] (empty:
+// not checked), against ref = reference_forward(args) and naive =
+// naive_forward(args) (batches: 1 for packed sequences, else shape.batch).
+Comparison compare_outputs(const ForwardArgs& args, const ReferenceOutput& ref, const ReferenceOutput& naive,
+                           const std::vector<double>& o, const std::vector<double>& lse, double perturb = 0);
+
+// O and LSE of a case's buffers, dense as compare_outputs takes them.
+std::vector<double> dense_o(const CaseData& data);
+std::vector<double> dense_lse(const CaseData& data);
 
 }  // namespace tileattn::testing

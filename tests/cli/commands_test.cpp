@@ -2,6 +2,9 @@
 // contracts of DESIGN.md (one object on stdout, every documented field).
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+
 #include "cli/cli_support.hpp"
 
 namespace tileattn::cli_test {
@@ -200,10 +203,39 @@ TEST(cliCheck, PassesOnThisMachineAndReportsEachCase) {
   EXPECT_GT(cases.items.size(), 50u);
   EXPECT_EQ(j.get("passed")->num, double(cases.items.size()));
   for (const Json& c : cases.items) {
-    expect_fields(c, {"max_error", "tolerance"}, Json::number);
+    expect_fields(c, {"max_error", "tolerance", "lse_error", "lse_tolerance", "ratio"}, Json::number);
+    expect_fields(c, {"name", "isa", "dtype"}, Json::string);
     EXPECT_LE(c.get("max_error")->num, c.get("tolerance")->num) << c.get("name")->str;
+    EXPECT_LE(c.get("ratio")->num, 1.0) << c.get("name")->str;
   }
   EXPECT_EQ(run_cli("check --isa sparc", dir).status, 2);
+}
+
+// The rule bites: outputs scaled by 1.001 fail every fp32 case, by 1.01 every
+// case (fp16 and bf16 included).
+TEST(cliCheck, PerturbedOutputsFailEveryCase) {
+  TempDir dir;
+  for (const double perturb : {1e-3, 1e-2}) {
+    const std::string flag = perturb == 1e-3 ? "0.001" : "0.01";
+    const Result r = run_cli("check --isa auto --json --perturb " + flag, dir);
+    EXPECT_EQ(r.status, 1) << r.err;
+    const Json j = parse_or_fail(r.out);
+    EXPECT_FALSE(j.get("ok")->flag);
+    EXPECT_EQ(j.get("perturb")->num, perturb);
+    std::set<std::string> dtypes;
+    for (const Json& c : j.get("cases")->items) {
+      const std::string dtype = c.get("dtype")->str;
+      dtypes.insert(dtype);
+      if (dtype == "fp32" || perturb == 1e-2) {
+        EXPECT_FALSE(c.get("ok")->flag) << "perturb " << perturb << ": " << c.get("name")->str << " passed";
+        EXPECT_GT(c.get("max_error")->num, c.get("tolerance")->num) << c.get("name")->str;
+      }
+    }
+    EXPECT_EQ(dtypes, (std::set<std::string>{"fp32", "fp16", "bf16"}));
+  }
+  const Result bad = run_cli("check --perturb lots", dir);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--perturb"), std::string::npos) << bad.err;
 }
 
 // The error for an unknown --isa lists every value the help offers, "all" too.

@@ -17,11 +17,12 @@ namespace {
 
 std::vector<Isa> paths() { return {Isa::generic, Isa::avx2, Isa::avx512}; }
 
-// Runs `c` on `isa` with 1 and 2 threads; checks accuracy and that the two
-// thread counts agree bit for bit. The 2-thread run goes through the test
-// hook that makes both threads run items (a small call would otherwise run
-// on the calling thread alone, and a helper that wakes late finds every item
-// taken), and the test checks that they did.
+// Runs `c` on `isa` with 1 and 2 threads; checks accuracy, that the check
+// bites (every output x 1.001 for fp32, x 1.01 for fp16/bf16, must fail), and
+// that the two thread counts agree bit for bit. The 2-thread run goes through
+// the test hook that makes both threads run items (a small call would
+// otherwise run on the calling thread alone, and a helper that wakes late
+// finds every item taken), and the test checks that they did.
 void check_case(const Case& c, Isa isa) {
   if (!isa_available(isa)) GTEST_SKIP() << isa_name(isa) << " not available on this CPU";
   CaseData one(c), two(c);
@@ -31,8 +32,12 @@ void check_case(const Case& c, Isa isa) {
   attention_forward(one.args);
   const detail::ThreadCensus census = run_on_every_thread([&] { attention_forward(two.args); });
   expect_threads_took_part(census, 2, c.name());
-  const Comparison cmp = compare_with_reference(one);
+  const ReferenceOutput ref = reference_forward(one.args), naive = naive_forward(one.args);
+  const std::vector<double> o = dense_o(one), lse = dense_lse(one);
+  const Comparison cmp = compare_outputs(one.args, ref, naive, o, lse);
   EXPECT_TRUE(cmp.ok()) << c.name() << " on " << isa_name(isa) << ": " << cmp.describe();
+  const Comparison off = compare_outputs(one.args, ref, naive, o, lse, c.dtype == DType::f32 ? 1e-3 : 1e-2);
+  EXPECT_FALSE(off.ok()) << c.name() << " on " << isa_name(isa) << ": perturbed outputs passed: " << off.describe();
   const size_t bytes = c.dtype == DType::f32 ? one.o32.size() * 4 : one.o16.size() * 2;
   const void* o1 = c.dtype == DType::f32 ? static_cast<const void*>(one.o32.data()) : one.o16.data();
   const void* o2 = c.dtype == DType::f32 ? static_cast<const void*>(two.o32.data()) : two.o16.data();

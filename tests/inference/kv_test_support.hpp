@@ -1,6 +1,6 @@
 // Helpers shared by the KV-cache tests: typed buffers, random fills, and the
-// tolerance rule (float64 reference; bound = 2 x the naive same-precision
-// error + a floor, see src/testing/problem_case.cpp).
+// comparison with the float64 reference by the project's tolerance rule
+// (src/testing/tolerance.hpp, through testing::compare_outputs).
 #pragma once
 
 #include <array>
@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,54 +54,26 @@ inline std::array<int64_t, 4> bhsd(int64_t b, int64_t h, int64_t n, int64_t d) {
   return dense_strides(Layout::bhsd, b, h, n, d);
 }
 
-// Result of comparing an output with the float64 reference.
-struct Check {
-  double max_error = 0, naive_error = 0, tolerance = 0;
-  double lse_error = 0, lse_tolerance = 0;
-  bool mismatch = false;  // NaN / inf where the reference has none, or the reverse
-  bool ok() const { return !mismatch && max_error <= tolerance && lse_error <= lse_tolerance; }
-  std::string describe() const {
-    std::ostringstream s;
-    s << "max_error " << max_error << " (tolerance " << tolerance << " = 2 x naive " << naive_error
-      << " + floor), lse_error " << lse_error << " (tolerance " << lse_tolerance << ")"
-      << (mismatch ? ", NaN/inf mismatch" : "");
-    return s.str();
-  }
-};
+// The comparison with the float64 reference: testing::compare_outputs, the
+// one implementation of the rule (src/testing/tolerance.hpp).
+using Check = testing::Comparison;
 
 // Compares o ([batch, heads, seqlen_q, head_dim] with `o_stride`) and the
 // optional dense lse with reference_forward(args), bounded by naive_forward(args).
 inline Check check_against_reference(const ForwardArgs& args, const Buffer& o,
                                      const std::array<int64_t, 4>& o_stride, const float* lse) {
-  const ReferenceOutput ref = reference_forward(args);
-  const ReferenceOutput naive = naive_forward(args);
   const AttentionShape& s = args.shape;
-  Check c;
-  double naive_lse = 0;
-  for (int64_t b = 0; b < s.batch; ++b)
+  const int64_t batches = args.cu_seqlens_q ? 1 : s.batch;
+  std::vector<double> got, got_lse;
+  got.reserve(size_t(batches * s.heads * s.seqlen_q * s.head_dim));
+  for (int64_t b = 0; b < batches; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        const size_t row = size_t((b * s.heads + h) * s.seqlen_q + i);
-        for (int64_t d = 0; d < s.head_dim; ++d) {
-          const double expected = ref.o[row * size_t(s.head_dim) + size_t(d)];
-          const double got = o.get(b * o_stride[0] + h * o_stride[1] + i * o_stride[2] + d * o_stride[3]);
-          if (std::isnan(expected) != std::isnan(got)) c.mismatch = true;
-          if (std::isnan(expected)) continue;
-          c.max_error = std::max(c.max_error, std::abs(got - expected));
-          c.naive_error = std::max(c.naive_error, std::abs(naive.o[row * size_t(s.head_dim) + size_t(d)] - expected));
-        }
-        if (!lse) continue;
-        const double expected = ref.lse[row], got = lse[row];
-        if (std::isinf(expected) || std::isinf(got)) {
-          if (expected != got) c.mismatch = true;
-          continue;
-        }
-        c.lse_error = std::max(c.lse_error, std::abs(got - expected));
-        naive_lse = std::max(naive_lse, std::abs(naive.lse[row] - expected));
+        for (int64_t d = 0; d < s.head_dim; ++d)
+          got.push_back(o.get(b * o_stride[0] + h * o_stride[1] + i * o_stride[2] + d * o_stride[3]));
+        if (lse) got_lse.push_back(lse[(b * s.heads + h) * s.seqlen_q + i]);
       }
-  c.tolerance = 2 * c.naive_error + testing::tolerance_floor(args.dtype);
-  c.lse_tolerance = 2 * naive_lse + 4 * std::ldexp(1.0, -23);
-  return c;
+  return testing::compare_outputs(args, reference_forward(args), naive_forward(args), got, got_lse);
 }
 
 }  // namespace tileattn::kvtest

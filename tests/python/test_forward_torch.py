@@ -116,6 +116,10 @@ def test_dtypes_against_reference(dtype, causal):
     assert o.dtype == dtype and lse.dtype == torch.float32
     f = lambda t: t.float().numpy()
     check_close(f(o), f(q), f(k), f(v), DTYPES[dtype], got_lse=lse.numpy(), causal=causal)
+    # The rule bites: the same output x 1.001 (float32) or x 1.01 (16-bit) is rejected.
+    with pytest.raises(AssertionError, match="max error"):
+        check_close(f(o), f(q), f(k), f(v), DTYPES[dtype], perturb=1e-3 if dtype == torch.float32 else 1e-2,
+                    causal=causal)
 
 
 def test_half_precision_mask_is_converted():
