@@ -42,3 +42,7 @@ bool emulated_bf16_forward(const ForwardArgs& args, Isa isa) {
 }
 
 }  // namespace tileattn::testing
+
+#ifdef _IMMINTRIN_H_INCLUDED
+#error "the emulated bf16 translation units must not include <immintrin.h>"
+#endif

@@ -32,3 +32,7 @@ void emulated_tile_dpbf16ps(const TileProduct& t) {
 }
 
 }  // namespace tileattn::testing
+
+#ifdef _IMMINTRIN_H_INCLUDED
+#error "the emulated bf16 translation units must not include <immintrin.h>"
+#endif
