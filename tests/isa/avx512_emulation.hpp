@@ -1,5 +1,6 @@
 // A scalar emulation of exactly the AVX-512 (F/BW/DQ/VL) intrinsics that
-// src/isa/avx512/kernels.hpp uses, so that its kernels and the main loop built
+// src/isa/avx512/kernels.hpp uses, and the AVX512-BF16 ones (with the few
+// integer intrinsics) that src/isa/avx512bf16/bf16_kernels.hpp adds, so that its kernels and the main loop built
 // on them can be tested on CPUs without AVX-512 (the project's development
 // machines had none until 2026-12-01, and a CI machine may have none; QEMU
 // does not implement AVX-512 and Intel SDE is not here).
@@ -19,6 +20,8 @@
 //  - max/min return the SECOND operand on NaN and on equal zeros;
 //  - fmadd is fused (one rounding), roundscale rounds to nearest-even,
 //    scalef follows the SDM's special cases, cvtps_ph rounds to nearest-even;
+//  - dpbf16_ps is bit-exact with the hardware (bf16_dot_semantics.hpp says
+//    what that is and where it was measured: not quite Intel's pseudo-code);
 //  - reduce_add / reduce_max combine lanes in the order GCC's
 //    avx512fintrin.h does (upper 256 op lower 256, then 128-bit halves, then
 //    lanes {0,1} op {2,3}, then lane 0 op lane 1). Clang's order may differ.
@@ -36,6 +39,7 @@
 #include <cstring>
 
 #include "isa/avx512_lane_semantics.hpp"
+#include "isa/bf16_dot_semantics.hpp"
 
 #ifndef TILEATTN_AVX512_NAMESPACE
 #error "define TILEATTN_AVX512_NAMESPACE (not avx512) before including the AVX-512 emulation"
@@ -80,12 +84,17 @@ struct __m256i {
   uint16_t u16[16];
 };
 using __mmask16 = uint16_t;
+using __mmask32 = uint32_t;
+// 32 bf16 values (the dot-product instructions' operand type).
+struct __m512bh {
+  uint16_t u16[32];
+};
 
 namespace memory {
 inline void require_aligned(const void* p, uintptr_t alignment, const char* what) {
   if (reinterpret_cast<uintptr_t>(p) % alignment != 0) fault(what);
 }
-inline bool active(__mmask16 k, int i) { return (k >> i) & 1u; }
+inline bool active(uint32_t k, int i) { return (k >> i) & 1u; }
 }  // namespace memory
 
 template <class Op>
@@ -271,6 +280,97 @@ inline __m512i _mm512_slli_epi32(__m512i a, unsigned int count) {
   for (int i = 0; i < 16; ++i)
     r.i32[i] = count > 31 ? 0 : int32_t(uint32_t(a.i32[i]) << count);
   return r;
+}
+
+// ---- bf16 products and the integer operations around them (bf16_kernels.hpp)
+namespace words {
+// A 512-bit integer vector as 32 16-bit words, and back.
+struct Words {
+  uint16_t u16[32];
+};
+inline Words of(__m512i a) {
+  Words w;
+  std::memcpy(&w, &a, sizeof w);
+  return w;
+}
+inline __m512i to_vector(const Words& w) {
+  __m512i a;
+  std::memcpy(&a, &w, sizeof a);
+  return a;
+}
+}  // namespace words
+
+template <class Op>
+inline __m512i per_lane_epi32(Op op) {
+  __m512i r;
+  for (int i = 0; i < 16; ++i) r.i32[i] = op(i);
+  return r;
+}
+
+inline __m512i _mm512_setzero_si512() { return __m512i{}; }
+inline __m512i _mm512_set1_epi32(int x) {
+  return per_lane_epi32([&](int) { return x; });
+}
+inline __m512i _mm512_castps_si512(__m512 a) {
+  __m512i r;
+  std::memcpy(&r, &a, sizeof r);
+  return r;
+}
+inline __m512i _mm512_load_si512(const void* p) {
+  memory::require_aligned(p, 64, "_mm512_load_si512: address not 64-byte aligned (#GP)");
+  __m512i r;
+  std::memcpy(&r, p, 64);
+  return r;
+}
+inline void _mm512_store_si512(void* p, __m512i a) {
+  memory::require_aligned(p, 64, "_mm512_store_si512: address not 64-byte aligned (#GP)");
+  std::memcpy(p, &a, 64);
+}
+inline void _mm512_storeu_si512(void* p, __m512i a) { std::memcpy(p, &a, 64); }
+inline void _mm256_storeu_si256(__m256i* p, __m256i a) { std::memcpy(p, &a, 32); }
+// VMOVDQU16 with zero-masking: a masked-off word's memory is never read.
+inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void* p) {
+  words::Words w{};
+  const char* bytes = static_cast<const char*>(p);
+  for (int i = 0; i < 32; ++i)
+    if (memory::active(k, i)) std::memcpy(&w.u16[i], bytes + 2 * i, 2);
+  return words::to_vector(w);
+}
+// VPERMT2W: word i is word idx[4:0] of a, or of b where idx bit 5 is set.
+inline __m512i _mm512_permutex2var_epi16(__m512i a, __m512i idx, __m512i b) {
+  const words::Words wa = words::of(a), wi = words::of(idx), wb = words::of(b);
+  words::Words r;
+  for (int i = 0; i < 32; ++i) r.u16[i] = ((wi.u16[i] >> 5) & 1 ? wb : wa).u16[wi.u16[i] & 31];
+  return words::to_vector(r);
+}
+inline __m512i _mm512_add_epi32(__m512i a, __m512i b) {
+  return per_lane_epi32([&](int i) { return int32_t(uint32_t(a.i32[i]) + uint32_t(b.i32[i])); });
+}
+inline __m512i _mm512_and_si512(__m512i a, __m512i b) {
+  return per_lane_epi32([&](int i) { return a.i32[i] & b.i32[i]; });
+}
+inline __m512i _mm512_srli_epi32(__m512i a, unsigned int count) {
+  return per_lane_epi32([&](int i) { return count > 31 ? 0 : int32_t(uint32_t(a.i32[i]) >> count); });
+}
+// VPMOVDW: each dword truncated to its low word.
+inline __m256i _mm512_cvtepi32_epi16(__m512i a) {
+  __m256i r;
+  for (int i = 0; i < 16; ++i) r.u16[i] = uint16_t(uint32_t(a.i32[i]));
+  return r;
+}
+// bf16_kernels.hpp's cast of a vector of bf16 pairs (a C cast natively).
+inline __m512bh as_bf16_pairs(__m512i v) {
+  __m512bh r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
+}
+// VDPBF16PS: lane i += a.bf16[2i+1] * b.bf16[2i+1], then += a.bf16[2i] * b.bf16[2i],
+// each step as bf16_dot_semantics::dot_step (measured bit-exact).
+inline __m512 _mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
+  using bf16_dot_semantics::dot_step;
+  return per_lane([&](int i) {
+    return dot_step(dot_step(src.f32[i], a.u16[2 * i + 1], b.u16[2 * i + 1]), a.u16[2 * i], b.u16[2 * i]);
+  });
 }
 
 }  // namespace tileattn::avx512_emulation

@@ -19,3 +19,18 @@ set_source_files_properties(${isa_native_avx512_few_rows} PROPERTIES COMPILE_OPT
 # library, which isa_tests does not link: hence the explicit dependency).
 target_compile_definitions(isa_tests PRIVATE TILEATTN_LIBRARY_FILE="$<TARGET_FILE:tileattn>")
 add_dependencies(isa_tests tileattn)
+
+# The bf16 product rungs (avx512bf16, amx) on the AVX-512 emulation and the
+# AMX tile model: their kernels and the forward main loop on them, compiled
+# once, without <immintrin.h>.
+target_sources(isa_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_kernel_sets.cpp
+                                 ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_forward.cpp)
+
+# The same kernels and one vdpbf16ps / tdpbf16ps natively, for the tests that
+# compare the models with the hardware: the AMX flags where the compiler has
+# them (as for the library); stubs otherwise (native_bf16_compiled()).
+set(isa_native_bf16 ${CMAKE_CURRENT_LIST_DIR}/native_bf16_kernels.cpp)
+target_sources(isa_tests PRIVATE ${isa_native_bf16})
+if(TILEATTN_HAVE_AMX_FLAGS)
+  set_source_files_properties(${isa_native_bf16} PROPERTIES COMPILE_OPTIONS "${TILEATTN_AMX_FLAGS}")
+endif()

@@ -1,0 +1,57 @@
+// The bf16 product kernels (Bf16Packing and bf16_gemm of bf16_kernels.hpp and
+// amx_kernels.hpp) behind plain function pointers, so that one test can run
+// each of them: emulated (emulated_bf16_kernel_sets.cpp, every machine) and
+// native (native_bf16_kernels.cpp, compiled with the AMX flags where the
+// compiler has them; runs only where the CPU has the instructions).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tileattn::testing {
+
+struct Bf16KernelSet {
+  std::string name;  // "emulated_dot", "native_amx", ...
+  bool amx = false;  // AmxKernels (k a multiple of 32), else Bf16DotKernels
+  void (*copy_row)(const void* src, int64_t d, int64_t stride, uint16_t* dst, int64_t k) = nullptr;
+  void (*pack_k)(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
+                 int64_t k) = nullptr;
+  void (*pack_v)(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
+                 int64_t kv_pad) = nullptr;
+  void (*split_rows)(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
+                     uint16_t* lo, int64_t ld) = nullptr;
+  // bf16_begin(); bf16_gemm(...); bf16_end(), as one work item runs them.
+  void (*gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+               const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) = nullptr;
+};
+
+Bf16KernelSet emulated_dot_kernels();
+Bf16KernelSet emulated_amx_kernels();
+
+// Whether native_bf16_kernels.cpp was compiled with the instructions (the
+// compiler knows -mavx512bf16 -mamx-tile -mamx-bf16); if not, the native_*
+// functions below must not be called.
+bool native_bf16_compiled();
+Bf16KernelSet native_dot_kernels();
+Bf16KernelSet native_amx_kernels();
+
+// One vdpbf16ps: out[16] = _mm512_dpbf16_ps(acc[16], a[32], b[32]), natively
+// and on the emulation.
+void native_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, float* out);
+void emulated_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, float* out);
+
+// One tdpbf16ps on tiles configured as C (m rows x n fp32), A (m rows x
+// k_pairs pairs), B (k_pairs rows x n pairs), loaded from c/a/b (row strides
+// in bytes), C stored back to c. Needs AMX permission (amx_bf16_usable()).
+struct TileProduct {
+  int m = 16, n = 16, k_pairs = 16;
+  float* c = nullptr;
+  const uint16_t* a = nullptr;
+  const uint16_t* b = nullptr;
+  int64_t c_stride = 64, a_stride = 64, b_stride = 64;
+};
+void native_tile_dpbf16ps(const TileProduct& t);
+void emulated_tile_dpbf16ps(const TileProduct& t);
+
+}  // namespace tileattn::testing

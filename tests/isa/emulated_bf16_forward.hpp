@@ -1,0 +1,19 @@
+// attention_forward on the emulated bf16 product rungs: the forward main loop
+// instantiated with Bf16DotKernels (Isa::avx512bf16) and AmxKernels
+// (Isa::amx) compiled against the AVX-512 emulation and the AMX tile model
+// (emulated_bf16_kernels.hpp), planned exactly as attention_forward plans a
+// call on that Isa (for bf16 inputs: Problem::product = bf16_dot). Defined in
+// emulated_bf16_forward.cpp, so the main loop is compiled once for the tests.
+#pragma once
+
+#include "tileattn/attention.hpp"
+
+namespace tileattn::testing {
+
+// Validates and runs `args` (its isa is ignored) as `isa` (Isa::avx512bf16 or
+// Isa::amx) would. Returns false, having run nothing, when the plan takes the
+// few-rows (decode) path and this CPU cannot run those products natively (no
+// AVX2/FMA/F16C): the caller then skips.
+[[nodiscard]] bool emulated_bf16_forward(const ForwardArgs& args, Isa isa);
+
+}  // namespace tileattn::testing
