@@ -364,6 +364,33 @@ inline __m512bh as_bf16_pairs(__m512i v) {
   std::memcpy(&r, &v, sizeof r);
   return r;
 }
+// ... and back, for the split of P (bf16_split_rows).
+inline __m512i bf16_bits(__m512bh v) {
+  __m512i r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
+}
+// VCVTNE2PS2BF16: words 0-15 from b, 16-31 from a, each
+// bf16_dot_semantics::round_to_bf16 (measured bit-exact).
+inline __m512bh _mm512_cvtne2ps_pbh(__m512 a, __m512 b) {
+  __m512bh r;
+  for (int i = 0; i < 16; ++i) {
+    r.u16[i] = bf16_dot_semantics::round_to_bf16(b.f32[i]);
+    r.u16[16 + i] = bf16_dot_semantics::round_to_bf16(a.f32[i]);
+  }
+  return r;
+}
+// The low 256 bits, and the 256-bit half `imm` (0 or 1), as 16 words.
+inline __m256i _mm512_castsi512_si256(__m512i a) {
+  __m256i r;
+  std::memcpy(&r, &a, sizeof r);
+  return r;
+}
+inline __m256i _mm512_extracti64x4_epi64(__m512i a, int imm) {
+  __m256i r;
+  std::memcpy(&r, reinterpret_cast<const char*>(&a) + (imm & 1) * 32, sizeof r);
+  return r;
+}
 // VDPBF16PS: lane i += a.bf16[2i+1] * b.bf16[2i+1], then += a.bf16[2i] * b.bf16[2i],
 // each step as bf16_dot_semantics::dot_step (measured bit-exact).
 inline __m512 _mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {

@@ -141,5 +141,38 @@ TEST(Bf16DotModel, MatchesVdpbf16psOnRandomLanes) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// vcvtne2ps2bf16 (the split of P into hi + lo): the model against the
+// instruction on random floats of every class (normal, halfway and
+// near-halfway mantissas, denormals, zeros, infinities, quiet and signalling
+// NaNs, values that round up to infinity).
+TEST(Bf16ConvertModel, MatchesVcvtne2ps2bf16OnRandomFloats) {
+  TILEATTN_REQUIRE_NATIVE(Isa::avx512bf16);
+  std::mt19937 rng(7);
+  auto random_float = [&]() {
+    const uint32_t sign = (rng() & 1) << 31, mantissa = rng() & 0x7fffff;
+    switch (rng() % 6) {
+      case 0: return from_bits(sign | (uint32_t(1 + rng() % 254) << 23) | mantissa);
+      case 1: return from_bits(sign | (uint32_t(1 + rng() % 254) << 23) | (mantissa & ~0xffffu) | 0x8000u);
+      case 2: return from_bits(sign | (uint32_t(1 + rng() % 254) << 23) | (mantissa & ~0xffffu) | 0x7fffu | (rng() & 0x10000u));
+      case 3: return from_bits(sign | mantissa);                  // denormals and zeros
+      case 4: return from_bits(sign | 0x7f800000u | (rng() % 3 == 0 ? 0 : mantissa));  // inf, NaNs
+      default: return from_bits(sign | 0x7f7f0000u | (rng() & 0xffffu));  // near FLT_MAX
+    }
+  };
+  int64_t mismatches = 0;
+  for (int v = 0; v < 100000; ++v) {
+    float a[16], b[16];
+    uint16_t native[32], emulated[32];
+    for (int i = 0; i < 16; ++i) a[i] = random_float(), b[i] = random_float();
+    native_cvtne2ps_pbh(a, b, native);
+    emulated_cvtne2ps_pbh(a, b, emulated);
+    for (int i = 0; i < 32; ++i)
+      if (native[i] != emulated[i] && ++mismatches <= 10)
+        ADD_FAILURE() << std::hex << "0x" << bits(i < 16 ? b[i] : a[i - 16]) << ": hardware 0x" << native[i]
+                      << ", model 0x" << emulated[i];
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 }  // namespace
 }  // namespace tileattn::testing

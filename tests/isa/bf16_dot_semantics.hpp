@@ -101,4 +101,16 @@ inline float add_step(float a, float b) {
   return round_sum(denormals_as_zero(a), denormals_as_zero(b));
 }
 
+// VCVTNE2PS2BF16, one element (Intel's convert_fp32_to_bfloat16): a NaN
+// keeps its sign and upper payload bits, quieted; a denormal reads as a
+// zero of its sign (DAZ); anything else rounds to nearest even (overflowing
+// to infinity). No MXCSR. Checked against the instruction by
+// bf16_dot_model_test.cpp (Bf16ConvertModel).
+inline uint16_t round_to_bf16(float x) {
+  const uint32_t u = bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+  if ((u & 0x7f800000u) == 0) return uint16_t((u >> 16) & 0x8000u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 }  // namespace tileattn::bf16_dot_semantics

@@ -40,6 +40,9 @@ Bf16KernelSet native_amx_kernels();
 // and on the emulation.
 void native_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, float* out);
 void emulated_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, float* out);
+// One vcvtne2ps2bf16: out[32] = _mm512_cvtne2ps_pbh(a[16], b[16]) (b's words first).
+void native_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out);
+void emulated_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out);
 
 // One tdpbf16ps on tiles configured as C (m rows x n fp32), A (m rows x
 // k_pairs pairs), B (k_pairs rows x n pairs), loaded from c/a/b (row strides

@@ -19,6 +19,12 @@ void emulated_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, 
   _mm512_storeu_ps(out, _mm512_dpbf16_ps(_mm512_loadu_ps(acc), va, vb));
 }
 
+void emulated_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out) {
+  using namespace emulated;
+  const __m512i r = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(a), _mm512_loadu_ps(b)));
+  std::memcpy(out, &r, 64);
+}
+
 void emulated_tile_dpbf16ps(const TileProduct& t) {
   using namespace emulated;
   const TileProductConfig config(t);

@@ -26,6 +26,10 @@ void native_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, fl
   _mm512_storeu_ps(out, _mm512_dpbf16_ps(_mm512_loadu_ps(acc), va, vb));
 }
 
+void native_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out) {
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(a), _mm512_loadu_ps(b)));
+}
+
 void native_tile_dpbf16ps(const TileProduct& t) {
   const TileProductConfig config(t);
   _tile_loadconfig(config.bytes);
@@ -48,6 +52,7 @@ bool native_bf16_compiled() { return false; }
 Bf16KernelSet native_dot_kernels() { std::abort(); }
 Bf16KernelSet native_amx_kernels() { std::abort(); }
 void native_dpbf16_ps(const float*, const uint16_t*, const uint16_t*, float*) { std::abort(); }
+void native_cvtne2ps_pbh(const float*, const float*, uint16_t*) { std::abort(); }
 void native_tile_dpbf16ps(const TileProduct&) { std::abort(); }
 }  // namespace tileattn::testing
 
