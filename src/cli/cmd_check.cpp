@@ -20,7 +20,7 @@ namespace tileattn::cli {
 namespace {
 
 const char* const kHelp =
-    "usage: tileattn check [--isa all|auto|generic|avx2|avx512] [--perturb R] [--json]\n"
+    "usage: tileattn check [--isa all|auto|generic|avx2|avx512|avx512bf16|amx] [--perturb R] [--json]\n"
     "Accuracy self-test: a grid of shapes, masks, layouts and dtypes, each compared with a\n"
     "float64 reference; a case passes when the error of each output row is at most 2 x the\n"
     "error of a naive same-precision implementation plus a floor proportional to the\n"
@@ -55,7 +55,7 @@ std::vector<testing::Case> check_cases() {
 std::vector<Isa> isas_to_check(const std::string& choice) {
   if (choice == "all") {
     std::vector<Isa> out;
-    for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512})
+    for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
       if (isa_available(isa)) out.push_back(isa);
     return out;
   }
@@ -63,7 +63,7 @@ std::vector<Isa> isas_to_check(const std::string& choice) {
   try {
     isa = parse_isa(choice);
   } catch (const Error&) {  // its message lists the library's names, not "all"
-    throw UsageError("--isa: expected all, auto, generic, avx2 or avx512, got '" + choice + "'");
+    throw UsageError("--isa: expected all, auto, generic, avx2, avx512, avx512bf16 or amx, got '" + choice + "'");
   }
   if (isa == Isa::reference) throw UsageError("--isa: reference is what the paths are checked against");
   return {resolve_isa(isa)};

@@ -244,7 +244,7 @@ TEST(cliCheck, UnknownIsaListsEveryChoice) {
   const Result r = run_cli("check --isa bogus", dir);
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
-  EXPECT_NE(r.err.find("--isa: expected all, auto, generic, avx2 or avx512, got 'bogus'"), std::string::npos)
+  EXPECT_NE(r.err.find("--isa: expected all, auto, generic, avx2, avx512, avx512bf16 or amx, got 'bogus'"), std::string::npos)
       << r.err;
 }
 
