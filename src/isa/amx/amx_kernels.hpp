@@ -11,6 +11,7 @@
 // whose pair rows are 64 bytes: a B tile is 16 consecutive pair rows.
 #pragma once
 
+#include "isa/amx/tile_config.hpp"
 #include "isa/avx512bf16/bf16_kernels.hpp"
 
 #ifndef TILEATTN_AMX_EMULATION
@@ -20,27 +21,6 @@
 #endif
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
-
-// The tile configuration (palette 1) _tile_loadconfig reads: 64 bytes.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-static inline const AmxTileConfig& amx_tile_config() {
-  static const AmxTileConfig config = [] {
-    AmxTileConfig c;
-    for (int t = 0; t < 8; ++t) {
-      c.bytes_per_row[t] = 64;
-      c.rows[t] = 16;
-    }
-    return c;
-  }();
-  return config;
-}
 
 // C tiles (RT x CT of 16 x 16 at c, row stride ldc_bytes) (+)= A (RT row
 // tiles) B (CT column panels) over k (a multiple of 32) [+ A_lo B].

@@ -2,10 +2,10 @@
 // tdpbf16ps from a 16x32 bf16 A tile and a 16x32 (VNNI) bf16 B tile, i.e.
 // 16*16*32 multiply-adds per instruction. Only called when cpu_features()
 // reports AMX-BF16 and the OS granted this process the tile data state
-// (request_amx_permission). tileattn's kernels do not use AMX yet: this is
-// the yardstick `tileattn info` prints next to the FMA peak, and the
-// permission request the AMX path will need. Compiled with -mamx-tile
-// -mamx-bf16 only (CMakeLists.txt), like every src/isa/<isa>/ file.
+// (request_amx_permission, which the amx rung needs too): the yardstick
+// `tileattn info` prints next to the FMA peak (amx_bf16_peak_gflops).
+// Compiled with the amx rung's flags (CMakeLists.txt), like every
+// src/isa/<isa>/ file.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "core/peak_kernels.hpp"
+#include "isa/amx/tile_config.hpp"
 
 namespace tileattn::detail {
 
@@ -22,15 +23,6 @@ namespace {
 
 constexpr int kArchReqXcompPerm = 0x1023;  // arch_prctl: ask for an XSAVE feature (Linux >= 5.16)
 constexpr int kXfeatureTileData = 18;      // XTILEDATA
-
-// The tile configuration (palette 1) that _tile_loadconfig reads: 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
 
 }  // namespace
 
@@ -45,12 +37,7 @@ bool request_amx_permission() {
 
 double amx_bf16_loop(int64_t iterations, float* sink) {
   if (iterations <= 0 || !request_amx_permission()) return 0;
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {  // tiles 0-3: C (16 x 16 fp32), 4-5: A, 6-7: B (16 x 32 bf16)
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&amx_tile_config());  // tiles 0-3: C (16 x 16 fp32), 4-5: A, 6-7: B (16 x 32 bf16)
   // bf16 1.0 and 2^-10: every sum stays exact and far from overflow.
   alignas(64) uint16_t a[16 * 32], b[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) a[i] = 0x3f80, b[i] = 0x3a80;
