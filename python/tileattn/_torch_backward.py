@@ -62,9 +62,15 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
             else:
                 s = s + mask[:, :, r].float()
         s = s.masked_fill(~visible_keys(nq, nk, causal, window_left, window_right, rows), float("-inf"))
-        row_lse = lse[:, :, r].unsqueeze(-1)
-        # Rows that see no key have lse = -inf and no weights (the forward wrote zeros).
-        p = torch.where(torch.isfinite(row_lse), torch.exp(s - row_lse), torch.zeros((), dtype=s.dtype))
+        # P as the softmax of these scores, not exp(s - lse): the kernel's lse of a
+        # row biased by finfo(float32).min is clamped at -FLT_MAX * ln 2 (log2
+        # units, docs/accuracy.md) while s here is -3.4e38, and exp(s - lse)
+        # was 0 there. Rows that see no key (max -inf) have no weights (the
+        # forward wrote zeros).
+        row_max = s.amax(-1, keepdim=True)
+        seen = torch.isfinite(row_max)
+        e = torch.exp(s - torch.where(seen, row_max, torch.zeros((), dtype=s.dtype)))
+        p = torch.where(seen, e / e.sum(-1, keepdim=True), torch.zeros((), dtype=s.dtype))
         dv += torch.matmul(p.transpose(-1, -2), do[:, :, r])
         dp = torch.matmul(do[:, :, r], vf.transpose(-1, -2))
         ds = p * (dp - delta[:, :, r].unsqueeze(-1) + dlse[:, :, r].unsqueeze(-1))

@@ -349,6 +349,12 @@ inline __m512i _mm512_add_epi32(__m512i a, __m512i b) {
 inline __m512i _mm512_and_si512(__m512i a, __m512i b) {
   return per_lane_epi32([&](int i) { return a.i32[i] & b.i32[i]; });
 }
+inline __m512i _mm512_or_si512(__m512i a, __m512i b) {
+  return per_lane_epi32([&](int i) { return a.i32[i] | b.i32[i]; });
+}
+inline __m512i _mm512_mask_mov_epi32(__m512i src, __mmask16 k, __m512i a) {
+  return per_lane_epi32([&](int i) { return (k >> i) & 1 ? a.i32[i] : src.i32[i]; });
+}
 inline __m512i _mm512_srli_epi32(__m512i a, unsigned int count) {
   return per_lane_epi32([&](int i) { return count > 31 ? 0 : int32_t(uint32_t(a.i32[i]) >> count); });
 }

@@ -92,17 +92,11 @@ CASES = {
 }
 
 
-# A loss through lse takes python/tileattn/_torch_backward.py's PyTorch math, which forms
-# P = exp(s - lse) from its own fp32 scores (-3.4e38 at a finfo(float32).min bias) and the
-# kernel's lse, clamped at -2.36e38 (docs/accuracy.md): P = 0 there, so that row's dQ comes out 0
-# and dK, dV miss it. Known bug, left to the package's owners.
-LSE_PADDING_BUG = pytest.mark.xfail(strict=True, reason="_torch_backward.py: P = exp(s - lse) is 0 in a "
-                                    "finfo(float32).min row (kernel's lse clamped at -2.36e38)")
-
-
+# A loss through lse takes python/tileattn/_torch_backward.py's PyTorch math; its P is the
+# softmax of its own scores (exp(s - lse) with the kernel's lse, clamped at -2.36e38, was 0 in a
+# finfo(float32).min row: the padding_rows cases with lse check that it no longer is).
 def param(dtype, case, layout, with_lse):
-    marks = [LSE_PADDING_BUG] if with_lse and case == "padding_rows" else []
-    return pytest.param(dtype, case, layout, with_lse, marks=marks)
+    return pytest.param(dtype, case, layout, with_lse)
 
 
 # Every mask case in every dtype; layouts and gradients through lse in float32.

@@ -305,10 +305,21 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
     for (; j < n_pad; ++j) dst[j / 16 * panel + j % 16] = 0.0f;
   }
 
+  // bf16 nearest-even of 16 floats, bitwise float_to_bf16 (core/half.hpp):
+  // a NaN keeps its upper bits, quieted.
+  static inline __m256i round_to_bf16(__m512 value) {
+    const __m512i x = _mm512_castps_si512(value);
+    const __m512i upper = _mm512_srli_epi32(x, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(upper, _mm512_set1_epi32(1)));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(x, bias), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(upper, _mm512_set1_epi32(0x40))));
+  }
+
   static void store_row(const float* src, float scale, int64_t n, DType dtype, void* dst,
                         int64_t stride) {
     int64_t j = 0;
-    if (stride == 1 && dtype != DType::bf16) {
+    if (stride == 1) {
       const __m512 s = _mm512_set1_ps(scale);
       for (; j < n; j += 16) {
         const __mmask16 mask = tail_mask(n - j);
@@ -316,7 +327,9 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
         if (dtype == DType::f32) {
           _mm512_mask_storeu_ps(static_cast<float*>(dst) + j, mask, value);
         } else {
-          const __m256i half = _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          const __m256i half = dtype == DType::f16
+                                   ? _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                                   : round_to_bf16(value);
           _mm256_mask_storeu_epi16(static_cast<uint16_t*>(dst) + j, mask, half);
         }
       }
