@@ -39,7 +39,9 @@ const char* const kHelp =
     "                      [--reps R] [--peak-gflops G] [--json]\n"
     "Defaults: B=1 H=8 HKV=H N=M=1024 D=128 fp32, every hardware thread, R=5.\n"
     "Reports ms (median of R after a warm-up), gflops (4*D flops per visible (query, key)\n"
-    "pair), fraction_of_peak (of the FMA peak measured now with the same threads),\n"
+    "pair), fraction_of_peak (of the FMA peak measured now with the same threads;\n"
+    "bf16 inputs on the amx / avx512bf16 rungs also give bf16_peak_gflops and\n"
+    "fraction_of_bf16_peak, of the AMX or vdpbf16ps peak),\n"
     "peak_rss_mb (before the baseline runs), and for the naive OpenBLAS baseline (S = Q K^T\n"
     "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n"
     "--backward times attention_backward instead (10*D flops per visible pair; the baseline\n"
@@ -251,7 +253,18 @@ int cmd_bench(int argc, char** argv) {
     rep.number("gflops", gflops);
     rep.number("peak_gflops", peak);
     rep.number("fraction_of_peak", gflops / peak);
-    if (gflops > peak)
+    // bf16 inputs on a bf16 rung multiply on the matrix hardware (forward and
+    // backward; decode keeps the FMA products): the yardstick of that unit too.
+    double unit_peak = peak;
+    if (dtype == DType::bf16 && !decode && (isa == Isa::amx || isa == Isa::avx512bf16)) {
+      unit_peak = isa == Isa::amx ? measure_amx_bf16_peak_gflops(threads) : measure_bf16_dot_peak_gflops(threads);
+      rep.number("bf16_peak_gflops", unit_peak);
+      rep.number("fraction_of_bf16_peak", gflops / unit_peak);
+    } else {
+      rep.null("bf16_peak_gflops");
+      rep.null("fraction_of_bf16_peak");
+    }
+    if (gflops > std::max(peak, unit_peak))
       std::fprintf(stderr,
                    "tileattn: warning: %.1f GFLOP/s is above the peak %.1f GFLOP/s (%.1f before the run): "
                    "the machine's load changed while measuring; fraction_of_peak is not meaningful\n",

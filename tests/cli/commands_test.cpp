@@ -157,6 +157,29 @@ TEST(cliBench, JsonHasEveryDesignField) {
   EXPECT_GT(j.get("peak_rss_mb")->num, 0);
 }
 
+// bf16 inputs on a bf16 rung also report the matrix unit's peak and the
+// fraction of it; other paths give null there.
+TEST(cliBench, Bf16RungsReportTheirUnitsPeak) {
+  TempDir dir;
+  for (const char* dtype : {"bf16", "fp32"}) {
+    const Result r = run_cli(std::string("bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --json "
+                                         "--dtype ") + dtype, dir);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json j = parse_or_fail(r.out);
+    const std::string isa = j.get("isa")->str;
+    const bool bf16_rung = (isa == "amx" || isa == "avx512bf16") && std::string(dtype) == "bf16";
+    ASSERT_NE(j.get("bf16_peak_gflops"), nullptr);
+    ASSERT_NE(j.get("fraction_of_bf16_peak"), nullptr);
+    if (bf16_rung) {
+      ASSERT_EQ(j.get("bf16_peak_gflops")->type, Json::number) << isa;
+      EXPECT_GT(j.get("bf16_peak_gflops")->num, 0);
+      EXPECT_NEAR(j.get("fraction_of_bf16_peak")->num, j.get("gflops")->num / j.get("bf16_peak_gflops")->num, 1e-6);
+    } else {
+      EXPECT_EQ(j.get("bf16_peak_gflops")->type, Json::null) << isa << " " << dtype;
+    }
+  }
+}
+
 TEST(cliBench, NoBaselineStaysWithinInputsPlusOutputs) {
   TempDir dir;
   // q, k, v, o: 4 x 8 heads x 2048 x 128 x 4 bytes = 32 MiB.
