@@ -82,7 +82,9 @@ def main():
                      median([r.get("fraction_of_peak") for r in runs]),
                      median([r.get("speedup_vs_baseline") for r in runs]),
                      median([r.get("peak_rss_mb") for r in runs]),
-                     runs[0].get("baseline_core")))
+                     runs[0].get("baseline_core"),
+                     median([r.get("fraction_of_bf16_peak") for r in runs]),
+                     runs[0].get("isa")))
     fp32 = median([r.get("gflops") for r in results[CONFIGS[0][0]]])
     one = median([r.get("gflops") for r in results["fp32 D=128, 1 thread"]])
     lines = [
@@ -95,8 +97,11 @@ def main():
         "| configuration | ms | GFLOP/s | of FMA peak | vs naive OpenBLAS | peak RSS MB |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for label, ms, gf, frac, speedup, rss, core in rows:
-        lines.append(f"| {label} | {fmt(ms, '.1f')} | {fmt(gf, '.1f')} | {fmt(frac and frac * 100, '.0f')}% | "
+    for label, ms, gf, frac, speedup, rss, core, bf16_frac, isa in rows:
+        # bf16 inputs on the amx / avx512bf16 rungs multiply on another unit: its peak too.
+        unit = f" ({fmt(bf16_frac * 100, '.0f')}% of the {'AMX' if isa == 'amx' else 'vdpbf16ps'} peak)" \
+            if bf16_frac is not None else ""
+        lines.append(f"| {label} | {fmt(ms, '.1f')} | {fmt(gf, '.1f')} | {fmt(frac and frac * 100, '.0f')}%{unit} | "
                      f"{fmt(speedup, '.2f')}{'x' if speedup is not None else ''} | {fmt(rss, '.0f')} |")
     lines.append("")
     for label in ("fp16 inputs, D=128", "bf16 inputs, D=128"):
