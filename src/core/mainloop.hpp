@@ -110,8 +110,8 @@ class Bf16Operands {
         q_tile_(reinterpret_cast<uint16_t*>(scratch + l.q_tile)),
         k_tile_(reinterpret_cast<uint16_t*>(scratch + l.k_tile)),
         v_tile_(reinterpret_cast<uint16_t*>(scratch + l.v_tile)),
-        p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_tile)),
-        p_lo_(p_hi_ + (score_tile_rows(p) + 16) * l.bf16_kv_pad) {}
+        p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_hi)),
+        p_lo_(reinterpret_cast<uint16_t*>(scratch + l.p_lo)) {}
 
   void begin_item() { K::bf16_begin(); }
   void end_item() { K::bf16_end(); }

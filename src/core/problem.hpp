@@ -170,7 +170,8 @@ struct ForwardScratchLayout {
   int64_t v_tile = 0;         // fp32: V (kv_pad, D_pad) panel-major; bf16_dot: V pairs
                               // (D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)) bf16
   int64_t s_tile = 0;         // (stacked rows, kv_pad) fp32: scores, then P
-  int64_t p_tile = 0;         // bf16_dot: P as bf16 hi and lo, 2 x (stacked rows + 16, bf16_kv_pad)
+  int64_t p_hi = 0;           // bf16_dot: P as bf16 hi, (stacked rows + 16, bf16_kv_pad)
+  int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape
   int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)
   int64_t total = 0;          // floats in all
 };

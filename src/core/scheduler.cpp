@@ -77,7 +77,8 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   l.k_tile = take(bf16 ? bf16_floats(l.kv_pad * l.bf16_k) : dp * l.kv_pad);
   l.v_tile = take(bf16 ? bf16_floats(l.bf16_kv_pad * dp) : l.kv_pad * dp);
   l.s_tile = take(score_tile_rows(p) * l.kv_pad);
-  l.p_tile = take(bf16 ? bf16_floats(2 * (score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
+  l.p_hi = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
+  l.p_lo = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));
   return l;
 }
