@@ -3,6 +3,7 @@
 // strides, varlen, 16-bit inputs and dropout; 1 and 2 threads agree bit for bit.
 #include <tuple>
 
+#include "support/thread_census.hpp"
 #include "backward_support.hpp"
 #include "testing/case_table.hpp"
 
@@ -110,7 +111,10 @@ TEST_P(BackwardCases, MatchesFloat64ReferenceAndIsThreadCountIndependent) {
   one.args.forward.threads = 1;
   two.args.forward.threads = 2;
   attention_backward(one.args);
-  attention_backward(two.args);
+  // Both threads run work items (the thread pool's test hook): without it a
+  // helper that wakes late may find every item taken.
+  const detail::ThreadCensus census = run_on_every_thread([&] { attention_backward(two.args); });
+  expect_threads_took_part(census, 2, bc.name());
   expect_gradients_match_reference(one, bc.name() + " on " + isa_name(isa));
   const DType dt = bc.c.dtype;
   EXPECT_EQ(std::memcmp(one.dq.data(dt), two.dq.data(dt), one.dq.bytes(dt)), 0) << "dQ: 1 vs 2 threads";
