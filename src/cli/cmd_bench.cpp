@@ -256,7 +256,7 @@ int cmd_bench(int argc, char** argv) {
     // bf16 inputs on a bf16 rung multiply on the matrix hardware (forward and
     // backward; decode keeps the FMA products): the yardstick of that unit too.
     double unit_peak = peak;
-    if (dtype == DType::bf16 && !decode && (isa == Isa::amx || isa == Isa::avx512bf16)) {
+    if (!decode && detail::tile_product(isa, dtype) == detail::TileProduct::bf16_dot) {
       unit_peak = isa == Isa::amx ? measure_amx_bf16_peak_gflops(threads) : measure_bf16_dot_peak_gflops(threads);
       rep.number("bf16_peak_gflops", unit_peak);
       rep.number("fraction_of_bf16_peak", gflops / unit_peak);

@@ -146,7 +146,7 @@ Isa bf16_isa() { return resolve_isa(Isa::automatic); }
 
 Isa kernel_isa(Isa isa, DType dtype) {
   const bool bf16_rung = isa == Isa::amx || isa == Isa::avx512bf16;
-  return bf16_rung && dtype != DType::bf16 ? Isa::avx512 : isa;
+  return bf16_rung && dtype != DType::bf16 ? Isa::avx512 : isa;  // detail::tile_product's rule
 }
 
 Isa resolve_isa(Isa requested) {

@@ -41,7 +41,7 @@ int effective_threads(int requested) {
 
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   Problem p = describe(args);
-  if ((isa == Isa::amx || isa == Isa::avx512bf16) && args.dtype == DType::bf16) p.product = TileProduct::bf16_dot;
+  p.product = tile_product(isa, args.dtype);
   TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
   p.block_kv = args.block_kv > 0 ? args.block_kv : tiles.block_kv;

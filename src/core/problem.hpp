@@ -30,6 +30,13 @@ enum class TileProduct { fp32_fma, bf16_dot };
 
 constexpr int64_t kBf16PairBlock = 32;  // bf16 reduction dims pad to this (one AMX tile row)
 
+// The packed products a call of `dtype` inputs on `isa` takes: bf16 dot
+// products for bf16 inputs on the bf16 rungs, FP32 FMAs otherwise.
+static inline TileProduct tile_product(Isa isa, DType dtype) {
+  const bool bf16_rung = isa == Isa::amx || isa == Isa::avx512bf16;
+  return bf16_rung && dtype == DType::bf16 ? TileProduct::bf16_dot : TileProduct::fp32_fma;
+}
+
 struct Problem {
   ForwardArgs args;
   TileProduct product = TileProduct::fp32_fma;

@@ -253,8 +253,7 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   const int hw = detail::hardware_threads();
   const int threads = args.forward.threads <= 0 || args.forward.threads > hw ? hw : args.forward.threads;
   detail::BackwardProblem p = detail::plan_backward(args);
-  if ((isa == Isa::amx || isa == Isa::avx512bf16) && args.forward.dtype == DType::bf16)
-    p.fwd.product = detail::TileProduct::bf16_dot;  // before any scratch is sized
+  p.fwd.product = detail::tile_product(isa, args.forward.dtype);  // before any scratch is sized
   const AttentionShape& s = args.forward.shape;
   if (s.batch == 0) return;
 
