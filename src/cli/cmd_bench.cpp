@@ -15,6 +15,7 @@
 #include "cli/openblas.hpp"
 #include "cli/report.hpp"
 #include "cli/sweep.hpp"
+#include "core/problem.hpp"
 #include "cli/timing.hpp"
 #include "core/band.hpp"
 #include "core/thread_pool.hpp"
