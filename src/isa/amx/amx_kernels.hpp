@@ -93,12 +93,11 @@ static inline void amx_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, 
   alignas(64) float block[16 * 16];
   for (int64_t j = 0; j < n; j += 16) {
     for (int64_t r = 0; r < 16; ++r)
-      for (int64_t col = 0; col < 16; ++col)
-        block[r * 16 + col] = accumulate && r < rows ? c[(i + r) * ldc + j + col] : 0.0f;
+      _mm512_store_ps(block + r * 16, accumulate && r < rows ? _mm512_loadu_ps(c + (i + r) * ldc + j)
+                                                             : _mm512_setzero_ps());
     amx_block<1, 1, kLo>(k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b + j / 16 * b_panel, b_panel, block,
                          16, accumulate);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t col = 0; col < 16; ++col) c[(i + r) * ldc + j + col] = block[r * 16 + col];
+    for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(c + (i + r) * ldc + j, _mm512_load_ps(block + r * 16));
   }
 }
 
