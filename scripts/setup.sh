@@ -30,7 +30,8 @@ fi
 # Python packages (PyPI), into .venv.
 PIP_PACKAGES=(numpy pytest nanobind scikit-build-core safetensors
               matplotlib onnx onnxruntime  # bench/report.py plots (~100 MB installed); ONNX Runtime peer of the benchmarks (~115 MB)
-              "openvino~=2026.4.0")  # OpenVINO SDPA peer (bench/sweep_peers.py, bench/compare_bf16.py), ~180 MB installed (+0.3 MB openvino-telemetry)
+              "openvino~=2026.4.0"  # OpenVINO SDPA peer (bench/sweep_peers.py, bench/compare_bf16.py), ~180 MB installed (+0.3 MB openvino-telemetry)
+              "transformers>=5.0")  # tileattn.transformers and its tests (~145 MB with tokenizers); tested with 5.24
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

@@ -41,6 +41,9 @@ def info():
 
 
 def __getattr__(name):
+    if name == "transformers":  # the Hugging Face integration, imported on first use
+        import importlib
+        return importlib.import_module(".transformers", __name__)
     module = _TORCH_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'tileattn' has no attribute {name!r}")

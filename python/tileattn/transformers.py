@@ -1,0 +1,77 @@
+"""Hugging Face transformers integration: ``attn_implementation="tileattn"``.
+
+    import tileattn
+    tileattn.transformers.register()          # returns "tileattn"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="tileattn")
+
+``register()`` adds two entries under the name "tileattn": the attention function
+(transformers' ``AttentionInterface``) and the mask builder (``AttentionMaskInterface``).
+Both are needed: a model whose mask builder is unknown gets ``attention_mask=None``, and
+left padding would be silently ignored. The masks are transformers' own SDPA masks
+(boolean, True = keep, ``[B, 1, q, kv]``), which tileattn reads in place (stride 0 over
+heads). transformers is imported here only, when this module is.
+
+Semantics, as transformers' "sdpa" implementation has them:
+  - no mask and more than one query: causal, aligned TOP-LEFT (transformers passes no mask
+    only when the queries and keys line up, or for one query); tileattn aligns causal masks
+    bottom-right, so keys past the last query's position are dropped first (same result);
+  - no mask and one query: every key;
+  - a boolean or additive mask: used as given (a row with no visible key gives zeros);
+  - ``scaling`` is the softmax scale, ``dropout`` applies in training;
+  - GQA/MQA: tileattn reads the shared K/V heads directly (no repeat);
+  - the output is ``[B, q, H, D]``, the layout the models' output projections read.
+Features tileattn does not have yet (logit soft-capping, attention sinks, output of the
+attention weights) raise ``NotImplementedError`` naming the feature, never a silent fallback.
+"""
+import inspect
+
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import sdpa_mask
+
+from ._forward import flash_attention
+
+NAME = "tileattn"
+_FLASH_ATTENTION_ARGS = set(inspect.signature(flash_attention).parameters)
+
+
+def _not_supported(feature):
+    return NotImplementedError(f"tileattn: {feature} is not supported by attn_implementation='tileattn' yet")
+
+
+def tileattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                               is_causal=None, softcap=None, s_aux=None, sinks=None, **kwargs):
+    """transformers' attention-function signature: query ``[B, H, q, D]``, key/value
+    ``[B, Hkv, kv, D]``; returns ``(output [B, q, H, D], None)``."""
+    if kwargs.get("output_attentions", False):
+        raise _not_supported("output_attentions")
+    if s_aux is not None or sinks is not None:
+        raise _not_supported("attention sinks")
+    extra = {}
+    if softcap is not None and softcap != 0:
+        if "softcap" not in _FLASH_ATTENTION_ARGS:
+            raise _not_supported("softcap")
+        extra["softcap"] = float(softcap)
+    if kwargs.get("position_bias") is not None:
+        raise _not_supported("position_bias")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = False
+    if attention_mask is None:
+        causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        if causal and kv_len > q_len:  # top-left causal: the keys after the last query's position are never seen
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+    elif attention_mask.dim() == 4 and attention_mask.shape[-1] > kv_len:
+        attention_mask = attention_mask[..., :kv_len]  # as transformers' sdpa: a mask may be wider
+    output = flash_attention(query, key, value, attn_mask=attention_mask,
+                             dropout_p=dropout if module.training else 0.0, softmax_scale=scaling,
+                             is_causal=causal, **extra)
+    return output.transpose(1, 2), None
+
+
+def register():
+    """Registers "tileattn" with transformers' attention and mask interfaces; returns "tileattn"."""
+    AttentionInterface.register(NAME, tileattn_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
+
+
+__all__ = ["register", "tileattn_attention_forward", "NAME"]

@@ -1,0 +1,121 @@
+"""attn_implementation="tileattn" in Hugging Face transformers, on tiny random-init models:
+logits against "eager" (the float64 rule of reference.py is for kernels; here two float32 models
+that round differently are compared, within 1e-3 relative / 1e-4 absolute of logits of size
+~0.1-1: a non-causal or mask-blind attention misses that by orders of magnitude), greedy generate() tokens identical to
+"eager" with the dynamic and the static cache, a left-padded batch, and gradients. Weights are
+initialized 15x larger than transformers' default (initializer_range 0.3): with the default the
+attention barely moves the tiny models' logits, and a non-causal attention passed the checks."""
+import pytest
+import torch
+
+import tileattn
+
+transformers = pytest.importorskip("transformers")
+
+MODELS = {
+    "llama": lambda: transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                              num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3),
+    "qwen2": lambda: transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                              num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=1, max_position_embeddings=128, initializer_range=0.3),
+    "mistral": lambda: transformers.MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                  num_key_value_heads=2, max_position_embeddings=128,
+                                                  sliding_window=6, initializer_range=0.3),
+}
+
+
+def make(kind, impl):
+    torch.manual_seed(0)
+    config = MODELS[kind]()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl,
+                                                          dtype=torch.float32)
+    return model.eval()
+
+
+def test_register_returns_the_name():
+    assert tileattn.transformers.register() == "tileattn"
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_prefill_logits_match_eager(kind):
+    tileattn.transformers.register()
+    ids = torch.randint(0, 97, (2, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = make(kind, "eager")(ids).logits
+        got = make(kind, "tileattn")(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_left_padded_batch_matches_eager(kind):
+    tileattn.transformers.register()
+    ids = torch.randint(1, 97, (2, 17), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # left padding of the first sequence
+    with torch.no_grad():
+        want = make(kind, "eager")(ids, attention_mask=mask).logits
+        got = make(kind, "tileattn")(ids, attention_mask=mask).logits
+    # Padded positions' outputs are not defined the same way (eager softmaxes a fully masked
+    # row, tileattn gives zeros); every real position must agree.
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_greedy_generate_gives_eager_tokens(kind, cache):
+    tileattn.transformers.register()
+    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    options = dict(max_new_tokens=12, do_sample=False, attention_mask=mask, pad_token_id=0)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    with torch.no_grad():
+        want = make(kind, "eager").generate(ids, **options)
+        got = make(kind, "tileattn").generate(ids, **options)
+    assert torch.equal(got, want)
+
+
+def test_gradients_match_eager():
+    tileattn.transformers.register()
+    ids = torch.randint(0, 97, (2, 19), generator=torch.Generator().manual_seed(4))
+    grads = {}
+    for impl in ("eager", "tileattn"):
+        model = make("llama", impl)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads[impl] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["eager"].keys() == grads["tileattn"].keys()
+    for name, want in grads["eager"].items():
+        torch.testing.assert_close(grads["tileattn"][name], want, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_unsupported_features_say_so():
+    tileattn.transformers.register()
+    q = torch.randn(1, 2, 4, 8)
+    module = torch.nn.Module()
+    module.is_causal = True
+    with pytest.raises(NotImplementedError, match="attention sinks"):
+        tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, output_attentions=True)
+
+
+def test_no_mask_means_sdpa_semantics():
+    """Without a mask the attention function does what transformers' sdpa does: top-left causal
+    for several queries (even with more keys than queries), every key for one query."""
+    torch.manual_seed(5)
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.training = False
+    q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
+    kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    got, _ = tileattn.transformers.tileattn_attention_forward(module, q, k, v, None, scaling=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=0.3)
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    got, _ = tileattn.transformers.tileattn_attention_forward(module, q[:, :, :1], k, v, None, scaling=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, :, :1], kr, vr, scale=0.3)
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
