@@ -10,19 +10,45 @@ from ._forward import flash_attention
 from ._kvcache import attention_with_kvcache
 
 
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
 @dataclasses.dataclass
 class AttentionConfig:
-    """Attention settings of a Llama-style model, with Hugging Face's config.json names."""
+    """Attention settings of a Llama-style model, with Hugging Face's config.json names.
+
+    ``from_dict`` / ``from_hf`` read the config.json (or config object) of transformers 4.4x
+    and 5.x alike: the RoPE base and scaling from ``rope_parameters`` (5.x) or ``rope_theta`` +
+    ``rope_scaling`` (4.x), the dtype from ``dtype`` or ``torch_dtype`` (a string or a torch
+    dtype), biases from ``attention_bias`` (Qwen2: q/k/v biases, none on o_proj).
+    """
     hidden_size: int = 4096
     num_attention_heads: int = 32
     num_key_value_heads: Optional[int] = None  # None: = num_attention_heads (MHA)
     head_dim: Optional[int] = None             # None: hidden_size // num_attention_heads
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048        # KV cache capacity and RoPE table length
-    attention_bias: bool = False
+    attention_bias: bool = False               # biases on q/k/v/o_proj
     dtype: torch.dtype = torch.float32
+    # RoPE scaling, Hugging Face's names: {"rope_type": "linear", "factor": f} or {"rope_type":
+    # "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    # "original_max_position_embeddings"}; None or "default": none. Others raise.
+    rope_scaling: Optional[dict] = None
+    o_proj_bias: Optional[bool] = None         # None: = attention_bias (Qwen2: False)
 
     def __post_init__(self):
+        if isinstance(self.dtype, str):
+            if self.dtype not in _DTYPES:
+                raise ValueError(f"config: dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
+            self.dtype = _DTYPES[self.dtype]
+        if self.o_proj_bias is None:
+            self.o_proj_bias = self.attention_bias
+        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
+        if rope_type not in _ROPE_TYPES:
+            raise NotImplementedError(f"config: RoPE scaling {rope_type!r} is not supported "
+                                      f"(supported: {', '.join(_ROPE_TYPES)})")
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -35,14 +61,54 @@ class AttentionConfig:
 
     @classmethod
     def from_dict(cls, d):
-        """From a Hugging Face config.json dict (unknown keys are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """From a Hugging Face config.json dict, transformers 4.4x or 5.x (unknown keys are ignored)."""
+        d = dict(d)
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in names and k not in ("dtype", "rope_theta", "rope_scaling")}
+        rope = d.get("rope_parameters")
+        if isinstance(rope, dict) and "rope_theta" in rope:  # transformers 5: base and scaling together
+            values["rope_theta"] = rope["rope_theta"]
+            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+        else:  # transformers 4.x
+            if d.get("rope_theta") is not None:
+                values["rope_theta"] = d["rope_theta"]
+            values["rope_scaling"] = d.get("rope_scaling")
+        dtype = d.get("dtype") or d.get("torch_dtype")
+        if dtype is not None:
+            values["dtype"] = dtype
+        if d.get("model_type", "").startswith("qwen2"):  # q/k/v biases, none on o_proj
+            values["attention_bias"], values["o_proj_bias"] = True, False
+        return cls(**values)
+
+    @classmethod
+    def from_hf(cls, config):
+        """From a transformers PretrainedConfig (or any object with config.json's attributes)."""
+        if hasattr(config, "to_dict"):
+            d = config.to_dict()
+            if getattr(config, "dtype", None) is not None:
+                d["dtype"] = config.dtype
+            if getattr(config, "rope_parameters", None) is not None:
+                d["rope_parameters"] = dict(config.rope_parameters)
+            return cls.from_dict(d)
+        return cls.from_dict({k: getattr(config, k) for k in dir(config) if not k.startswith("_")})
 
 
-def rope_tables(theta, positions, head_dim):
-    """cos, sin fp32 [positions, head_dim / 2] for the GPT-NeoX/Llama rotation, angles in float64."""
+def rope_tables(theta, positions, head_dim, scaling=None):
+    """cos, sin fp32 [positions, head_dim / 2] for the GPT-NeoX/Llama rotation, angles in float64;
+    ``scaling`` as AttentionConfig.rope_scaling."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    scaling = scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "linear":  # positions divided by the factor
+        inv_freq = inv_freq / scaling["factor"]
+    elif rope_type == "llama3":  # long wavelengths / factor, short ones kept, a smooth blend between
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_context = scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv_freq
+        blend = (old_context / wavelength - low) / (high - low)
+        blended = (1 - blend) * inv_freq / factor + blend * inv_freq
+        inv_freq = torch.where(wavelength > old_context / low, inv_freq / factor,
+                               torch.where(wavelength < old_context / high, inv_freq, blended))
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.cos(angles).float(), torch.sin(angles).float()
 
@@ -75,37 +141,51 @@ class FlashAttention(nn.Module):
         if isinstance(config, dict):
             config = AttentionConfig.from_dict(config)
         elif not isinstance(config, AttentionConfig):
-            config = AttentionConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(AttentionConfig)
-                                        if hasattr(config, f.name)})
+            config = AttentionConfig.from_hf(config)
         if backend not in ("tileattn", "sdpa"):
             raise ValueError(f"backend: expected 'tileattn' or 'sdpa', got {backend!r}")
         self.config, self.backend = config, backend
         c = config
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        linear = lambda i, o: nn.Linear(i, o, bias=c.attention_bias, dtype=c.dtype)
+        linear = lambda i, o, bias=c.attention_bias: nn.Linear(i, o, bias=bias, dtype=c.dtype)  # noqa: E731
         self.q_proj = linear(c.hidden_size, self.heads * self.head_dim)
         self.k_proj = linear(c.hidden_size, self.kv_heads * self.head_dim)
         self.v_proj = linear(c.hidden_size, self.kv_heads * self.head_dim)
-        self.o_proj = linear(self.heads * self.head_dim, c.hidden_size)
+        self.o_proj = linear(self.heads * self.head_dim, c.hidden_size, c.o_proj_bias)
         # Plain float32 attributes, not buffers: Module.to(torch.bfloat16) / .half() convert
         # floating buffers, which would round every cos/sin to 8 bits (errors up to 2^-9,
         # against float32's 2^-24 for the same rotation in the kernel) and make the kernel
         # convert them back to float32 on every call. As non-persistent buffers they were never
         # in state_dict, and .to(device) has nothing to move: tileattn runs on the CPU.
-        self.rope_cos, self.rope_sin = rope_tables(c.rope_theta, c.max_position_embeddings, self.head_dim)
+        self.rope_cos, self.rope_sin = rope_tables(c.rope_theta, c.max_position_embeddings, self.head_dim,
+                                                   c.rope_scaling)
         self.k_cache = self.v_cache = None  # [B, kv_heads, capacity, head_dim], the weights' dtype
         self.cache_length = 0
 
     def load_weights(self, weights):
-        """Copies q_proj/k_proj/v_proj/o_proj weights (e.g. from load_huggingface_weights)."""
+        """Copies the projections' weights ``q_proj`` .. ``o_proj`` and, where the layer has
+        them, their biases ``q_proj.bias`` .. (e.g. from load_huggingface_weights). A missing
+        or unexpected tensor, or a wrong shape, raises ValueError naming it; nothing is copied then."""
+        expected = {}
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            layer = getattr(self, name)
+            expected[name] = layer.weight
+            if layer.bias is not None:
+                expected[f"{name}.bias"] = layer.bias
+        missing = sorted(set(expected) - set(weights))
+        unexpected = sorted(set(weights) - set(expected))
+        if missing or unexpected:
+            raise ValueError("weights: " + "; ".join(
+                part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                  f"unexpected {', '.join(unexpected)} (the layer has no such tensor)"
+                                  if unexpected else "") if part))
+        for name, target in expected.items():
+            if tuple(weights[name].shape) != tuple(target.shape):
+                raise ValueError(f"weights: {name} has shape {tuple(weights[name].shape)}, "
+                                 f"the layer needs {tuple(target.shape)}")
         with torch.no_grad():
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                layer = getattr(self, name)
-                w = weights[name]
-                if tuple(w.shape) != tuple(layer.weight.shape):
-                    raise ValueError(f"weights: {name} has shape {tuple(w.shape)}, "
-                                     f"the layer needs {tuple(layer.weight.shape)}")
-                layer.weight.copy_(w)
+            for name, target in expected.items():
+                target.copy_(weights[name])
         return self
 
     @classmethod

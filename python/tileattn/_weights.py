@@ -6,7 +6,10 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _tensor_names(layer_idx):
-    return {p: f"model.layers.{layer_idx}.self_attn.{p}.weight" for p in PROJECTIONS}
+    """{key of the returned dict: checkpoint tensor name}, weights and the biases a layer may have."""
+    names = {p: f"model.layers.{layer_idx}.self_attn.{p}.weight" for p in PROJECTIONS}
+    names.update({f"{p}.bias": f"model.layers.{layer_idx}.self_attn.{p}.bias" for p in PROJECTIONS})
+    return names
 
 
 def _files_for(path, names):
@@ -42,22 +45,31 @@ def load_huggingface_weights(path, layer_idx):
 
     Returns:
         dict with torch tensors ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (the
-        ``nn.Linear`` weights, ``[out_features, in_features]``, in the checkpoint's dtype),
-        ready for ``FlashAttention.load_weights``. Only these four tensors are read.
+        ``nn.Linear`` weights, ``[out_features, in_features]``, in the checkpoint's dtype) and
+        the biases the checkpoint has (``q_proj.bias`` ..., Qwen2's q/k/v), ready for
+        ``FlashAttention.load_weights``. A tensor of the layer's attention that is none of
+        these (q_norm, k_norm, sinks) raises KeyError naming it.
     """
     from safetensors import safe_open
 
     if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
         raise ValueError(f"layer_idx: expected an int >= 0, got {layer_idx!r}")
     wanted = _tensor_names(layer_idx)
-    found = {}
-    for file, names in _files_for(os.fspath(path), wanted.values()).items():
+    prefix = f"model.layers.{layer_idx}.self_attn."
+    found, unknown = {}, []
+    weight_names = [wanted[p] for p in PROJECTIONS]
+    for file, names in _files_for(os.fspath(path), weight_names).items():
         with safe_open(file, framework="pt") as f:
             keys = set(f.keys())
-            for proj, name in wanted.items():
-                if proj not in found and name in keys and (names is None or name in names):
-                    found[proj] = f.get_tensor(name)
+            for key, name in wanted.items():
+                if key not in found and name in keys and (names is None or name in names or key.endswith(".bias")):
+                    found[key] = f.get_tensor(name)
+            unknown += [k for k in keys if k.startswith(prefix) and k not in wanted.values()
+                        and not k.startswith(prefix + "rotary_emb.")]
     missing = [wanted[p] for p in PROJECTIONS if p not in found]
     if missing:
         raise KeyError(f"layer_idx: {', '.join(missing)} not found in {path!r}")
+    if unknown:  # q_norm / k_norm (Qwen3, Gemma 3), sinks (gpt-oss): not a layer this class builds
+        raise KeyError(f"layer_idx: {', '.join(sorted(unknown))} in {path!r} is not a tensor of this "
+                       "attention layer (not supported)")
     return found
