@@ -93,6 +93,9 @@ struct ForwardArgs {
   KvSource kv;
 
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1/sqrt(head_dim)
+  // Soft cap c > 0 (FlashAttention-2's `softcap`): each scaled score x becomes
+  // c * tanh(x / c) before masks and bias are added; 0: off. Finite, >= 0.
+  float softcap = 0.0f;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;
 

@@ -111,6 +111,8 @@ void validate(const ForwardArgs& a) {
     fail("dtype: expected fp32, fp16 or bf16");
   if (!std::isnan(a.scale) && !std::isfinite(a.scale))
     fail("scale must be finite (or NaN for 1/sqrt(head_dim))");
+  if (!(a.softcap >= 0.0f && std::isfinite(a.softcap)))
+    fail("softcap must be finite and >= 0 (0: off), got " + std::to_string(a.softcap));
   if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f))
     fail("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
   if (a.threads < 0) fail("threads must be >= 0, got " + str(a.threads));

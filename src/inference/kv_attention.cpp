@@ -33,6 +33,7 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
     f.kv.num_pages = a.num_pages;
   }
   f.scale = a.scale;
+  f.softcap = a.softcap;
   f.threads = a.threads;
   f.isa = a.isa;
   return f;

@@ -39,6 +39,7 @@ std::string Case::name() const {
   if (mask == MaskCase::window) s << "(" << window_left << "," << window_right << ")";
   if (strided) s << "_strided";
   if (varlen) s << "_varlen";
+  if (softcap > 0.0f) s << "_softcap" << softcap;
   return s.str();
 }
 
@@ -97,6 +98,7 @@ CaseData::CaseData(const Case& cs) : c(cs) {
     a.cu_seqlens_k = cu_k.data();
   }
   a.scale = c.scale;
+  a.softcap = c.softcap;
   const int64_t mask_b = a.shape.batch;
   const int64_t mask_elems = mask_b * c.heads * max_nq * max_nk;
   const std::array<int64_t, 4> mask_stride{c.heads * max_nq * max_nk, max_nq * max_nk, max_nk, 1};

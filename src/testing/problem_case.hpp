@@ -28,6 +28,7 @@ struct Case {
   std::vector<int32_t> varlen_q_lengths, varlen_k_lengths;
   bool with_lse = true;
   float scale = std::numeric_limits<float>::quiet_NaN();
+  float softcap = 0.0f;      // ForwardArgs::softcap (0: off)
   float input_scale = 1.0f;  // inputs are uniform in [-input_scale, input_scale]
   uint64_t seed = 1;
   std::string name() const;
