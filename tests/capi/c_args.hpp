@@ -44,6 +44,7 @@ inline tileattn_forward_args to_c_args(const ForwardArgs& a) {
   c.page_size = a.kv.page_size;
   c.num_pages = a.kv.num_pages;
   c.scale = a.scale;
+  c.softcap = a.softcap;
   c.dropout_p = a.dropout_p;
   c.seed = a.seed;
   c.threads = a.threads;

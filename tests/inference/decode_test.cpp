@@ -101,6 +101,25 @@ TEST(Decode, SlidingWindows) {
     }
 }
 
+// A soft cap of 0.3 on scores of standard deviation ~0.33 (inputs in [-1, 1],
+// D = 64): contiguous and paged caches, GQA, one and several new tokens, a
+// window, bf16 (whose products would defer the scale).
+TEST(Decode, Softcap) {
+  for (int64_t page : {0, 16})
+    for (int64_t n : {1, 5}) {
+      DecodeSpec spec;
+      spec.heads = 8;
+      spec.softcap = 0.3f;
+      spec.cached = {40, 700};
+      spec.new_tokens = n;
+      spec.page_size = page;
+      expect_decode_matches_full_sequence(spec);
+      spec.dtype = DType::bf16;
+      spec.window_left = 100;
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
 TEST(Decode, NotCausal) {
   DecodeSpec spec;
   spec.causal = false;
