@@ -202,6 +202,21 @@ TEST(cliBench, BadFlagsAndBackward) {
   EXPECT_EQ(r.status, 2);
 }
 
+// --softcap reaches the JSON, forward, backward and decode; a bad value is refused.
+TEST(cliBench, Softcap) {
+  TempDir dir;
+  for (const char* pass : {"", " --backward", " --decode"}) {
+    const Result r = run_cli(std::string("bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline "
+                                         "--causal --softcap 30 --json") + pass, dir);
+    ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
+    const Json j = parse_or_fail(r.out);
+    EXPECT_EQ(j.get("softcap")->num, 30.0);
+  }
+  const Result r = run_cli("bench --heads 2 --seq 64 --dim 32 --softcap -2", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--softcap"), std::string::npos) << r.err;
+}
+
 TEST(cliBench, BackwardCountsTenDFlopsPerPair) {
   TempDir dir;
   const Result r = run_cli("bench --heads 2 --seq 48 --kv-seq 48 --dim 16 --window 5,-1 --reps 1 --backward --json", dir);
