@@ -51,7 +51,7 @@ def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
 
 
 def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left, window_right,
-                  scale, dropout_p, seed, layout):
+                  scale, dropout_p, seed, layout, softcap=0.0):
     """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) for the forward
     call with these options (same mask, scale, dropout_p and seed)."""
     addr, es = _arrays.address, _arrays.element_strides
@@ -71,4 +71,4 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
                 addr(dq), order(es("dq", dq), layout), addr(dk), order(es("dk", dk), layout),
                 addr(dv), order(es("dv", dv), layout), kind, m_addr, m_strides, bool(causal),
                 int(window_left), int(window_right), float(scale), float(dropout_p), int(seed),
-                _settings["threads"])
+                _settings["threads"], softcap=float(softcap))

@@ -88,6 +88,19 @@ def parse_scale(softmax_scale, head_dim):
     return s
 
 
+def parse_softcap(softcap):
+    """The soft cap c >= 0 (0: off) as a float; c * tanh(x / c) of each scaled score."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.floating, np.integer)):
+        raise TypeError(f"softcap: expected a float >= 0, got {type(softcap).__name__}")
+    try:
+        c = float(softcap)
+    except OverflowError:
+        c = math.inf
+    if not 0.0 <= c < _FLOAT32_OVERFLOW:  # also NaN
+        raise ValueError(f"softcap: must be finite and >= 0 (0: off), got {c}")
+    return c
+
+
 def parse_dropout(dropout_p):
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.floating)):
         raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
