@@ -22,16 +22,19 @@ namespace tileattn::detail {
 // vectorizes with the including ISA's flags: below |y| = 0.625 an odd
 // polynomial y + y^3 P(y^2) (least-squares fit on Chebyshev nodes, relative
 // error 0.7 ulp), above it 1 - 2 / (2^(2|y| log2(e)) + 1) with the shared
-// exp2 polynomial (no cancellation: tanh > 0.55 there). NaN stays NaN,
-// +-inf gives +-1.
+// exp2 polynomial (no cancellation: tanh > 0.55 there). NaN stays NaN (it
+// fails the |y| >= 0.625 test and takes the polynomial), +-inf gives +-1.
+// About 0.5 ns per score with AVX-512 at D = 128 causal (a 13% overhead on
+// the fp32 forward); docs/benchmarks.md has the cheaper, less accurate forms
+// that were measured.
 static inline float softcap_tanh(float y) {
   constexpr float kSplit = 0.625f;
   constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
-  constexpr float kP0 = -0.3333333134651184f, kP1 = 0.1333320140838623f, kP2 = -0.053946252912282944f,
-                  kP3 = 0.021698210388422012f, kP4 = -0.008171788416802883f, kP5 = 0.002138226293027401f;
+  constexpr float kP0 = -0.3333328068256378f, kP1 = 0.13331381976604462f, kP2 = -0.05373531952500343f,
+                  kP3 = 0.020626291632652283f, kP4 = -0.005691985599696636f;
   const float a = std::fabs(y);
   const float u = y * y;
-  const float p = ((((kP5 * u + kP4) * u + kP3) * u + kP2) * u + kP1) * u + kP0;
+  const float p = (((kP4 * u + kP3) * u + kP2) * u + kP1) * u + kP0;
   const float small = y + y * u * p;
   // 2^v for v = 2|y| log2(e) in [0, 40] (tanh rounds to 1 beyond |y| = 9.01).
   float v = a * kTwoLog2e;
@@ -46,8 +49,7 @@ static inline float softcap_tanh(float y) {
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
   const float large = 1.0f - 2.0f / (poly * two_n + 1.0f);
-  const float t = a < kSplit ? small : std::copysign(large, y);
-  return y != y ? y : t;
+  return a >= kSplit ? std::copysign(large, y) : small;
 }
 
 // s[0, n) := cap * tanh(s / cap) (cap > 0, in the scores' units); with
