@@ -130,11 +130,11 @@ class Bf16Operands {
   // positive scale commutes with the row max exactly (rounding is
   // monotonic) and leaves -inf (masked) scores -inf, so the softmax can fold
   // it into its exponentials (one FMA); an additive mask, added in log2
-  // units, a soft cap (tanh of the scaled score) or a scale <= 0 needs it
-  // applied first.
+  // units, a soft cap (tanh of the scaled score), an ALiBi bias or a scale
+  // <= 0 needs it applied first.
   float deferred_scale() const {
     const bool fold = p_.score_scale > 0.0f && p_.args.mask.kind != MaskSpec::Kind::additive &&
-                      p_.softcap_log2 == 0.0f;
+                      p_.softcap_log2 == 0.0f && p_.args.alibi_slopes == nullptr;
     return fold ? p_.score_scale : 1.0f;
   }
 

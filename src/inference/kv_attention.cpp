@@ -34,6 +34,8 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   }
   f.scale = a.scale;
   f.softcap = a.softcap;
+  f.alibi_slopes = a.alibi_slopes;
+  f.alibi_batch_stride = a.alibi_batch_stride;
   f.threads = a.threads;
   f.isa = a.isa;
   return f;

@@ -1,6 +1,7 @@
 #include "training/reference_backward.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "core/dropout.hpp"
@@ -91,6 +92,8 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
             score = Real(a.softcap) * t;
             dcap[j] = Real(1) - t * t;
           }
+          if (a.alibi_slopes)
+            score -= Real(a.alibi_slopes[b * a.alibi_batch_stride + h]) * Real(std::llabs(i + seq.offset - j));
           score += bias;
           if (score == -std::numeric_limits<Real>::infinity()) continue;
           visible[j] = 1;

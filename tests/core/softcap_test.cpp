@@ -50,5 +50,24 @@ TEST(Softcap, NegativeNaNOrInfiniteCapIsAnErrorNamingSoftcap) {
   }
 }
 
+TEST(Alibi, NonFiniteSlopeOrNegativeStrideIsAnErrorNamingIt) {
+  Case c;
+  c.batch = 2;
+  c.alibi = Case::Alibi::batch_heads;
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    CaseData data(c);
+    data.alibi_slopes[3] = bad;  // batch 1, head 1
+    try {
+      attention_forward(data.args);
+      ADD_FAILURE() << "slope " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("alibi_slopes[1, 1]"), std::string::npos) << e.what();
+    }
+  }
+  CaseData data(c);
+  data.args.alibi_batch_stride = -1;
+  EXPECT_THROW(attention_forward(data.args), Error);
+}
+
 }  // namespace
 }  // namespace tileattn::testing

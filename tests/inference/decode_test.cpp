@@ -3,6 +3,8 @@
 // bound set by the naive same-precision implementation.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "decode_fixture.hpp"
 #include "tileattn/machine.hpp"
 
@@ -116,6 +118,27 @@ TEST(Decode, Softcap) {
       expect_decode_matches_full_sequence(spec);
       spec.dtype = DType::bf16;
       spec.window_left = 100;
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
+// ALiBi in decode: the bias's offset is each sequence's own cache length
+// (sequences of 40 and 700 tokens), slopes per head and per (sequence, head);
+// contiguous and paged, with a soft cap too.
+TEST(Decode, Alibi) {
+  for (int64_t page : {0, 16})
+    for (bool per_sequence : {false, true}) {
+      DecodeSpec spec;
+      spec.heads = 8;
+      spec.cached = {40, 700};
+      spec.new_tokens = 3;
+      spec.page_size = page;
+      for (int64_t b = 0; b < (per_sequence ? 2 : 1); ++b)
+        for (int64_t h = 0; h < spec.heads; ++h)
+          spec.alibi_slopes.push_back(std::exp2(-float(h + 1)) * (1.0f + float(b)));
+      expect_decode_matches_full_sequence(spec);
+      spec.softcap = 0.3f;
+      spec.dtype = DType::bf16;
       expect_decode_matches_full_sequence(spec);
     }
 }

@@ -107,6 +107,7 @@ std::vector<BackwardCase> backward_cases() {
     c.input_scale = 4.0f;
     add(c, 0.2f);
   }
+  add_alibi_cases(add_case);  // the bias has no gradient: the mask step's scores only
   for (size_t i = 0; i < cases.size(); ++i) cases[i].c.seed = 5000 + i;
   return cases;
 }
