@@ -81,6 +81,8 @@ ForwardArgs to_forward_args(const tileattn_forward_args* user) {
 
   a.scale = c.scale;
   a.softcap = c.softcap;
+  a.alibi_slopes = c.alibi_slopes;
+  a.alibi_batch_stride = c.alibi_batch_stride;
   a.dropout_p = c.dropout_p;
   a.seed = c.seed;
   a.threads = c.threads;

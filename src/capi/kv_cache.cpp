@@ -49,6 +49,8 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.window_right = c.window_right;
   a.scale = c.scale;
   a.softcap = c.softcap;
+  a.alibi_slopes = c.alibi_slopes;
+  a.alibi_batch_stride = c.alibi_batch_stride;
   a.threads = c.threads;
   a.isa = capi::to_isa(c.isa, "isa");
   return a;

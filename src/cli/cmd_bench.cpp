@@ -30,7 +30,7 @@ namespace {
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
     "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
-    "                      [--softcap C] [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
+    "                      [--softcap C] [--alibi] [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
     "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
     "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
     "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
@@ -50,7 +50,8 @@ const char* const kHelp =
     "(attention_with_kvcache; the baseline is the naive attention of that one row).\n"
     "--impl tileattn (same as --no-baseline) or openblas times only that one.\n"
     "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once).\n"
-    "--softcap C caps the scores (C * tanh(x / C)) in tileattn; the baseline stays uncapped.\n"
+    "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
+    "slopes) in tileattn; the baseline has neither.\n"
     "\n"
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
@@ -85,7 +86,7 @@ int cmd_bench(int argc, char** argv) {
   Args args(argc, argv,
             {{"--batch", true}, {"--heads", true}, {"--kv-heads", true}, {"--seq", true},
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
-             {"--window", true}, {"--softcap", true}, {"--threads", true}, {"--reps", true}, {"--backward", false},
+             {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--threads", true}, {"--reps", true}, {"--backward", false},
              {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
@@ -137,6 +138,8 @@ int cmd_bench(int argc, char** argv) {
   fa.mask.window_left = window_left;
   fa.mask.window_right = window_right;
   fa.softcap = softcap;
+  const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(heads) : std::vector<float>{};
+  if (!alibi.empty()) fa.alibi_slopes = alibi.data();
   fa.threads = threads;
   validate(fa);
   // The backward also needs the forward's LSE, dO and the three gradients.
@@ -183,6 +186,7 @@ int cmd_bench(int argc, char** argv) {
     ca.window_left = window_left;
     ca.window_right = window_right;
     ca.softcap = softcap;
+    ca.alibi_slopes = fa.alibi_slopes;
     ca.threads = threads;
   }
 
@@ -213,6 +217,7 @@ int cmd_bench(int argc, char** argv) {
   rep.integer("window_left", window_left);
   rep.integer("window_right", window_right);
   rep.number("softcap", softcap);
+  rep.boolean("alibi", !alibi.empty());
   rep.boolean("backward", backward);
   rep.boolean("decode", decode);
   rep.text("impl", impl == Impl::both ? "both" : impl == Impl::tileattn ? "tileattn" : "openblas");

@@ -67,6 +67,7 @@ TEST(CApiBackward, BitwiseEqualToCpp) {
   for (float softcap : {0.0f, 5.0f}) {
     Case c;
     c.softcap = softcap;
+    if (softcap > 0.0f) c.alibi = Case::Alibi::batch_heads;
     c.input_scale = softcap > 0.0f ? 4.0f : 1.0f;
     c.batch = 2;
     c.heads = 4;

@@ -91,6 +91,10 @@ std::vector<Case> cases() {
     capped.softcap = 5.0f;
     capped.input_scale = 4.0f;
     out.push_back(capped);
+    Case alibi = base;
+    alibi.dtype = dtype;
+    alibi.alibi = Case::Alibi::batch_heads;
+    out.push_back(alibi);
   }
   Case varlen = base;
   varlen.varlen = true;

@@ -45,6 +45,8 @@ testing::Comparison run_case(const Case& c, const std::string& extra = "", bool 
   // (`extra` may give its own --softcap: the run then differs from the case's reference.)
   if (c.softcap > 0.0f && extra.find("--softcap") == std::string::npos)
     flags += " --softcap " + std::to_string(c.softcap);
+  // --alibi takes the standard slopes of Hq heads: the case's Alibi::heads slopes for a power of two.
+  if (c.alibi == Case::Alibi::heads) flags += " --alibi";
   const Result r = run_cli(flags + " " + extra, dir);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
@@ -143,6 +145,12 @@ TEST(cliRun, Softcap) {
   c.mask = MaskCase::additive;
   cmp = run_case(c);
   EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.alibi = Case::Alibi::heads;  // and with ALiBi, bshd
+  c.layout = Layout::bshd;
+  cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.alibi = Case::Alibi::none;
+  c.layout = Layout::bhsd;
   c.dtype = DType::f32;
   c.mask = MaskCase::none;
   cmp = run_case(c, "--softcap 0");  // the capped case's reference, an uncapped run
