@@ -35,7 +35,7 @@ def visible_keys(nq, nk, causal, window_left, window_right, rows):
 
 
 def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal,
-                            window_left, window_right, layout, softcap=0.0):
+                            window_left, window_right, layout, softcap=0.0, alibi_slopes=None):
     """(dq, dk, dv) for the forward with these inputs; layout 0 bhsd, 1 bshd."""
     if layout == 1:  # work in [B, H, N, D] views
         q, k, v, o = (t.transpose(1, 2) for t in (q, k, v, o))
@@ -61,6 +61,11 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         if softcap > 0:
             t = torch.tanh(s / softcap)
             s = softcap * t
+        if alibi_slopes is not None:
+            i = torch.arange(rows.start, rows.stop).unsqueeze(1) + (nk - nq)
+            dist = (i - torch.arange(nk).unsqueeze(0)).abs().float()  # (rows, Nk)
+            slopes = alibi_slopes.float().expand(b, h)  # [H] or [B, H]
+            s = s - slopes[:, :, None, None] * dist
         if mask is not None:
             if mask.dtype == torch.bool:
                 s = s.masked_fill(~mask[:, :, r], float("-inf"))

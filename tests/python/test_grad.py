@@ -17,13 +17,17 @@ from reference import DELTA_FLOOR_FRACTION, check_rows, gradient_floor_fraction
 NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def masked_scores(q, k, scale, causal=False, window=(-1, -1), bool_mask=None, add_mask=None, softcap=0.0):
+def masked_scores(q, k, scale, causal=False, window=(-1, -1), bool_mask=None, add_mask=None, softcap=0.0,
+                  alibi_slopes=None):
     """scale * q k^T (soft-capped: softcap * tanh(. / softcap)) with the masks applied (-inf where
     hidden), in q's dtype; k already per head."""
     nq, nk = q.shape[2], k.shape[2]
     s = q @ k.transpose(-1, -2) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        dist = (torch.arange(nq)[:, None] + (nk - nq) - torch.arange(nk)[None, :]).abs().to(s.dtype)
+        s = s - alibi_slopes.to(s.dtype).expand(q.shape[0], q.shape[1])[:, :, None, None] * dist
     i = torch.arange(nq)[:, None] + (nk - nq)
     j = torch.arange(nk)[None, :]
     keep = torch.ones(nq, nk, dtype=torch.bool)
@@ -100,6 +104,9 @@ CASES = {
     "softcap": dict(softcap=1.0),
     "softcap+causal": dict(softcap=1.0, causal=True),
     "softcap+additive_mask": dict(softcap=1.0, add_mask=True),
+    # ALiBi slopes per (batch, head); with a soft cap and causal.
+    "alibi": dict(alibi=True),
+    "alibi+softcap+causal": dict(alibi=True, softcap=1.0, causal=True),
 }
 
 
@@ -138,6 +145,8 @@ def test_gradients_match_float64_reference(dtype, case, layout, with_lse):
             mask[:, :, 0] = -1e9
             mask[:, :, 1] = torch.finfo(torch.float32).min
         opts["add_mask"] = mask
+    if opts.pop("alibi", False):
+        opts["alibi_slopes"] = torch.rand(b, h, generator=gen) * 0.5
     scale = d ** -0.5
     window = opts.get("window")
 
@@ -145,7 +154,8 @@ def test_gradients_match_float64_reference(dtype, case, layout, with_lse):
         tr = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
         o, lse = tileattn.flash_attention(tr(q), tr(k), tr(v), attn_mask=mask, is_causal=opts.get("causal", False),
                                           window=window, layout=layout, return_lse=True,
-                                          softcap=opts.get("softcap", 0.0))
+                                          softcap=opts.get("softcap", 0.0),
+                                          alibi_slopes=opts.get("alibi_slopes"))
         return tr(o), lse
 
     got = grads(ours, q, k, v, g, g_lse)

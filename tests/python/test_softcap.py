@@ -114,3 +114,54 @@ def test_zero_softcap_is_off(rng):
     q, k, v = rand(rng, 1, 2, 9, 16, scale=3), rand(rng, 1, 2, 9, 16, scale=3), rand(rng, 1, 2, 9, 16)
     np.testing.assert_array_equal(tileattn.flash_attention(q, k, v, softcap=0), tileattn.flash_attention(q, k, v))
     assert not np.array_equal(tileattn.flash_attention(q, k, v, softcap=2.0), tileattn.flash_attention(q, k, v))
+
+
+# ALiBi: slopes [H] or [B, H]; the bias -slope * |i + Nk - Nq - j| after the soft cap.
+@pytest.mark.parametrize("per_batch", [False, True])
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_alibi_forward_matches_float64_reference(rng, per_batch, framework):
+    b, h, hk, nq, nk, d = 2, 4, 2, 37, 70, 32
+    q, k, v = rand(rng, b, h, nq, d), rand(rng, b, hk, nk, d), rand(rng, b, hk, nk, d)
+    slopes = (rng.random((b, h) if per_batch else (h,)) * 0.5).astype(np.float32)
+    conv = (lambda x: x) if framework == "numpy" else torch.from_numpy
+    for causal, softcap in ((False, 0.0), (True, 0.0), (True, 0.5)):
+        o, lse = tileattn.flash_attention(conv(q), conv(k), conv(v), is_causal=causal, softcap=softcap,
+                                          alibi_slopes=conv(slopes), return_lse=True)
+        check_close(np.asarray(o), q, k, v, "float32", got_lse=np.asarray(lse), causal=causal, softcap=softcap,
+                    alibi_slopes=slopes)
+    with pytest.raises(AssertionError):  # the bias matters
+        check_close(np.asarray(o), q, k, v, "float32", causal=True, softcap=0.5)
+
+
+def test_alibi_kvcache_and_op_paths(rng):
+    b, h, hk, d, cap = 2, 4, 2, 32, 24
+    q_all, k_all, v_all = rand(rng, b, h, 13, d), rand(rng, b, hk, 13, d), rand(rng, b, hk, 13, d)
+    slopes = np.array([[0.5, 0.25, 0.125, 0.0625], [0.3, 0.2, 0.1, 0.05]], np.float32)
+    kc, vc = np.zeros((b, hk, cap, d), np.float32), np.zeros((b, hk, cap, d), np.float32)
+    tileattn.attention_with_kvcache(q_all[:, :, :10], kc, vc, k_all[:, :, :10], v_all[:, :, :10],
+                                    cache_seqlens=np.zeros(b, np.int32))
+    o = tileattn.attention_with_kvcache(q_all[:, :, 10:], kc, vc, k_all[:, :, 10:], v_all[:, :, 10:],
+                                        cache_seqlens=10, alibi_slopes=slopes, softcap=2.0)
+    check_close(o, q_all[:, :, 10:], k_all, v_all, "float32", causal=True, alibi_slopes=slopes, softcap=2.0)
+    # torch: the eager call, the custom ops (autograd observes the call) and gradients.
+    q, k, v = (torch.from_numpy(x.copy()) for x in (q_all, k_all, v_all))
+    ts = torch.from_numpy(slopes)
+    eager = tileattn.flash_attention(q, k, v, is_causal=True, alibi_slopes=ts)
+    op = tileattn.flash_attention(q.clone().requires_grad_(), k, v, is_causal=True, alibi_slopes=ts)
+    assert torch.equal(op.detach(), eager)
+    from tileattn import _torch_ops
+    kc2, vc2 = torch.zeros(b, hk, cap, d), torch.zeros(b, hk, cap, d)
+    o_op, _ = _torch_ops.attention_with_kvcache(q, kc2, vc2, k, v, torch.zeros(b, dtype=torch.int32), None, None,
+                                                None, False, None, True, -1, -1, 0.0, ts)
+    torch.testing.assert_close(o_op, eager, atol=2e-6, rtol=0)
+
+
+def test_alibi_bad_shapes_and_values(rng):
+    q = rand(rng, 2, 4, 5, 8)
+    for bad in (np.ones(3, np.float32), np.ones((3, 4), np.float32), np.ones((2, 4, 1), np.float32)):
+        with pytest.raises(ValueError, match="alibi_slopes"):
+            tileattn.flash_attention(q, q, q, alibi_slopes=bad)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        tileattn.flash_attention(q, q, q, alibi_slopes=np.array([1, np.nan, 1, 1], np.float32))
+    with pytest.raises(TypeError, match="alibi_slopes"):
+        tileattn.flash_attention(q, q, q, alibi_slopes=np.ones(4, np.int32))
