@@ -93,6 +93,16 @@ struct ForwardArgs {
   KvSource kv;
 
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1/sqrt(head_dim)
+  // Soft cap c > 0 (FlashAttention-2's `softcap`): each scaled score x becomes
+  // c * tanh(x / c) before masks and bias are added; 0: off. Finite, >= 0.
+  float softcap = 0.0f;
+  // ALiBi (FlashAttention-2's alibi_slopes): fp32 slopes, slope(b, h) =
+  // alibi_slopes[b * alibi_batch_stride + h] ([heads] with stride 0, or
+  // [batch, heads] with stride heads); the bias -slope * |i + Lk - Lq - j|
+  // (bottom-right aligned, Lq / Lk the sequence's lengths) is added to each
+  // score after the soft cap. Null: off. Slopes must be finite.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;
 

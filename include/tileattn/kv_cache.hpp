@@ -82,6 +82,9 @@ struct KvCacheArgs {
   bool rotary_interleaved = false;  // false: NeoX half rotation; true: GPT-J pairs
 
   float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1/sqrt(head_dim)
+  float softcap = 0.0f;       // ForwardArgs::softcap: c * tanh(x / c) of each scaled score; 0: off
+  const float* alibi_slopes = nullptr;  // ForwardArgs::alibi_slopes ([heads] or [batch, heads])
+  int64_t alibi_batch_stride = 0;
   bool causal = true;         // bottom-right aligned with the updated cache length
   int64_t window_left = -1;   // sliding window, inclusive; -1 = unbounded
   int64_t window_right = -1;

@@ -173,6 +173,17 @@ typedef struct tileattn_forward_args {
   int32_t isa;       /**< ::tileattn_isa; default TILEATTN_ISA_AUTO */
   int32_t block_q;   /**< 0: chosen per machine */
   int32_t block_kv;  /**< 0: chosen per machine */
+
+  /* Appended after the first release (older callers' structs end above). */
+  /** Soft cap c > 0: each scaled score x becomes c * tanh(x / c) before the
+      masks (FlashAttention-2's softcap); 0 (the default): off. */
+  float softcap;
+  int32_t reserved1; /**< must be 0 */
+  /** ALiBi slopes, fp32: slope(b, h) = alibi_slopes[b * alibi_batch_stride + h]
+      ([heads]: stride 0; [batch, heads]: stride heads); the bias
+      -slope * |i + seqlen_k - seqlen_q - j| is added after the soft cap. NULL: off. */
+  const float* alibi_slopes;
+  int64_t alibi_batch_stride;
 } tileattn_forward_args;
 
 /** Arguments of tileattn_merge_states(); mirrors tileattn::MergeArgs. */
@@ -271,6 +282,12 @@ typedef struct tileattn_kv_cache_args {
   int32_t threads;        /**< 0: every hardware thread */
   int32_t isa;            /**< ::tileattn_isa */
   int32_t reserved1;      /**< must be 0 */
+
+  /* Appended after the first release (older callers' structs end above). */
+  float softcap;          /**< c > 0: scores become c * tanh(x / c); 0 (the default): off */
+  int32_t reserved2;      /**< must be 0 */
+  const float* alibi_slopes;   /**< as in ::tileattn_forward_args; NULL: off */
+  int64_t alibi_batch_stride;
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

@@ -23,4 +23,24 @@ void check_dtype_like_q(const char* name, nb::handle obj, const ArrayView& a, nb
 // TypeError unless `obj` (not None) is an array of framework `fw`.
 void check_framework(const char* name, nb::handle obj, Framework fw);
 
+// ALiBi slopes (None: off): float32 [heads] or [batch, heads], contiguous
+// along heads (Python makes them so). Sets `slopes` and `batch_stride` as
+// ForwardArgs takes them; ValueError / TypeError naming alibi_slopes.
+inline void read_alibi_slopes(nb::handle obj, Access access, int64_t batch, int64_t heads, const float*& slopes,
+                              int64_t& batch_stride) {
+  slopes = nullptr;
+  batch_stride = 0;
+  if (obj.is_none()) return;
+  const ArrayView a = read_array("alibi_slopes", obj, access);
+  if (a.type != ElementType::f32) fail_type("alibi_slopes: expected float32");
+  const bool per_batch = a.rank == 2;
+  if (!((a.rank == 1 && a.shape[0] == heads) || (per_batch && a.shape[0] == batch && a.shape[1] == heads)))
+    fail_value("alibi_slopes: expected shape [" + std::to_string(heads) + "] or [" + std::to_string(batch) + ", " +
+               std::to_string(heads) + "], got " + shape_text(a));
+  if (access == Access::metadata) return;
+  if (heads > 1 && a.stride[a.rank - 1] != 1) fail_value("alibi_slopes: must be contiguous along heads");
+  slopes = static_cast<const float*>(a.data);
+  batch_stride = per_batch && batch > 1 ? a.stride[0] : 0;
+}
+
 }  // namespace tileattn::python

@@ -26,7 +26,7 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
                             const Stride4& v_new_stride, Address rotary_cos, Address rotary_sin,
                             const std::array<int64_t, 2>& rotary, bool rotary_interleaved,
                             float scale, bool causal, int64_t window_left, int64_t window_right,
-                            int threads) {
+                            int threads, float softcap, Address alibi_slopes, int64_t alibi_batch_stride) {
   if (dtype < 0 || dtype > int(DType::bf16)) throw Error("dtype: unknown code");
   KvCacheArgs a;
   a.dtype = DType(dtype);
@@ -56,6 +56,9 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
   a.rotary_positions = rotary[1];
   a.rotary_interleaved = rotary_interleaved;
   a.scale = scale;
+  a.softcap = softcap;
+  a.alibi_slopes = from_address<const float>(alibi_slopes);
+  a.alibi_batch_stride = alibi_batch_stride;
   a.causal = causal;
   a.window_left = window_left;
   a.window_right = window_right;
@@ -78,7 +81,8 @@ void bind_kvcache(nb::module_& m) {
         nb::arg("block_table"), nb::arg("k_new"), nb::arg("k_new_stride"), nb::arg("v_new"),
         nb::arg("v_new_stride"), nb::arg("rotary_cos"), nb::arg("rotary_sin"), nb::arg("rotary"),
         nb::arg("rotary_interleaved"), nb::arg("scale"), nb::arg("causal"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("threads"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("threads"), nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes") = Address(0),
+        nb::arg("alibi_batch_stride") = int64_t(0),
         "kv_cache.hpp attention_with_kvcache on raw addresses (element strides)");
 }
 

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import parse_bool, parse_options
+from ._problem import as_alibi_slopes, parse_bool, parse_options, parse_softcap
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.flash_attention,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -16,7 +16,8 @@ def _bind_torch():
 
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
-                    window=None, layout="bhsd", return_lse=False, out=None):
+                    window=None, layout="bhsd", return_lse=False, out=None, softcap=0.0,
+                    alibi_slopes=None):
     """Exact attention ``softmax(softmax_scale * q @ k^T + mask) @ v``, FlashAttention-2 style on the CPU.
 
     Args:
@@ -58,6 +59,12 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             right after a decode-sized kernel, docs/python.md). With torch tensors only for
             calls that autograd, tracers and torch.compile do not see (no input requires
             grad, or under ``torch.no_grad()``; no dropout); otherwise ValueError.
+        softcap: soft cap c >= 0 (FlashAttention-2's ``softcap``): each scaled score x becomes
+            ``c * tanh(x / c)`` before the mask is applied; 0 (the default) is off. Gradients
+            go through it (``1 - tanh^2``).
+        alibi_slopes: None, or float32 ``[H]`` or ``[B, H]`` ALiBi slopes (FlashAttention-2's):
+            ``-slope * |i + Nk - Nq - j|`` is added to each score after the soft cap. The
+            slopes get no gradient.
 
     Returns:
         ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array, or
@@ -87,6 +94,10 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
     if return_lse is not False and return_lse is not True:
         return_lse = parse_bool("return_lse", return_lse)
+    if type(softcap) is not float or softcap != 0.0:
+        softcap = parse_softcap(softcap)
+    if alibi_slopes is not None:
+        alibi_slopes = as_alibi_slopes(alibi_slopes, q)
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:
@@ -96,17 +107,18 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             # observe the custom op (autograd, a tensor subclass, a tracer or mode); Dynamo
             # must see the is_compiling() test here, in Python.
             result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0,
-                                       threads, return_lse, o=out, eager_only=True)
+                                       threads, return_lse, o=out, eager_only=True, softcap=softcap,
+                                       alibi_slopes=alibi_slopes)
             if result is not None:
                 return result if return_lse else result[0]
         if out is not None:
             raise ValueError(_OUT_ON_OP_PATH)
         o, lse = _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
-                                        return_lse)
+                                        return_lse, softcap, alibi_slopes)
         return (o, lse) if return_lse else o
     seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
     o, lse = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
-                               threads, return_lse, o=out)
+                               threads, return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes)
     return (o, lse) if return_lse else o
 
 

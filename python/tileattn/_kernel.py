@@ -5,7 +5,7 @@ binding releases the GIL while computing, so nothing else frees them).
 """
 from . import _arrays
 from . import _tileattn as _C
-from ._problem import MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, heads_rows, to_kernel_order
+from ._problem import MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, alibi_address, heads_rows, to_kernel_order
 
 _settings = {"threads": 0}
 _MAX_THREADS = 2**31 - 1  # the bindings take a C int: a larger count would fail every later call
@@ -51,7 +51,7 @@ def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
 
 
 def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left, window_right,
-                  scale, dropout_p, seed, layout):
+                  scale, dropout_p, seed, layout, softcap=0.0, alibi_slopes=None):
     """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) for the forward
     call with these options (same mask, scale, dropout_p and seed)."""
     addr, es = _arrays.address, _arrays.element_strides
@@ -64,6 +64,7 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
     else:
         m_addr, m_strides = 0, (0, 0, 0, 1)
     order = to_kernel_order
+    alibi_addr, alibi_stride = alibi_address(alibi_slopes)
     _C.backward(dtype_code(q), (b, h, hk, nq, nk, d),
                 addr(q), order(es("q", q), layout), addr(k), order(es("k", k), layout),
                 addr(v), order(es("v", v), layout), addr(o), order(es("o", o), layout),
@@ -71,4 +72,5 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
                 addr(dq), order(es("dq", dq), layout), addr(dk), order(es("dk", dk), layout),
                 addr(dv), order(es("dv", dv), layout), kind, m_addr, m_strides, bool(causal),
                 int(window_left), int(window_right), float(scale), float(dropout_p), int(seed),
-                _settings["threads"])
+                _settings["threads"], softcap=float(softcap), alibi_slopes=alibi_addr,
+                alibi_batch_stride=alibi_stride)

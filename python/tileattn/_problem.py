@@ -88,6 +88,48 @@ def parse_scale(softmax_scale, head_dim):
     return s
 
 
+def parse_softcap(softcap):
+    """The soft cap c >= 0 (0: off) as a float; c * tanh(x / c) of each scaled score."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.floating, np.integer)):
+        raise TypeError(f"softcap: expected a float >= 0, got {type(softcap).__name__}")
+    try:
+        c = float(softcap)
+    except OverflowError:
+        c = math.inf
+    if not 0.0 <= c < _FLOAT32_OVERFLOW:  # also NaN
+        raise ValueError(f"softcap: must be finite and >= 0 (0: off), got {c}")
+    return c
+
+
+def as_alibi_slopes(alibi_slopes, q):
+    """ALiBi slopes ([H] or [B, H]) as the kernel reads them: float32, contiguous, in q's
+    framework (a torch tensor for torch inputs, else a NumPy array); None stays None. The
+    shape is checked in C++ against q."""
+    if alibi_slopes is None:
+        return None
+    if type(q).__module__.startswith("torch"):
+        import torch
+        if isinstance(alibi_slopes, torch.Tensor):
+            if alibi_slopes.dtype != torch.float32 and not alibi_slopes.is_floating_point():
+                raise TypeError(f"alibi_slopes: expected a float array, got dtype {alibi_slopes.dtype}")
+            return alibi_slopes.detach().to(torch.float32).contiguous()
+        return torch.as_tensor(np.asarray(alibi_slopes, dtype=np.float32))
+    slopes = np.asarray(alibi_slopes)
+    if slopes.dtype.kind != "f":
+        raise TypeError(f"alibi_slopes: expected a float array, got dtype {slopes.dtype}")
+    return np.ascontiguousarray(slopes, dtype=np.float32)
+
+
+def alibi_address(slopes):
+    """(address, batch stride in elements) of slopes from as_alibi_slopes (0, 0 for None)."""
+    if slopes is None:
+        return 0, 0
+    if hasattr(slopes, "data_ptr"):
+        return slopes.data_ptr(), (slopes.stride(0) if slopes.dim() == 2 and slopes.shape[0] > 1 else 0)
+    stride = slopes.strides[0] // 4 if slopes.ndim == 2 and slopes.shape[0] > 1 else 0
+    return slopes.ctypes.data, stride
+
+
 def parse_dropout(dropout_p):
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.floating)):
         raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")

@@ -8,6 +8,8 @@ from the saved log-sum-exp, P = exp(scale * Q K^T + mask - lse), never stored
 for the whole sequence -- one block of query rows at a time -- and
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O) + dlse),
     dQ = scale * dS K,   dK = scale * dS^T Q,
+(with a soft cap c the scores are c * tanh(scale * Q K^T / c) + mask, and dS
+is multiplied by 1 - tanh^2 before dQ and dK)
 summed over the query heads that share a kv head (GQA). Arithmetic is fp32
 (the kernel's accumulation precision); gradients come back in the inputs'
 dtypes. It has no dropout.
@@ -33,7 +35,7 @@ def visible_keys(nq, nk, causal, window_left, window_right, rows):
 
 
 def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal,
-                            window_left, window_right, layout):
+                            window_left, window_right, layout, softcap=0.0, alibi_slopes=None):
     """(dq, dk, dv) for the forward with these inputs; layout 0 bhsd, 1 bshd."""
     if layout == 1:  # work in [B, H, N, D] views
         q, k, v, o = (t.transpose(1, 2) for t in (q, k, v, o))
@@ -56,6 +58,14 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         rows = range(start, min(start + QUERY_BLOCK_ROWS, nq))
         r = slice(rows.start, rows.stop)
         s = torch.matmul(qf[:, :, r], kf.transpose(-1, -2)) * scale  # (B, H, rows, Nk)
+        if softcap > 0:
+            t = torch.tanh(s / softcap)
+            s = softcap * t
+        if alibi_slopes is not None:
+            i = torch.arange(rows.start, rows.stop).unsqueeze(1) + (nk - nq)
+            dist = (i - torch.arange(nk).unsqueeze(0)).abs().float()  # (rows, Nk)
+            slopes = alibi_slopes.float().expand(b, h)  # [H] or [B, H]
+            s = s - slopes[:, :, None, None] * dist
         if mask is not None:
             if mask.dtype == torch.bool:
                 s = s.masked_fill(~mask[:, :, r], float("-inf"))
@@ -74,6 +84,8 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         dv += torch.matmul(p.transpose(-1, -2), do[:, :, r])
         dp = torch.matmul(do[:, :, r], vf.transpose(-1, -2))
         ds = p * (dp - delta[:, :, r].unsqueeze(-1) + dlse[:, :, r].unsqueeze(-1))
+        if softcap > 0:
+            ds = ds * (1 - t * t)
         dq[:, :, r] = torch.matmul(ds, kf) * scale
         dk += torch.matmul(ds.transpose(-1, -2), qf[:, :, r]) * scale
 

@@ -14,7 +14,8 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   tileattn_kv_cache_args c;
   tileattn_kv_cache_args_init(&c);
   capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_kv_cache_args, reserved1), c);
-  if (c.reserved0 != 0 || c.reserved1 != 0) throw Error("args->reserved0 and reserved1 must be 0");
+  if (c.reserved0 != 0 || c.reserved1 != 0 || c.reserved2 != 0)
+    throw Error("args->reserved0, reserved1 and reserved2 must be 0");
   KvCacheArgs a;
   a.batch = c.batch;
   a.heads = c.heads;
@@ -47,6 +48,9 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.window_left = c.window_left;
   a.window_right = c.window_right;
   a.scale = c.scale;
+  a.softcap = c.softcap;
+  a.alibi_slopes = c.alibi_slopes;
+  a.alibi_batch_stride = c.alibi_batch_stride;
   a.threads = c.threads;
   a.isa = capi::to_isa(c.isa, "isa");
   return a;

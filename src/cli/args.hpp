@@ -3,6 +3,7 @@
 // malformed numbers are UsageErrors whose one-line message names the flag.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -56,5 +57,23 @@ class Args {
 
 // Parses a whole number; throws UsageError naming `what` otherwise.
 int64_t parse_integer(const std::string& what, const std::string& text, int64_t min, int64_t max);
+
+// The standard ALiBi slopes of `heads` heads (Press et al., as
+// FlashAttention-2's tests and Hugging Face's models build them): for a
+// power of two n, 2^(-8 (h + 1) / n); otherwise those of the largest power
+// of two below, then every other slope of twice that many.
+inline std::vector<float> standard_alibi_slopes(int64_t heads) {
+  auto powers = [](int64_t n) {
+    std::vector<float> s;
+    for (int64_t h = 0; h < n; ++h) s.push_back(float(std::exp2(-8.0 * double(h + 1) / double(n))));
+    return s;
+  };
+  int64_t p = 1;
+  while (p * 2 <= heads) p *= 2;
+  std::vector<float> slopes = powers(p);
+  const std::vector<float> extra = powers(2 * p);
+  for (int64_t h = 0; int64_t(slopes.size()) < heads; h += 2) slopes.push_back(extra[size_t(h)]);
+  return slopes;
+}
 
 }  // namespace tileattn::cli

@@ -31,7 +31,7 @@ namespace {
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
     "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
-    "                      [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
+    "                      [--softcap C] [--alibi] [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
     "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
     "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
     "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
@@ -51,6 +51,8 @@ const char* const kHelp =
     "(attention_with_kvcache; the baseline is the naive attention of that one row).\n"
     "--impl tileattn (same as --no-baseline) or openblas times only that one.\n"
     "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once).\n"
+    "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
+    "slopes) in tileattn; the baseline has neither.\n"
     "\n"
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
@@ -85,7 +87,7 @@ int cmd_bench(int argc, char** argv) {
   Args args(argc, argv,
             {{"--batch", true}, {"--heads", true}, {"--kv-heads", true}, {"--seq", true},
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
-             {"--window", true}, {"--threads", true}, {"--reps", true}, {"--backward", false},
+             {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--threads", true}, {"--reps", true}, {"--backward", false},
              {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
@@ -110,6 +112,7 @@ int cmd_bench(int argc, char** argv) {
   const DType dtype = parse_dtype(args.text("--dtype", "fp32"));
   const bool causal = args.has("--causal");
   const auto [window_left, window_right] = args.window("--window");
+  const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const int reps = int(args.integer("--reps", 5, 1, 1000));
   const double given_peak = args.number("--peak-gflops", 0, 1e-3, 1e9);
@@ -135,6 +138,9 @@ int cmd_bench(int argc, char** argv) {
   fa.mask.causal = causal;
   fa.mask.window_left = window_left;
   fa.mask.window_right = window_right;
+  fa.softcap = softcap;
+  const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(heads) : std::vector<float>{};
+  if (!alibi.empty()) fa.alibi_slopes = alibi.data();
   fa.threads = threads;
   validate(fa);
   // The backward also needs the forward's LSE, dO and the three gradients.
@@ -180,6 +186,8 @@ int cmd_bench(int argc, char** argv) {
     ca.causal = causal;
     ca.window_left = window_left;
     ca.window_right = window_right;
+    ca.softcap = softcap;
+    ca.alibi_slopes = fa.alibi_slopes;
     ca.threads = threads;
   }
 
@@ -209,6 +217,8 @@ int cmd_bench(int argc, char** argv) {
   rep.boolean("causal", causal);
   rep.integer("window_left", window_left);
   rep.integer("window_right", window_right);
+  rep.number("softcap", softcap);
+  rep.boolean("alibi", !alibi.empty());
   rep.boolean("backward", backward);
   rep.boolean("decode", decode);
   rep.text("impl", impl == Impl::both ? "both" : impl == Impl::tileattn ? "tileattn" : "openblas");

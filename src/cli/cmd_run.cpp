@@ -22,7 +22,8 @@ namespace {
 const char* const kHelp =
     "usage: tileattn run --q Q.npy --k K.npy --v V.npy --out O.npy [--lse LSE.npy]\n"
     "                    [--layout bhsd|bshd] [--causal] [--window L,R] [--mask M.npy]\n"
-    "                    [--scale S] [--dtype fp32|fp16|bf16] [--dropout P --seed N]\n"
+    "                    [--scale S] [--softcap C] [--alibi] [--dtype fp32|fp16|bf16]\n"
+    "                    [--dropout P --seed N]\n"
     "                    [--threads T] [--dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy]\n"
     "\n"
     "Computes O = softmax(scale * Q K^T + mask) V.\n"
@@ -37,6 +38,10 @@ const char* const kHelp =
     "  --mask: [Nq, Nk] (broadcast) or [B, Hq, Nq, Nk]; bool (True = keep) or float32/float16\n"
     "     added to the scores.\n"
     "  --scale: default 1/sqrt(D).  --lse: float32 [B, Hq, Nq] log-sum-exp (natural log).\n"
+    "  --softcap C: each scaled score x becomes C * tanh(x / C) before the masks (C > 0;\n"
+    "     default 0: off), in the forward and the backward.\n"
+    "  --alibi: adds the ALiBi bias -slope_h * |i + Nk - Nq - j| after the cap, with the standard\n"
+    "     slopes of Hq heads (2^(-8 (h + 1) / Hq) for a power of two).\n"
     "  --threads: default every hardware thread.\n"
     "  --dropout P --seed N: drop attention probabilities with probability P (counter-based\n"
     "     generator: the same seed gives the same mask in the forward and the backward).\n"
@@ -111,7 +116,7 @@ int cmd_run(int argc, char** argv) {
   Args args(argc, argv,
             {{"--q", true}, {"--k", true}, {"--v", true}, {"--out", true}, {"--lse", true},
              {"--layout", true}, {"--causal", false}, {"--window", true}, {"--mask", true},
-             {"--scale", true}, {"--dtype", true}, {"--dropout", true}, {"--seed", true},
+             {"--scale", true}, {"--softcap", true}, {"--alibi", false}, {"--dtype", true}, {"--dropout", true}, {"--seed", true},
              {"--threads", true}, {"--dout", true}, {"--dq", true}, {"--dk", true}, {"--dv", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   for (const char* required : {"--q", "--k", "--v", "--out"})
@@ -121,6 +126,7 @@ int cmd_run(int argc, char** argv) {
   const Layout layout = parse_layout(args.text("--layout", "bhsd"));
   const auto [window_left, window_right] = args.window("--window");
   const float scale = float(args.number("--scale", std::numeric_limits<double>::quiet_NaN(), -1e30, 1e30));
+  const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
   const double dropout = args.number("--dropout", 0.0, 0.0, 0.999999);
   const uint64_t seed = uint64_t(args.integer("--seed", 0, 0, INT64_MAX));
   const int threads = int(args.integer("--threads", 0, 1, 4096));
@@ -191,6 +197,9 @@ int cmd_run(int argc, char** argv) {
   if (args.has("--mask"))
     load_mask(args.text("--mask"), q.batch, q.heads, q.rows, k.rows, mask_file, mask_storage, fa.mask);
   fa.scale = scale;
+  fa.softcap = softcap;
+  const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(q.heads) : std::vector<float>{};
+  if (!alibi.empty()) fa.alibi_slopes = alibi.data();
   fa.threads = threads;
   fa.dropout_p = float(dropout);
   fa.seed = seed;

@@ -10,10 +10,11 @@
 // chunk: pack K, K^T and V^T once; then for every query head of the group and
 // every query tile that sees the key tile:
 //   S  = Q K^T                (Q pre-scaled by scale * log2(e))
+//   S  = C tanh(S / C)        (soft cap C, when on; the mask step)
 //   P  = exp2(S - LSE2)       (mask on partial tiles only)
 //   dV += (P o Z)^T dO
 //   dP = dO V^T
-//   dS = P o (Z o dP - D)
+//   dS = P o (Z o dP - D)     (o (1 - tanh^2) through a soft cap)
 //   dQ_chunk += dS K,   dK += dS^T Q
 // dK and dV of the key tile are final after the last query tile: rounded to
 // the output dtype once. dQ sums over chunks afterwards (backward.cpp).
@@ -44,6 +45,7 @@ class BackwardMainloop {
     dp_ = scratch + layout_.dp;
     z_ = scratch + layout_.z;
     pd_ = p.dropout.active ? scratch + layout_.pd : s_;
+    softcap_tanh_ = p.fwd.softcap_log2 > 0.0f ? scratch + layout_.softcap_tanh : nullptr;
     transposed_ = scratch + layout_.transposed;
     row_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.row_ptrs);
     key_ptrs_ = reinterpret_cast<const void**>(scratch + layout_.key_ptrs);
@@ -151,8 +153,7 @@ class BackwardMainloop {
     load_query_rows(seq, h, i_begin, rows);
     K::gemm(rows, n_pad, d, q_, dp, k_t_, kv_pad_, s_, kv_pad_, false);  // S (rows, n_pad)
     const bool band_partial = !tile_fully_visible(p_.fwd.band, seq, i_begin, i_end, j0, j0 + n);
-    if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
-      apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial);
+    if (needs_mask_step(p_.fwd, band_partial)) apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial);
     for (int64_t t = 0; t < rows; ++t) {
       // P = exp2(S - LSE2): exactly the forward's normalized probabilities
       // (times 1 / sum for the rows whose LSE was too large to hold them).
@@ -188,6 +189,14 @@ class BackwardMainloop {
         for (int64_t c = 0; c < n; ++c) ds[c] = p[c] * (z[c] * ds[c] - delta);
       } else {
         for (int64_t c = 0; c < n; ++c) ds[c] = p[c] * (ds[c] - delta);
+      }
+      if (softcap_tanh_) {
+        // Through the cap: d(C tanh(s / C)) / ds = 1 - tanh^2 (core/softcap.hpp;
+        // the same in log2 and natural units). dS above is the gradient of the
+        // capped natural-unit score; this makes it that of scale * Q K^T, which
+        // the products below take as before. Masked keys have P = 0, dS = 0.
+        const float* th = softcap_tanh_ + t * kv_pad_;
+        for (int64_t c = 0; c < n; ++c) ds[c] *= (1.0f - th[c]) * (1.0f + th[c]);
       }
     }
     // dQ += dS K: (rows, n) x (n, D_pad), into this chunk's fp32 slice.
@@ -285,7 +294,8 @@ class BackwardMainloop {
   void apply_mask(const Sequence& seq, int64_t batch, int64_t h, int64_t i_begin, int64_t rows,
                   int64_t j0, int64_t n, bool band_partial) {
     for (int64_t t = 0; t < rows; ++t)
-      mask_score_row(s_ + t * kv_pad_, n, p_.fwd, seq, batch, h, i_begin + t, j0, band_partial);
+      mask_score_row(s_ + t * kv_pad_, n, p_.fwd, seq, batch, h, i_begin + t, j0, band_partial,
+                     softcap_tanh_ ? softcap_tanh_ + t * kv_pad_ : nullptr);
   }
 
   // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q (the bf16 products take Q
@@ -314,6 +324,7 @@ class BackwardMainloop {
            *q_pairs_ = nullptr, *a_hi_ = nullptr, *a_lo_ = nullptr;
   int64_t kv_pad_ = 0, bq_pad_ = 0;
   float *k_rows_, *k_t_, *v_t_, *dk_, *dv_, *q_, *d_o_, *s_, *dp_, *z_, *pd_, *transposed_;
+  float* softcap_tanh_ = nullptr;  // (BLOCK_Q, BLOCK_KV_pad): tanh of each capped score (softcap only)
   const void** row_ptrs_;
   const void** key_ptrs_;
 };

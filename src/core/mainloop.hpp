@@ -15,8 +15,8 @@
 //
 // Per work item (batch, KV head, query heads of that group, query tile, key
 // split): load the Q tiles -> for each visible KV tile: pack K^T and V once,
-// then for the stacked query rows of the group: S = Q K^T -> mask (partial
-// tiles only) -> online softmax -> acc += P V -> epilogue: O = acc / row_sum
+// then for the stacked query rows of the group: S = Q K^T -> mask step (soft
+// cap, masks: partial tiles only unless capped) -> online softmax -> acc += P V -> epilogue: O = acc / row_sum
 // and LSE (or, for a key split, the partial pair merged afterwards). Decode
 // on small pages walks several KV heads per item (Problem::kv_heads_per_item):
 // each KV tile then runs once per KV head, with that head's group of rows.
@@ -130,9 +130,11 @@ class Bf16Operands {
   // positive scale commutes with the row max exactly (rounding is
   // monotonic) and leaves -inf (masked) scores -inf, so the softmax can fold
   // it into its exponentials (one FMA); an additive mask, added in log2
-  // units, or a scale <= 0 needs it applied first.
+  // units, a soft cap (tanh of the scaled score), an ALiBi bias or a scale
+  // <= 0 needs it applied first.
   float deferred_scale() const {
-    const bool fold = p_.score_scale > 0.0f && p_.args.mask.kind != MaskSpec::Kind::additive;
+    const bool fold = p_.score_scale > 0.0f && p_.args.mask.kind != MaskSpec::Kind::additive &&
+                      p_.softcap_log2 == 0.0f && p_.args.alibi_slopes == nullptr;
     return fold ? p_.score_scale : 1.0f;
   }
 
@@ -270,8 +272,7 @@ class ForwardMainloop {
             if (m == 0) continue;
           }
           scores(s0, m, n, n_pad);
-          if (band_partial || a_.mask.kind != MaskSpec::Kind::none)
-            apply_mask(seq, w, s0, m, j_begin, n, band_partial);
+          if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, s0, m, j_begin, n, band_partial);
           online_softmax(w, s0, m, n, j_begin);
           accumulate(s0, m, n);
         }

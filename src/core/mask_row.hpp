@@ -1,5 +1,6 @@
-// The mask step of a score tile, one row at a time; shared by the forward and
-// backward main loops so both see exactly the same visible set.
+// The mask step of a score tile, one row at a time: the score modifiers (soft
+// cap, then band and mask tensor); shared by the forward and backward main
+// loops so both see exactly the same scores and visible set.
 #pragma once
 
 #include <cmath>
@@ -7,17 +8,37 @@
 #include <limits>
 
 #include "core/problem.hpp"
+#include "core/softcap.hpp"
 
 namespace tileattn::detail {
 
-// s[0, n) holds the scores (log2 units) of query row i of sequence `seq`
-// against keys j0 .. j0 + n - 1, for query head `head` of batch `batch`.
-// Hides the keys outside the band (only when the tile is partial for the
-// band) and applies the boolean or additive mask tensor.
+// Whether a tile needs the mask step: a band-partial tile, a mask tensor, or
+// a score modifier (soft cap, ALiBi: they change every score of every tile,
+// fully visible ones too).
+static inline bool needs_mask_step(const Problem& p, bool band_partial) {
+  return band_partial || p.args.mask.kind != MaskSpec::Kind::none || p.softcap_log2 > 0.0f ||
+         p.args.alibi_slopes != nullptr;
+}
+
+// s[0, n) holds the scores (log2 units, scaled) of query row i of sequence
+// `seq` against keys j0 .. j0 + n - 1, for query head `head` of batch
+// `batch`. Caps them (Problem::softcap_log2 > 0; with `softcap_tanh`, the
+// tanh of each is stored there for the backward), adds the ALiBi bias, hides
+// the keys outside the band (only when the tile is partial for the band) and
+// applies the boolean or additive mask tensor, in FlashAttention-2's order:
+// cap first, biases and masks after.
 static inline void mask_score_row(float* s, int64_t n, const Problem& p, const Sequence& seq,
                                   int64_t batch, int64_t head, int64_t i, int64_t j0,
-                                  bool band_partial) {
+                                  bool band_partial, float* softcap_tanh = nullptr) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  if (p.softcap_log2 > 0.0f) softcap_row(s, n, p.softcap_log2, softcap_tanh);
+  if (p.args.alibi_slopes) {
+    // -slope * |i + offset - j| in log2 units. Distances are exact in fp32
+    // below 2^24 keys.
+    const float slope = p.args.alibi_slopes[batch * p.args.alibi_batch_stride + head] * kLog2e;
+    const float d0 = static_cast<float>(i + seq.offset - j0);
+    for (int64_t c = 0; c < n; ++c) s[c] -= slope * std::fabs(d0 - static_cast<float>(c));
+  }
   if (band_partial) {
     // Visible columns of this row form one interval [lo, hi).
     const int64_t lo = min64(n, max64(0, i + seq.offset - p.band.left - j0));

@@ -13,6 +13,7 @@ Problem describe(const ForwardArgs& args) {
   float scale = std::isnan(args.scale) ? 1.0f / std::sqrt(static_cast<float>(args.shape.head_dim))
                                        : args.scale;
   p.score_scale = scale * kLog2e;
+  p.softcap_log2 = args.softcap * kLog2e;  // core/softcap.hpp: the cap keeps its form in log2 units
   p.band = make_band(args.mask);
   p.head_dim_padded = round_up(args.shape.head_dim, kPanelWidth);
   return p;

@@ -42,6 +42,7 @@ struct Problem {
   TileProduct product = TileProduct::fp32_fma;
   int64_t group = 1;           // query heads per KV head
   float score_scale = 0.0f;    // softmax scale * log2(e): scores live in log2 units
+  float softcap_log2 = 0.0f;   // args.softcap * log2(e): the cap in those units (0: off)
   Band band;
   int64_t head_dim_padded = 0;  // head_dim rounded up to kPanelWidth
   int block_q = 0;              // query rows per tile

@@ -2,6 +2,7 @@
 // option is checked before anything is allocated or written. Errors name the
 // argument and what was expected.
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/problem.hpp"
@@ -111,6 +112,22 @@ void validate(const ForwardArgs& a) {
     fail("dtype: expected fp32, fp16 or bf16");
   if (!std::isnan(a.scale) && !std::isfinite(a.scale))
     fail("scale must be finite (or NaN for 1/sqrt(head_dim))");
+  if (!(a.softcap >= 0.0f && std::isfinite(a.softcap)))
+    fail("softcap must be finite and >= 0 (0: off), got " + std::to_string(a.softcap));
+  if (a.alibi_batch_stride < 0)
+    fail("alibi_batch_stride must be >= 0, got " + str(a.alibi_batch_stride));
+  if (a.alibi_slopes && s.batch > 0) {
+    // The slopes are few (heads, or batch x heads): read them all now.
+    if (s.batch > 1 && a.alibi_batch_stride > 0 &&
+        a.alibi_batch_stride > (std::numeric_limits<int64_t>::max() - s.heads) / (s.batch - 1))
+      fail("alibi_slopes: batch stride x batch overflows");
+    for (int64_t b = 0; b < (a.alibi_batch_stride > 0 ? s.batch : 1); ++b)
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const float slope = a.alibi_slopes[b * a.alibi_batch_stride + h];
+        if (!std::isfinite(slope))
+          fail("alibi_slopes[" + str(b) + ", " + str(h) + "] must be finite, got " + std::to_string(slope));
+      }
+  }
   if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f))
     fail("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
   if (a.threads < 0) fail("threads must be >= 0, got " + str(a.threads));

@@ -33,6 +33,9 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
     f.kv.num_pages = a.num_pages;
   }
   f.scale = a.scale;
+  f.softcap = a.softcap;
+  f.alibi_slopes = a.alibi_slopes;
+  f.alibi_batch_stride = a.alibi_batch_stride;
   f.threads = a.threads;
   f.isa = a.isa;
   return f;

@@ -1,6 +1,7 @@
 #include "tileattn/reference.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "core/half.hpp"
@@ -69,7 +70,13 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
           Real dot = 0;
           for (int64_t c = 0; c < d; ++c)
             dot += qrow[c] * Real(load_element(a.k.data, dt, k_off + c * a.k.stride[3]));
-          Real score = dot * Real(scale) + Real(bias);
+          Real score = dot * Real(scale);
+          // Soft cap, then masks and bias (FlashAttention-2's order).
+          if (a.softcap > 0.0f) score = Real(a.softcap) * std::tanh(score / Real(a.softcap));
+          if (a.alibi_slopes)
+            score -= Real(a.alibi_slopes[b * a.alibi_batch_stride + h]) *
+                     Real(std::llabs(i + seq.offset - j));
+          score += Real(bias);
           if (score == -std::numeric_limits<Real>::infinity()) {
             visible[j] = false;  // an additive -inf hides the key
             continue;

@@ -78,6 +78,99 @@ void add_half_precision_cases(const std::function<void(Case)>& add) {
     }
 }
 
+// Soft cap c = 5 on scores that exceed it: inputs in [-4, 4] give scaled
+// scores of standard deviation ~5 at any head_dim (16 sqrt(D) / 3 / sqrt(D)),
+// so a third of them are beyond the cap and a missing or wrong cap shows.
+// Fully visible tiles (none), band-partial ones (causal, window), a bias
+// added after the cap, GQA, and bf16 (whose products may defer the scale).
+void add_softcap_cases(const std::function<void(Case)>& add) {
+  for (auto [m, nq, nk] : {std::tuple<MaskCase, int64_t, int64_t>{MaskCase::none, 97, 97},
+                           {MaskCase::causal, 97, 130},
+                           {MaskCase::causal, 130, 17},
+                           {MaskCase::window, 97, 150},
+                           {MaskCase::additive, 70, 70},
+                           {MaskCase::boolean, 33, 70}}) {
+    Case c;
+    c.seqlen_q = nq;
+    c.seqlen_k = nk;
+    c.head_dim = 40;
+    c.mask = m;
+    c.softcap = 5.0f;
+    c.input_scale = 4.0f;
+    add(c);
+  }
+  Case gqa = gqa_case(8, 2);
+  gqa.softcap = 5.0f;
+  gqa.input_scale = 4.0f;
+  add(gqa);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Case c;
+    c.dtype = dt;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.seqlen_q = 97;
+    c.seqlen_k = 130;
+    c.head_dim = 80;
+    c.mask = MaskCase::causal;
+    c.softcap = 5.0f;
+    c.input_scale = 4.0f;
+    add(c);
+  }
+}
+
+// ALiBi: slopes per head and per (batch, head); unequal lengths (the
+// bottom-right offset), fully visible tiles (none), band-partial ones,
+// varlen (per-sequence offsets), GQA, bf16 (whose products may defer the
+// scale), and together with a soft cap and an additive mask.
+void add_alibi_cases(const std::function<void(Case)>& add) {
+  for (auto [m, nq, nk, alibi] :
+       {std::tuple<MaskCase, int64_t, int64_t, Case::Alibi>{MaskCase::none, 97, 97, Case::Alibi::heads},
+        {MaskCase::causal, 97, 130, Case::Alibi::batch_heads},
+        {MaskCase::none, 130, 17, Case::Alibi::batch_heads},
+        {MaskCase::window, 97, 150, Case::Alibi::heads}}) {
+    Case c;
+    c.batch = 2;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.seqlen_q = nq;
+    c.seqlen_k = nk;
+    c.head_dim = 40;
+    c.mask = m;
+    c.alibi = alibi;
+    add(c);
+  }
+  Case varlen;
+  varlen.varlen = true;
+  varlen.heads = 4;
+  varlen.kv_heads = 2;
+  varlen.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
+  varlen.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
+  varlen.mask = MaskCase::causal;
+  varlen.alibi = Case::Alibi::batch_heads;
+  add(varlen);
+  Case both;
+  both.seqlen_q = 70;
+  both.seqlen_k = 90;
+  both.head_dim = 40;
+  both.mask = MaskCase::additive;
+  both.softcap = 5.0f;
+  both.input_scale = 4.0f;
+  both.alibi = Case::Alibi::heads;
+  add(both);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Case c;
+    c.dtype = dt;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.seqlen_q = 97;
+    c.seqlen_k = 130;
+    c.head_dim = 80;
+    c.mask = MaskCase::causal;
+    c.alibi = Case::Alibi::heads;
+    add(c);
+  }
+}
+
 Case head_dim_case(int64_t d, MaskCase m) {
   Case c;
   c.head_dim = d;
@@ -168,6 +261,31 @@ std::vector<Case> correctness_cases() {
     c.seqlen_k = 2048;
     c.head_dim = 128;
     c.mask = MaskCase::causal;
+    add(c);
+  }
+  add_softcap_cases(add);  // last: the cases above keep their seeds
+  {
+    // Decode with a soft cap: the few-rows products and the split-KV merge.
+    Case c;
+    c.heads = 8;
+    c.kv_heads = 2;
+    c.seqlen_q = 1;
+    c.seqlen_k = 1500;
+    c.mask = MaskCase::causal;
+    c.softcap = 5.0f;
+    c.input_scale = 4.0f;
+    add(c);
+  }
+  add_alibi_cases(add);
+  {
+    // Decode with ALiBi: the few-rows products and the split-KV merge.
+    Case c;
+    c.heads = 8;
+    c.kv_heads = 2;
+    c.seqlen_q = 1;
+    c.seqlen_k = 1500;
+    c.mask = MaskCase::causal;
+    c.alibi = Case::Alibi::heads;
     add(c);
   }
   for (size_t i = 0; i < cases.size(); ++i) cases[i].seed = 1000 + i;

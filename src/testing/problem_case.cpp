@@ -39,6 +39,9 @@ std::string Case::name() const {
   if (mask == MaskCase::window) s << "(" << window_left << "," << window_right << ")";
   if (strided) s << "_strided";
   if (varlen) s << "_varlen";
+  if (softcap > 0.0f) s << "_softcap" << softcap;
+  if (alibi == Alibi::heads) s << "_alibi";
+  if (alibi == Alibi::batch_heads) s << "_alibiBH";
   return s.str();
 }
 
@@ -97,6 +100,16 @@ CaseData::CaseData(const Case& cs) : c(cs) {
     a.cu_seqlens_k = cu_k.data();
   }
   a.scale = c.scale;
+  a.softcap = c.softcap;
+  if (c.alibi != Case::Alibi::none) {
+    // The standard ALiBi slopes 2^(-8 (h + 1) / heads); per batch entry b scaled by 1 + b / 2.
+    const int64_t rows = c.alibi == Case::Alibi::batch_heads ? a.shape.batch : 1;
+    for (int64_t b = 0; b < rows; ++b)
+      for (int64_t h = 0; h < c.heads; ++h)
+        alibi_slopes.push_back(std::exp2(-8.0f * float(h + 1) / float(c.heads)) * (1.0f + 0.5f * float(b)));
+    a.alibi_slopes = alibi_slopes.data();
+    a.alibi_batch_stride = c.alibi == Case::Alibi::batch_heads ? c.heads : 0;
+  }
   const int64_t mask_b = a.shape.batch;
   const int64_t mask_elems = mask_b * c.heads * max_nq * max_nk;
   const std::array<int64_t, 4> mask_stride{c.heads * max_nq * max_nk, max_nq * max_nk, max_nk, 1};

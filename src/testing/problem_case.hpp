@@ -28,6 +28,10 @@ struct Case {
   std::vector<int32_t> varlen_q_lengths, varlen_k_lengths;
   bool with_lse = true;
   float scale = std::numeric_limits<float>::quiet_NaN();
+  float softcap = 0.0f;      // ForwardArgs::softcap (0: off)
+  // ALiBi slopes: none, [heads] (the standard geometric slopes), or [batch, heads]
+  // (those scaled by 1 + batch / 2).
+  enum class Alibi { none, heads, batch_heads } alibi = Alibi::none;
   float input_scale = 1.0f;  // inputs are uniform in [-input_scale, input_scale]
   uint64_t seed = 1;
   std::string name() const;
@@ -42,6 +46,7 @@ struct CaseData {
   std::vector<uint8_t> bool_mask;
   std::vector<float> add_mask;
   std::vector<int32_t> cu_q, cu_k;
+  std::vector<float> alibi_slopes;
   ForwardArgs args;
 
   explicit CaseData(const Case& c);

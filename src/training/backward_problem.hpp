@@ -83,7 +83,7 @@ static inline KeyRange visible_queries(const Band& band, const Sequence& s, int6
 // pieces (each 64-byte aligned). One definition serves the sizing in
 // backward.cpp and the carving in backward_mainloop.hpp.
 struct BackwardScratchLayout {
-  int64_t k_rows, k_t, v_t, dk, dv, q, d_o, s, dp, z, pd, transposed, row_ptrs, key_ptrs;
+  int64_t k_rows, k_t, v_t, dk, dv, q, d_o, s, dp, z, pd, softcap_tanh, transposed, row_ptrs, key_ptrs;
   // bf16 products (fwd.product == bf16_dot; 0 otherwise), bf16 pieces in the
   // pair layout of isa/avx512bf16/bf16_kernels.hpp, reductions padded to 32:
   int64_t bf16_kv;     // BLOCK_KV rounded up to 32
@@ -119,6 +119,7 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
   l.dp = take(tile);          // dO V^T, then dS
   l.z = p.dropout.active ? take(tile) : 0;   // dropout factors
   l.pd = p.dropout.active ? take(tile) : 0;  // P o Z
+  l.softcap_tanh = p.fwd.softcap_log2 > 0.0f ? take(tile) : 0;  // tanh of each capped score
   l.transposed = take(kv * bq);              // (BLOCK_KV_pad, BLOCK_Q_pad): (P o Z)^T, then dS^T
   l.row_ptrs = take(2 * bq);                 // row pointers for the transposes (8-byte slots)
   l.key_ptrs = take(2 * kv);                 // K/V row pointers

@@ -1,6 +1,7 @@
 #include "training/reference_backward.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "core/dropout.hpp"
@@ -43,7 +44,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
   std::vector<Real> dq(out.o.size(), Real(0));
   std::vector<Real> dk(size_t(k_batches * s.kv_heads * s.seqlen_k * d), Real(0)), dv(dk.size(), Real(0));
 
-  std::vector<Real> q, o, g, prob, zeta, krows, vrows;
+  std::vector<Real> q, o, g, prob, zeta, dcap, krows, vrows;
   std::vector<char> visible;
   for (int64_t b = 0; b < s.batch; ++b) {
     const detail::Sequence seq = detail::sequence_of(p, b);
@@ -68,6 +69,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
         for (int64_t c = 0; c < d; ++c) q[c] = Real(load_element(a.q.data, dt, q_off + c * a.q.stride[3]));
         // Scores of visible keys, their max.
         prob.assign(size_t(nk), Real(0));
+        dcap.assign(size_t(nk), Real(1));
         visible.assign(size_t(nk), 0);
         Real max_score = -std::numeric_limits<Real>::infinity();
         bool any = false;
@@ -83,7 +85,16 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
           if (!keep) continue;
           Real dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += q[c] * krows[size_t(j * d + c)];
-          const Real score = dot * scale + bias;
+          Real score = dot * scale;
+          if (a.softcap > 0.0f) {
+            // Soft cap before masks and bias; d(capped) / d(score) = 1 - tanh^2.
+            const Real t = std::tanh(score / Real(a.softcap));
+            score = Real(a.softcap) * t;
+            dcap[j] = Real(1) - t * t;
+          }
+          if (a.alibi_slopes)
+            score -= Real(a.alibi_slopes[b * a.alibi_batch_stride + h]) * Real(std::llabs(i + seq.offset - j));
+          score += bias;
           if (score == -std::numeric_limits<Real>::infinity()) continue;
           visible[j] = 1;
           prob[j] = score;
@@ -122,7 +133,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
           if (!visible[j]) continue;
           Real dp = 0;
           for (int64_t c = 0; c < d; ++c) dp += g[c] * vrows[size_t(j * d + c)];
-          const Real ds = prob[j] * (zeta[j] * dp - delta);
+          const Real ds = prob[j] * (zeta[j] * dp - delta) * dcap[j];
           const Real pz = prob[j] * zeta[j];
           const size_t kv_row = size_t(((seq.k_batch * s.kv_heads + kvh) * s.seqlen_k + seq.k_row0 + j) * d);
           for (int64_t c = 0; c < d; ++c) {

@@ -63,8 +63,12 @@ tileattn_backward_args c_args(const BackwardArgs& b, const tileattn_forward_args
 }
 
 TEST(CApiBackward, BitwiseEqualToCpp) {
-  for (testing::MaskCase mask : {testing::MaskCase::none, testing::MaskCase::causal, testing::MaskCase::boolean}) {
+  for (testing::MaskCase mask : {testing::MaskCase::none, testing::MaskCase::causal, testing::MaskCase::boolean})
+  for (float softcap : {0.0f, 5.0f}) {
     Case c;
+    c.softcap = softcap;
+    if (softcap > 0.0f) c.alibi = Case::Alibi::batch_heads;
+    c.input_scale = softcap > 0.0f ? 4.0f : 1.0f;
     c.batch = 2;
     c.heads = 4;
     c.kv_heads = 2;

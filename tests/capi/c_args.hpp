@@ -44,6 +44,9 @@ inline tileattn_forward_args to_c_args(const ForwardArgs& a) {
   c.page_size = a.kv.page_size;
   c.num_pages = a.kv.num_pages;
   c.scale = a.scale;
+  c.softcap = a.softcap;
+  c.alibi_slopes = a.alibi_slopes;
+  c.alibi_batch_stride = a.alibi_batch_stride;
   c.dropout_p = a.dropout_p;
   c.seed = a.seed;
   c.threads = a.threads;

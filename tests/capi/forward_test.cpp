@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -83,6 +84,18 @@ std::vector<Case> cases() {
   mqa.kv_heads = 1;
   mqa.scale = 0.3f;
   out.push_back(mqa);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Case capped = base;  // scores beyond the cap (testing/case_table.cpp)
+    capped.dtype = dtype;
+    capped.mask = MaskCase::causal;
+    capped.softcap = 5.0f;
+    capped.input_scale = 4.0f;
+    out.push_back(capped);
+    Case alibi = base;
+    alibi.dtype = dtype;
+    alibi.alibi = Case::Alibi::batch_heads;
+    out.push_back(alibi);
+  }
   Case varlen = base;
   varlen.varlen = true;
   varlen.varlen_q_lengths = {5, 0, 33};
@@ -154,6 +167,43 @@ TEST(CApiForward, StructSizeVersioning) {
   for (float x : data.o32) ASSERT_EQ(x, 0.0f);
 }
 
+
+// A caller compiled before softcap was appended (struct_size ends at
+// block_kv) gets no cap whatever lies beyond its struct; a negative or NaN
+// cap is refused by name.
+TEST(CApiForward, SoftcapVersioningAndBadValues) {
+  Case capped;
+  capped.softcap = 5.0f;
+  capped.input_scale = 4.0f;
+  CaseData data(capped);
+  ForwardArgs plain = data.args;
+  plain.softcap = 0.0f;
+  attention_forward(plain);
+  const std::vector<float> uncapped = data.o32;
+  attention_forward(data.args);
+  const std::vector<float> with_cap = data.o32;
+  ASSERT_NE(uncapped, with_cap);
+
+  tileattn_forward_args c = capi_testing::to_c_args(data.args);
+  c.struct_size = offsetof(tileattn_forward_args, block_kv) + sizeof c.block_kv;  // the first release
+  std::fill(data.o32.begin(), data.o32.end(), 0.0f);
+  ASSERT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(data.o32, uncapped);
+  c.struct_size = sizeof c;
+  ASSERT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(data.o32, with_cap);
+
+  for (float bad : {-5.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    c.softcap = bad;
+    std::fill(data.o32.begin(), data.o32.end(), 0.0f);
+    EXPECT_EQ(tileattn_forward(&c), TILEATTN_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tileattn_last_error()).find("softcap"), std::string::npos) << tileattn_last_error();
+    for (float x : data.o32) ASSERT_EQ(x, 0.0f);
+  }
+  c.softcap = 5.0f;
+  c.reserved1 = 1;
+  EXPECT_EQ(tileattn_forward(&c), TILEATTN_INVALID_ARGUMENT);
+}
 
 // tileattn_merge_states: a NaN LSE against an empty side (-inf) gives NaN in
 // both argument orders; an o_out that overlaps o_a in another view is refused.

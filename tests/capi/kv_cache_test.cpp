@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tileattn/kv_cache.hpp"
@@ -111,6 +112,9 @@ tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
   c.window_left = a.window_left;
   c.window_right = a.window_right;
   c.scale = a.scale;
+  c.softcap = a.softcap;
+  c.alibi_slopes = a.alibi_slopes;
+  c.alibi_batch_stride = a.alibi_batch_stride;
   c.threads = a.threads;
   return c;
 }
@@ -139,6 +143,35 @@ TEST(CApiKvCache, AppendAndAttendBitwiseEqualToCpp) {
     EXPECT_EQ(via_c.o, cpp.o);
     EXPECT_EQ(via_c.lse, cpp.lse);
   }
+}
+
+// The soft cap reaches the kernel through the C struct: same bits as C++,
+// and not the uncapped result.
+TEST(CApiKvCache, SoftcapBitwiseEqualToCpp) {
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    Decode cpp(paged), via_c(paged), uncapped(paged);
+    const std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f};
+    KvCacheArgs a = cpp.cpp_args();
+    a.softcap = 0.3f;
+    a.alibi_slopes = slopes.data();
+    attention_with_kvcache(a);
+    attention_with_kvcache(uncapped.cpp_args());
+    KvCacheArgs b = via_c.cpp_args();
+    b.softcap = 0.3f;
+    b.alibi_slopes = slopes.data();
+    const tileattn_kv_cache_args c = to_c(b);
+    ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+    EXPECT_EQ(via_c.o, cpp.o);
+    EXPECT_EQ(via_c.lse, cpp.lse);
+    EXPECT_NE(cpp.o, uncapped.o);
+  }
+  Decode bad(false);
+  KvCacheArgs a = bad.cpp_args();
+  a.softcap = -1.0f;
+  const tileattn_kv_cache_args c = to_c(a);
+  EXPECT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("softcap"), std::string::npos) << tileattn_last_error();
 }
 
 TEST(CApiKvCache, AppendOnlyThenAttend) {

@@ -25,6 +25,7 @@ void run_backward_case(const testing::BackwardCase& bc) {
                       " --layout " + layout_name(c.layout) + " --dropout " + std::to_string(bc.dropout_p) +
                       " --seed " + std::to_string(bc.dropout_seed);
   if (c.mask == testing::MaskCase::causal) flags += " --causal";
+  if (c.softcap > 0.0f) flags += " --softcap " + std::to_string(c.softcap);
   const Result r = run_cli(flags, dir);
   ASSERT_EQ(r.status, 0) << r.err;
 
@@ -60,6 +61,20 @@ TEST(cliRun, BackwardWithDropout) {
   run_backward_case(bc);
   bc.c.dtype = DType::f16;
   bc.c.layout = Layout::bshd;
+  run_backward_case(bc);
+}
+
+TEST(cliRun, BackwardWithSoftcap) {
+  testing::BackwardCase bc;
+  bc.c.heads = 4;
+  bc.c.kv_heads = 2;
+  bc.c.seqlen_q = 37;
+  bc.c.seqlen_k = 50;
+  bc.c.head_dim = 24;
+  bc.c.mask = testing::MaskCase::causal;
+  bc.c.softcap = 5.0f;
+  bc.c.input_scale = 4.0f;
+  bc.c.seed = 13;
   run_backward_case(bc);
 }
 

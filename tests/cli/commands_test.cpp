@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "cli/args.hpp"
 #include "cli/cli_support.hpp"
 
 namespace tileattn::cli_test {
@@ -200,6 +201,38 @@ TEST(cliBench, BadFlagsAndBackward) {
   EXPECT_NE(r.err.find("--kv-heads"), std::string::npos);
   r = run_cli("bench --seq 0 --backward", dir);
   EXPECT_EQ(r.status, 2);
+}
+
+// --softcap reaches the JSON, forward, backward and decode; a bad value is refused.
+TEST(cliBench, Softcap) {
+  TempDir dir;
+  for (const char* pass : {"", " --backward", " --decode"}) {
+    const Result r = run_cli(std::string("bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline "
+                                         "--causal --softcap 30 --json") + pass, dir);
+    ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
+    const Json j = parse_or_fail(r.out);
+    EXPECT_EQ(j.get("softcap")->num, 30.0);
+    EXPECT_FALSE(j.get("alibi")->flag);
+  }
+  const Result alibi = run_cli("bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --alibi --json", dir);
+  ASSERT_EQ(alibi.status, 0) << alibi.err;
+  EXPECT_TRUE(parse_or_fail(alibi.out).get("alibi")->flag);
+  const Result r = run_cli("bench --heads 2 --seq 64 --dim 32 --softcap -2", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--softcap"), std::string::npos) << r.err;
+}
+
+// Power-of-two head counts: 2^(-8 (h + 1) / n); 12 heads: the 8 of 8, then
+// 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5 (every other slope of 16).
+TEST(cliAlibi, StandardSlopes) {
+  const std::vector<float> four = cli::standard_alibi_slopes(4);
+  EXPECT_EQ(four, (std::vector<float>{0.25f, 0.0625f, 0.015625f, 0.00390625f}));
+  const std::vector<float> twelve = cli::standard_alibi_slopes(12);
+  ASSERT_EQ(twelve.size(), 12u);
+  EXPECT_EQ(twelve[0], 0.5f);
+  EXPECT_EQ(twelve[7], 0.00390625f);
+  EXPECT_FLOAT_EQ(twelve[8], std::exp2(-0.5f));
+  EXPECT_FLOAT_EQ(twelve[11], std::exp2(-3.5f));
 }
 
 TEST(cliBench, BackwardCountsTenDFlopsPerPair) {

@@ -92,6 +92,9 @@ TEST_F(cliRunErrors, BadFlagsAndNumbers) {
   expect_failure(inputs() + " --scale nan", "--scale");
   expect_failure(inputs() + " --scale inf", "--scale");
   expect_failure(inputs() + " --scale 1.5x", "--scale");
+  expect_failure(inputs() + " --softcap -1", "--softcap");
+  expect_failure(inputs() + " --softcap nan", "--softcap");
+  expect_failure(inputs() + " --softcap inf", "--softcap");
   expect_failure(inputs() + " --threads abc", "--threads");
   expect_failure(inputs() + " --threads 0", "--threads");
   expect_failure(inputs() + " --window 5", "--window");

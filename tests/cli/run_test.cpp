@@ -42,6 +42,11 @@ testing::Comparison run_case(const Case& c, const std::string& extra = "", bool 
     flags += " --mask '" + (dir / "m.npy") + "'";
   }
   if (!std::isnan(c.scale)) flags += " --scale " + std::to_string(c.scale);
+  // (`extra` may give its own --softcap: the run then differs from the case's reference.)
+  if (c.softcap > 0.0f && extra.find("--softcap") == std::string::npos)
+    flags += " --softcap " + std::to_string(c.softcap);
+  // --alibi takes the standard slopes of Hq heads: the case's Alibi::heads slopes for a power of two.
+  if (c.alibi == Case::Alibi::heads) flags += " --alibi";
   const Result r = run_cli(flags + " " + extra, dir);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
@@ -122,6 +127,34 @@ TEST(cliRun, Fp16AndBf16) {
   c.layout = Layout::bshd;
   cmp = run_case(c);
   EXPECT_TRUE(cmp.ok()) << cmp.describe();
+}
+
+// --softcap C on scores beyond C (inputs in [-4, 4]): causal GQA fp32 and
+// bf16, an additive mask (added after the cap); and a run without the flag
+// fails the capped reference.
+TEST(cliRun, Softcap) {
+  Case c = base();
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.mask = MaskCase::causal;
+  c.softcap = 5.0f;
+  c.input_scale = 4.0f;
+  testing::Comparison cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.dtype = DType::bf16;
+  c.mask = MaskCase::additive;
+  cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.alibi = Case::Alibi::heads;  // and with ALiBi, bshd
+  c.layout = Layout::bshd;
+  cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.alibi = Case::Alibi::none;
+  c.layout = Layout::bhsd;
+  c.dtype = DType::f32;
+  c.mask = MaskCase::none;
+  cmp = run_case(c, "--softcap 0");  // the capped case's reference, an uncapped run
+  EXPECT_FALSE(cmp.ok()) << cmp.describe();
 }
 
 // The comparison above can fail: a wrong scale is caught.

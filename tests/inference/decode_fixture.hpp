@@ -25,6 +25,8 @@ struct DecodeSpec {
   int threads = 2;
   Isa isa = Isa::automatic;
   bool cache_bshd = false;  // contiguous cache as [batch, capacity, kv_heads, D]
+  float softcap = 0.0f;
+  std::vector<float> alibi_slopes;  // [heads], or [batch * heads] (then per sequence)
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream s;
@@ -33,7 +35,8 @@ struct DecodeSpec {
     s << " new " << new_tokens << (causal ? " causal" : "") << " window " << window_left << ","
       << window_right << " page " << page_size << " rotary " << rotary_dim
       << (rotary_interleaved ? " gptj" : "") << " threads " << threads << " isa " << isa_name(isa)
-      << (cache_bshd ? " bshd cache" : "");
+      << (cache_bshd ? " bshd cache" : "") << (softcap > 0.0f ? " softcap " + std::to_string(softcap) : "")
+      << (alibi_slopes.empty() ? "" : " alibi");
     return s.str();
   }
 };
@@ -149,6 +152,11 @@ struct DecodeRun {
     a.causal = s.causal;
     a.window_left = s.window_left;
     a.window_right = s.window_right;
+    a.softcap = s.softcap;
+    if (!s.alibi_slopes.empty()) {
+      a.alibi_slopes = spec.alibi_slopes.data();
+      a.alibi_batch_stride = int64_t(s.alibi_slopes.size()) > s.heads ? s.heads : 0;
+    }
     a.threads = s.threads;
     a.isa = s.isa;
     if (s.rotary_dim > 0) {
@@ -228,6 +236,9 @@ struct DecodeRun {
     f.mask.causal = s.causal;
     f.mask.window_left = s.window_left;
     f.mask.window_right = s.window_right;
+    f.softcap = s.softcap;
+    f.alibi_slopes = args.alibi_slopes;
+    f.alibi_batch_stride = args.alibi_batch_stride;
     // Equal lengths: a plain dense forward; otherwise per-sequence lengths.
     if (std::any_of(lengths.begin(), lengths.end(), [&](int32_t l) { return l != max_len; }))
       f.kv.seqlens = lengths.data();

@@ -3,6 +3,8 @@
 // bound set by the naive same-precision implementation.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "decode_fixture.hpp"
 #include "tileattn/machine.hpp"
 
@@ -97,6 +99,46 @@ TEST(Decode, SlidingWindows) {
       spec.window_right = w.right;
       spec.cached = {cached};
       spec.new_tokens = 17;
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
+// A soft cap of 0.3 on scores of standard deviation ~0.33 (inputs in [-1, 1],
+// D = 64): contiguous and paged caches, GQA, one and several new tokens, a
+// window, bf16 (whose products would defer the scale).
+TEST(Decode, Softcap) {
+  for (int64_t page : {0, 16})
+    for (int64_t n : {1, 5}) {
+      DecodeSpec spec;
+      spec.heads = 8;
+      spec.softcap = 0.3f;
+      spec.cached = {40, 700};
+      spec.new_tokens = n;
+      spec.page_size = page;
+      expect_decode_matches_full_sequence(spec);
+      spec.dtype = DType::bf16;
+      spec.window_left = 100;
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
+// ALiBi in decode: the bias's offset is each sequence's own cache length
+// (sequences of 40 and 700 tokens), slopes per head and per (sequence, head);
+// contiguous and paged, with a soft cap too.
+TEST(Decode, Alibi) {
+  for (int64_t page : {0, 16})
+    for (bool per_sequence : {false, true}) {
+      DecodeSpec spec;
+      spec.heads = 8;
+      spec.cached = {40, 700};
+      spec.new_tokens = 3;
+      spec.page_size = page;
+      for (int64_t b = 0; b < (per_sequence ? 2 : 1); ++b)
+        for (int64_t h = 0; h < spec.heads; ++h)
+          spec.alibi_slopes.push_back(std::exp2(-float(h + 1)) * (1.0f + float(b)));
+      expect_decode_matches_full_sequence(spec);
+      spec.softcap = 0.3f;
+      spec.dtype = DType::bf16;
       expect_decode_matches_full_sequence(spec);
     }
 }

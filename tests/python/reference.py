@@ -84,9 +84,10 @@ def visible(nq, nk, causal=False, window=(-1, -1)):
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), bool_mask=None, add_mask=None,
-              dtype=np.float64, round_output=None):
+              softcap=0.0, alibi_slopes=None, dtype=np.float64, round_output=None):
     """Attention on [B, H, N, D] arrays computed in `dtype` (float64: the reference; float32: the
-    naive same-precision baseline, whose output is rounded with round_output).
+    naive same-precision baseline, whose output is rounded with round_output). softcap > 0: the
+    scaled scores x become softcap * tanh(x / softcap) before the masks (FlashAttention-2).
 
     Returns (o, lse); rows that see no key give o = 0 and lse = -inf.
     """
@@ -98,6 +99,12 @@ def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), bool_mask=N
     nk = k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * dtype(scale)
+    if softcap:
+        s = dtype(softcap) * np.tanh(s / dtype(softcap))
+    if alibi_slopes is not None:  # [H] or [B, H]: -slope * |i + nk - nq - j|
+        slopes = np.broadcast_to(np.asarray(alibi_slopes, dtype=dtype), (b, h))
+        dist = np.abs(np.arange(nq)[:, None] + (nk - nq) - np.arange(nk)[None, :]).astype(dtype)
+        s = s - slopes[:, :, None, None] * dist
     keep = np.broadcast_to(visible(nq, nk, causal, window), s.shape)
     if bool_mask is not None:
         keep = keep & np.broadcast_to(bool_mask, s.shape)

@@ -26,6 +26,29 @@ def test_opcheck_forward_and_backward_ops():
     torch.library.opcheck(ops.flash_attention_backward.default,
                           (q, k, v, o, lse, torch.randn_like(o), torch.zeros_like(lse), None, 0.0, 0.25,
                            False, -1, -1, 0, 0), test_utils=("test_schema", "test_faketensor"))
+    # With a soft cap (the trailing argument, default 0.0).
+    q, k, v = inputs(requires_grad=True)
+    torch.library.opcheck(ops.flash_attention.default, (q, k, v, mask, 0.0, 0.25, True, -1, -1, 0, 0, 2.0),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    q, k, v = inputs()
+    o, lse = ops.flash_attention(q, k, v, None, 0.0, 0.25, False, -1, -1, 0, 0, 2.0)
+    torch.library.opcheck(ops.flash_attention_backward.default,
+                          (q, k, v, o, lse, torch.randn_like(o), torch.zeros_like(lse), None, 0.0, 0.25,
+                           False, -1, -1, 0, 0, 2.0), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compile_fullgraph_with_softcap():
+    def layer(q, k, v):
+        return tileattn.flash_attention(q * 2, k, v, is_causal=True, softcap=2.0).sum()
+
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    q, k, v = inputs(requires_grad=True)
+    compiled(q, k, v).backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    q2, k2, v2 = inputs(requires_grad=True)
+    layer(q2, k2, v2).backward()
+    for a, b in zip(got, (q2.grad, k2.grad, v2.grad)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_compile_fullgraph_forward_and_backward():

@@ -17,10 +17,17 @@ from reference import DELTA_FLOOR_FRACTION, check_rows, gradient_floor_fraction
 NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def masked_scores(q, k, scale, causal=False, window=(-1, -1), bool_mask=None, add_mask=None):
-    """scale * q k^T with the masks applied (-inf where hidden), in q's dtype; k already per head."""
+def masked_scores(q, k, scale, causal=False, window=(-1, -1), bool_mask=None, add_mask=None, softcap=0.0,
+                  alibi_slopes=None):
+    """scale * q k^T (soft-capped: softcap * tanh(. / softcap)) with the masks applied (-inf where
+    hidden), in q's dtype; k already per head."""
     nq, nk = q.shape[2], k.shape[2]
     s = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        dist = (torch.arange(nq)[:, None] + (nk - nq) - torch.arange(nk)[None, :]).abs().to(s.dtype)
+        s = s - alibi_slopes.to(s.dtype).expand(q.shape[0], q.shape[1])[:, :, None, None] * dist
     i = torch.arange(nq)[:, None] + (nk - nq)
     j = torch.arange(nk)[None, :]
     keep = torch.ones(nq, nk, dtype=torch.bool)
@@ -56,7 +63,8 @@ def math_attention(q, k, v, scale, **mask):
 def naive_grads(q, k, v, g, g_lse, scale, dtype, **mask):
     """The naive same-precision backward, as the C++ naive_backward forms it
     (src/training/reference_backward.cpp): inputs as stored, P in fp32, O rounded to the dtype
-    before D = rowsum(dO * O), dS = P * (dP - D + dlse), gradients in fp32 rounded to the dtype."""
+    before D = rowsum(dO * O), dS = P * (dP - D + dlse) (times 1 - tanh^2 through a soft cap),
+    gradients in fp32 rounded to the dtype."""
     b, h, nq, d = q.shape
     hk = k.shape[1]
     group = h // hk
@@ -65,6 +73,9 @@ def naive_grads(q, k, v, g, g_lse, scale, dtype, **mask):
     o = (p @ v).to(dtype).float()
     delta = (g * o).sum(-1, keepdim=True)
     ds = p * (g @ v.transpose(-1, -2) - delta + (0 if g_lse is None else g_lse.unsqueeze(-1)))
+    if mask.get("softcap"):
+        t = torch.tanh(q @ k.transpose(-1, -2) * scale / mask["softcap"])
+        ds = ds * (1 - t * t)
     dq = ds @ k * scale
     dk = (ds.transpose(-1, -2) @ q * scale).view(b, hk, group, -1, d).sum(2)
     dv = (p.transpose(-1, -2) @ g).view(b, hk, group, -1, d).sum(2)
@@ -89,6 +100,13 @@ CASES = {
     # Hugging Face's padding: whole query rows biased by -1e9 or finfo(float32).min (finite,
     # beyond the scores' precision: the row averages its keys, as naive attention does).
     "padding_rows": dict(add_mask="padding"),
+    # Soft cap 1 on scores of standard deviation ~1 (randn inputs, D = 16): most are bent by it.
+    "softcap": dict(softcap=1.0),
+    "softcap+causal": dict(softcap=1.0, causal=True),
+    "softcap+additive_mask": dict(softcap=1.0, add_mask=True),
+    # ALiBi slopes per (batch, head); with a soft cap and causal.
+    "alibi": dict(alibi=True),
+    "alibi+softcap+causal": dict(alibi=True, softcap=1.0, causal=True),
 }
 
 
@@ -127,13 +145,17 @@ def test_gradients_match_float64_reference(dtype, case, layout, with_lse):
             mask[:, :, 0] = -1e9
             mask[:, :, 1] = torch.finfo(torch.float32).min
         opts["add_mask"] = mask
+    if opts.pop("alibi", False):
+        opts["alibi_slopes"] = torch.rand(b, h, generator=gen) * 0.5
     scale = d ** -0.5
     window = opts.get("window")
 
     def ours(q, k, v):
         tr = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
         o, lse = tileattn.flash_attention(tr(q), tr(k), tr(v), attn_mask=mask, is_causal=opts.get("causal", False),
-                                          window=window, layout=layout, return_lse=True)
+                                          window=window, layout=layout, return_lse=True,
+                                          softcap=opts.get("softcap", 0.0),
+                                          alibi_slopes=opts.get("alibi_slopes"))
         return tr(o), lse
 
     got = grads(ours, q, k, v, g, g_lse)

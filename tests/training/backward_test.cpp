@@ -97,6 +97,18 @@ std::vector<BackwardCase> backward_cases() {
     d.dtype = DType::f16;
     add(d, 0.4f);
   }
+  // Soft cap: dS through 1 - tanh^2 (last: the cases above keep their seeds).
+  add_softcap_cases(add_case);
+  {
+    Case c;
+    c.seqlen_q = 97;
+    c.seqlen_k = 130;
+    c.mask = MaskCase::causal;
+    c.softcap = 5.0f;
+    c.input_scale = 4.0f;
+    add(c, 0.2f);
+  }
+  add_alibi_cases(add_case);  // the bias has no gradient: the mask step's scores only
   for (size_t i = 0; i < cases.size(); ++i) cases[i].c.seed = 5000 + i;
   return cases;
 }
