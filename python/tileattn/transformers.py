@@ -19,9 +19,10 @@ Semantics, as transformers' "sdpa" implementation has them:
   - a boolean or additive mask: used as given (a row with no visible key gives zeros);
   - ``scaling`` is the softmax scale, ``dropout`` applies in training;
   - GQA/MQA: tileattn reads the shared K/V heads directly (no repeat);
+  - ``softcap`` (Gemma 2's logit soft-capping) goes to ``flash_attention(softcap=...)``;
   - the output is ``[B, q, H, D]``, the layout the models' output projections read.
-Features tileattn does not have yet (logit soft-capping, attention sinks, output of the
-attention weights) raise ``NotImplementedError`` naming the feature, never a silent fallback.
+Features tileattn does not have yet (attention sinks, output of the attention weights, a
+position bias tensor) raise ``NotImplementedError`` naming the feature, never a silent fallback.
 """
 import inspect
 

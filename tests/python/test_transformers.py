@@ -19,6 +19,13 @@ MODELS = {
     "qwen2": lambda: transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96,
                                               num_hidden_layers=2, num_attention_heads=4,
                                               num_key_value_heads=1, max_position_embeddings=128, initializer_range=0.3),
+    # Gemma 2: soft-capped scores (a cap of 2 that the larger weights exceed), its query scalar,
+    # alternating sliding-window and full layers.
+    "gemma2": lambda: transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                                num_hidden_layers=2, num_attention_heads=4,
+                                                num_key_value_heads=2, head_dim=16, sliding_window=6,
+                                                attn_logit_softcapping=2.0, query_pre_attn_scalar=12,
+                                                max_position_embeddings=128, initializer_range=0.3),
     "mistral": lambda: transformers.MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
                                                   num_hidden_layers=2, num_attention_heads=4,
                                                   num_key_value_heads=2, max_position_embeddings=128,
@@ -64,7 +71,7 @@ def test_left_padded_batch_matches_eager(kind):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("kind", ["llama", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
 def test_greedy_generate_gives_eager_tokens(kind, cache):
     tileattn.transformers.register()
     ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
