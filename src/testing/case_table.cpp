@@ -78,6 +78,20 @@ void add_half_precision_cases(const std::function<void(Case)>& add) {
     }
 }
 
+// A causal GQA case in fp16 or bf16 (whose products may defer the scale),
+// for the score modifiers to be set on.
+static Case half_precision_modifier_case(DType dt) {
+  Case c;
+  c.dtype = dt;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.seqlen_q = 97;
+  c.seqlen_k = 130;
+  c.head_dim = 80;
+  c.mask = MaskCase::causal;
+  return c;
+}
+
 // Soft cap c = 5 on scores that exceed it: inputs in [-4, 4] give scaled
 // scores of standard deviation ~5 at any head_dim (16 sqrt(D) / 3 / sqrt(D)),
 // so a third of them are beyond the cap and a missing or wrong cap shows.
@@ -104,14 +118,7 @@ void add_softcap_cases(const std::function<void(Case)>& add) {
   gqa.input_scale = 4.0f;
   add(gqa);
   for (DType dt : {DType::f16, DType::bf16}) {
-    Case c;
-    c.dtype = dt;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.seqlen_q = 97;
-    c.seqlen_k = 130;
-    c.head_dim = 80;
-    c.mask = MaskCase::causal;
+    Case c = half_precision_modifier_case(dt);
     c.softcap = 5.0f;
     c.input_scale = 4.0f;
     add(c);
@@ -158,14 +165,7 @@ void add_alibi_cases(const std::function<void(Case)>& add) {
   both.alibi = Case::Alibi::heads;
   add(both);
   for (DType dt : {DType::f16, DType::bf16}) {
-    Case c;
-    c.dtype = dt;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.seqlen_q = 97;
-    c.seqlen_k = 130;
-    c.head_dim = 80;
-    c.mask = MaskCase::causal;
+    Case c = half_precision_modifier_case(dt);
     c.alibi = Case::Alibi::heads;
     add(c);
   }
