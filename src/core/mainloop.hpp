@@ -79,8 +79,14 @@ class Fp32Operands {
             kPanelWidth * d, prefetch);
   }
 
+  // Rows of each product step: the whole score tile.
+  static constexpr int64_t kProductRows = std::numeric_limits<int64_t>::max();
+  // P = exp2(S - row_max) stays in the score tile (accumulate reads it).
+  static constexpr bool kOwnExponentials = false;
+
   // acc (m, D_pad) += P (m, n) V.
-  void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch) {
+  void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
+                  bool /*p_in_operands*/) {
     const int64_t dp = p_.head_dim_padded;
     K::gemm(m, dp, n, p, ldp, v_tile_, kPanelWidth, acc, dp, true, kPanelWidth * n, prefetch);
   }
@@ -146,9 +152,35 @@ class Bf16Operands {
       for (int64_t t = 0; t < m; ++t) K::scale(s + t * lds, n, p_.score_scale);
   }
 
-  void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch) {
+  // Rows of each product step (scores, softmax, P V): 32 rows keep the step's
+  // scores (16 KiB at 128 keys), P and accumulator rows in L1 between the
+  // tile products, where 256 rows sent them to L2: amx, bf16, H2 N2048 D128,
+  // 1 thread, min of 15 calls 9.5 ms against 10.0 (64 rows: 9.8).
+  static constexpr int64_t kProductRows = 32;
+  // The softmax can write P straight into the hi + lo rows P V reads
+  // (exponentials()), without an fp32 P stored and read back.
+  static constexpr bool kOwnExponentials = true;
+
+  // P = exp2(S * scale - row_max) (scale 1: S - row_max) of `rows` rows of the
+  // step's scores (s: its row r0), as the bf16 hi + lo rows accumulate reads;
+  // sums: their fp32 sums. S is left as it is.
+  void exponentials(const float* s, int64_t lds, int64_t r0, int64_t rows, int64_t n, float scale,
+                    const float* row_max, float* sums) {
+    K::exp2_split_rows(s, lds, rows, n, round_up(n, kBf16PairBlock), scale, row_max, sums,
+                       p_hi_ + r0 * bf16_kv_pad_, p_lo_ + r0 * bf16_kv_pad_, bf16_kv_pad_);
+  }
+  // Row r of P is zero (a NaN row or a row with no visible key yet).
+  void clear_p_row(int64_t r) {
+    std::memset(p_hi_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
+    std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
+  }
+
+  // acc (m, D_pad) += P V, P from exponentials() (p_in_operands) or the fp32
+  // rows at p (dropout, which scales P in place, takes this route).
+  void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
+                  bool p_in_operands) {
     const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
-    K::bf16_split_rows(p, ldp, m, n, k, p_hi_, p_lo_, bf16_kv_pad_);
+    if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, p_hi_, p_lo_, bf16_kv_pad_);
     K::bf16_gemm(m, dp, k, p_hi_, p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
                  prefetch);
   }
@@ -199,6 +231,8 @@ class ForwardMainloop {
     const int64_t dp = p_.head_dim_padded;
     const int64_t stacked = w.head_count * rows_;
     if (!direct_) operands_.begin_item();
+    // Dropout scales P in place, and the few-rows products read it there.
+    p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f;
     load_q_tiles(seq, w);
     std::memset(acc_, 0, sizeof(float) * stacked * dp);
     for (int64_t s = 0; s < stacked; ++s) {
@@ -271,10 +305,16 @@ class ForwardMainloop {
             m = tile_rows.last - tile_rows.first;
             if (m == 0) continue;
           }
-          scores(s0, m, n, n_pad);
-          if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, s0, m, j_begin, n, band_partial);
-          online_softmax(w, s0, m, n, j_begin);
-          accumulate(s0, m, n);
+          // The step's rows in bands of the operands' product rows (few-rows
+          // products: one band).
+          const int64_t band_rows = direct_ ? m : min64(m, Operands::kProductRows);
+          for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
+            const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0);
+            scores(sb, mb, n, n_pad);
+            if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, n, band_partial);
+            online_softmax(w, sb, mb, n, j_begin);
+            accumulate(sb, mb, n);
+          }
         }
         prefetch_.finish();  // lines the products had no blocks left for
       }
@@ -326,7 +366,7 @@ class ForwardMainloop {
       }
     }
     (void)d;
-    operands_.accumulate(m, n, s_tile_, kv_pad_, acc_ + s0 * dp, &prefetch_);
+    operands_.accumulate(m, n, s_tile_, kv_pad_, acc_ + s0 * dp, &prefetch_, p_in_operands_);
   }
 
   int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
@@ -442,7 +482,10 @@ class ForwardMainloop {
           row_max[t] = new_max;
         }
       }
-      if constexpr (Operands::kDeferredScale) {
+      if (p_in_operands_) {
+        if constexpr (Operands::kOwnExponentials)
+          operands_.exponentials(s_rows, kv_pad_, c0, rows, n, deferred, row_max, tile_sum);
+      } else if constexpr (Operands::kDeferredScale) {
         if (deferred != 1.0f) K::exp2_sum_rows_scaled(s_rows, kv_pad_, rows, n, deferred, row_max, tile_sum);
         else K::exp2_sum_rows(s_rows, kv_pad_, rows, n, row_max, tile_sum);
       } else {
@@ -454,6 +497,8 @@ class ForwardMainloop {
         // P = 0 (their exponentials above are discarded).
         if (row_max[t] != row_max[t] || row_max[t] == -kInf) {
           std::memset(s, 0, sizeof(float) * n);
+          if constexpr (Operands::kOwnExponentials)
+            if (p_in_operands_) operands_.clear_p_row(c0 + t);
           continue;
         }
         row_sum[t] += tile_sum[t];
@@ -508,6 +553,7 @@ class ForwardMainloop {
   float* s_tile_ = nullptr;
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
+  bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile
   const void** k_ahead_ = nullptr;     // direct_: K row addresses of the next tile

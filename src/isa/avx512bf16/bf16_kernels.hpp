@@ -131,7 +131,64 @@ struct Bf16Packing {
       }
     }
   }
+
+  // exp2_split_group over `rows` rows, four at a time (scale 1: unscaled).
+  static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
+                              const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16);
 };
+
+// The softmax's exponentials of one row group, written straight into the
+// bf16 hi + lo form P V reads (bf16_split_rows' rounding): rows g of s (fp32,
+// row stride ld) become P = exp2(s * scale - sub[g]) (kScaled; else s -
+// sub[g]) in hi / lo rows of k elements (row stride ld16, zero past n), and
+// sums[g] their fp32 sum, added in exp2_sum_rows' lane order. The scores
+// stay as they are: no fp32 P is stored and read back.
+template <int G, bool kScaled>
+static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64_t k, float scale,
+                                    const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16) {
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  __m512 sv[G], sum[G];
+  for (int g = 0; g < G; ++g) {
+    sv[g] = _mm512_set1_ps(sub[g]);
+    sum[g] = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < k; c += 32) {
+    const __mmask16 m0 = lanes16(n - c), m1 = lanes16(n - c - 16);
+    for (int g = 0; g < G; ++g) {
+      const float* x = s + g * ld + c;
+      const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
+      const __m512 a0 = kScaled ? _mm512_fmsub_ps(v0, scale_v, sv[g]) : _mm512_sub_ps(v0, sv[g]);
+      const __m512 a1 = kScaled ? _mm512_fmsub_ps(v1, scale_v, sv[g]) : _mm512_sub_ps(v1, sv[g]);
+      const __m512 e0 = _mm512_maskz_mov_ps(m0, exp2_ps(a0)), e1 = _mm512_maskz_mov_ps(m1, exp2_ps(a1));
+      sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
+      const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(e1, e0));  // e0's 16 words, then e1's
+      const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+      const __m512 h1 =
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+      const __m512i l = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0)));
+      _mm512_storeu_si512(hi + g * ld16 + c, h);
+      _mm512_storeu_si512(lo + g * ld16 + c, l);
+    }
+  }
+  for (int g = 0; g < G; ++g) sums[g] = _mm512_reduce_add_ps(sum[g]);
+}
+
+inline void Bf16Packing::exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k,
+                                         float scale, const float* sub, float* sums, uint16_t* hi, uint16_t* lo,
+                                         int64_t ld16) {
+  int64_t r = 0;
+  if (scale != 1.0f) {
+    for (; r + 4 <= rows; r += 4)
+      exp2_split_group<4, true>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
+    for (; r < rows; ++r)
+      exp2_split_group<1, true>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
+    return;
+  }
+  for (; r + 4 <= rows; r += 4)
+    exp2_split_group<4, false>(s + r * ld, ld, n, k, 1.0f, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
+  for (; r < rows; ++r)
+    exp2_split_group<1, false>(s + r * ld, ld, n, k, 1.0f, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
+}
 
 // vdpbf16ps register tile: MR rows x (16 * NV) columns of C, like the fp32
 // gemm_block; each step takes one pair of the reduction (two bf16 of every A
