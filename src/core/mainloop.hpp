@@ -86,10 +86,13 @@ class Fp32Operands {
 
   // acc (m, D_pad) += P (m, n) V.
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
-                  bool /*p_in_operands*/) {
+                  bool /*p_in_operands*/, int64_t /*t0*/) {
     const int64_t dp = p_.head_dim_padded;
     K::gemm(m, dp, n, p, ldp, v_tile_, kPanelWidth, acc, dp, true, kPanelWidth * n, prefetch);
   }
+
+  // The products run when called: nothing is pending.
+  void finish_products() {}
 
  private:
   const Problem& p_;
@@ -144,8 +147,15 @@ class Bf16Operands {
     return fold ? p_.score_scale : 1.0f;
   }
 
+  // s (m, n_pad) = Q (stacked rows [s0, s0 + m)) K^T, unscaled where
+  // deferred_scale() says so. May be queued (see queue_blocks): done by the
+  // next finish_products().
   void scores(int64_t s0, int64_t m, int64_t n, float* s, int64_t lds, RowPrefetch* prefetch) {
     const int64_t n_pad = round_up(n, kPanelWidth);
+    if (deferred_scale() != 1.0f &&
+        queue_blocks(m, n_pad, bf16_k_, q_tile_ + s0 * bf16_k_, nullptr, bf16_k_, k_tile_, kPanelWidth * bf16_k_,
+                     s, lds, false, prefetch))
+      return;
     K::bf16_gemm(m, n_pad, bf16_k_, q_tile_ + s0 * bf16_k_, nullptr, bf16_k_, k_tile_, kPanelWidth * bf16_k_,
                  s, lds, false, prefetch);
     if (deferred_scale() == 1.0f)
@@ -164,10 +174,23 @@ class Bf16Operands {
   // P = exp2(S * scale - row_max) (scale 1: S - row_max) of `rows` rows of the
   // step's scores (s: its row r0), as the bf16 hi + lo rows accumulate reads;
   // sums: their fp32 sums. S is left as it is.
+  // Queued tile blocks run between groups of four rows, so that the tile
+  // unit multiplies while the vector units compute exponentials.
   void exponentials(const float* s, int64_t lds, int64_t r0, int64_t rows, int64_t n, float scale,
                     const float* row_max, float* sums) {
-    K::exp2_split_rows(s, lds, rows, n, round_up(n, kBf16PairBlock), scale, row_max, sums,
-                       p_hi_ + r0 * bf16_kv_pad_, p_lo_ + r0 * bf16_kv_pad_, bf16_kv_pad_);
+    const int64_t k = round_up(n, kBf16PairBlock);
+    for (int64_t r = 0; r < rows; r += kRowsPerBlock) {
+      const int64_t g = min64(kRowsPerBlock, rows - r);
+      K::exp2_split_rows(s + r * lds, lds, g, n, k, scale, row_max + r, sums + r,
+                         p_hi_ + (r0 + r) * bf16_kv_pad_, p_lo_ + (r0 + r) * bf16_kv_pad_, bf16_kv_pad_);
+      if (next_ < queued_) K::bf16_block(queue_[next_++]);
+    }
+  }
+
+  // Runs the queued blocks that have not run yet.
+  void finish_products() {
+    while (next_ < queued_) K::bf16_block(queue_[next_++]);
+    next_ = queued_ = 0;
   }
   // Row r of P is zero (a NaN row or a row with no visible key yet).
   void clear_p_row(int64_t r) {
@@ -178,16 +201,49 @@ class Bf16Operands {
   // acc (m, D_pad) += P V, P from exponentials() (p_in_operands) or the fp32
   // rows at p (dropout, which scales P in place, takes this route).
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
-                  bool p_in_operands) {
+                  bool p_in_operands, int64_t t0) {
     const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
-    if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, p_hi_, p_lo_, bf16_kv_pad_);
-    K::bf16_gemm(m, dp, k, p_hi_, p_lo_, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
-                 prefetch);
+    uint16_t* hi = p_hi_ + t0 * bf16_kv_pad_;
+    uint16_t* lo = p_lo_ + t0 * bf16_kv_pad_;
+    if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, hi, lo, bf16_kv_pad_);
+    if (queue_blocks(m, dp, k, hi, lo, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true, prefetch))
+      return;
+    K::bf16_gemm(m, dp, k, hi, lo, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true, prefetch);
   }
 
  private:
+  // Exponential rows per queued block run: amx, bf16, H2 N2048 D128, 1
+  // thread, min of 15 calls: 2 rows 8.9-9.1 ms, 4 rows 9.2, 1 row 9.6, no
+  // queue (every product where it is called) 9.4-9.6. The overlap is
+  // partial: the tile products run at about half the AMX peak (docs/architecture.md).
+  static constexpr int64_t kRowsPerBlock = 2;
+  static constexpr int kMaxQueued = 64;
+
+  // Queues C (m, n) (+)= A B [+ A_lo B] as blocks of 32 rows by up to 32
+  // columns, when the tile products run asynchronously to the vector units
+  // (K::kAsyncProducts: AMX) and the product is one 32-row band; false: the
+  // caller runs it now.
+  bool queue_blocks(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                    const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                    RowPrefetch* prefetch) {
+    if constexpr (requires { K::kAsyncProducts; }) {
+      if (m != kProductRows || queued_ + (n + 31) / 32 > kMaxQueued) return false;
+      for (int64_t j = 0; j < n; j += 32)
+        queue_[queued_++] = Bf16Block{a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, k,
+                                      int(min64(32, n - j)), accumulate};
+      if (prefetch) prefetch->issue(kPrefetchLinesPerBand);
+      return true;
+    }
+    (void)m, (void)n, (void)k, (void)a, (void)a_lo, (void)lda, (void)b, (void)b_panel, (void)c, (void)ldc;
+    (void)accumulate, (void)prefetch;
+    return false;
+  }
+  static constexpr int64_t kPrefetchLinesPerBand = 16;
+
   const Problem& p_;
   int64_t bf16_k_, bf16_kv_pad_;
+  Bf16Block queue_[kMaxQueued];
+  int queued_ = 0, next_ = 0;  // queue_[next_, queued_) have not run
   uint16_t* q_tile_;  // (stacked rows + 16, bf16_k)
   uint16_t* k_tile_;  // kv_pad / 16 panels of (bf16_k / 2, 16, 2)
   uint16_t* v_tile_;  // D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
@@ -307,14 +363,22 @@ class ForwardMainloop {
           }
           // The step's rows in bands of the operands' product rows (few-rows
           // products: one band).
+          // Band b's scores are queued before band b - 1's softmax, and its
+          // P V after it, each band in its own rows of the score and P tiles:
+          // tile products that run asynchronously (AMX) then overlap the
+          // softmax of the band between them; others run where they are called.
           const int64_t band_rows = direct_ ? m : min64(m, Operands::kProductRows);
+          scores(s0, band_rows, n, n_pad, 0);
+          operands_.finish_products();
           for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
-            const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0);
-            scores(sb, mb, n, n_pad);
-            if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, n, band_partial);
-            online_softmax(w, sb, mb, n, j_begin);
-            accumulate(sb, mb, n);
+            const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0), b1 = b0 + band_rows;
+            if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, n, band_partial, b0);
+            if (b1 < m) scores(s0 + b1, min64(band_rows, m - b1), n, n_pad, b1);
+            online_softmax(w, sb, mb, n, j_begin, b0);
+            operands_.finish_products();  // the next band's scores, the last band's P V
+            accumulate(sb, mb, n, b0);
           }
+          operands_.finish_products();
         }
         prefetch_.finish();  // lines the products had no blocks left for
       }
@@ -327,7 +391,8 @@ class ForwardMainloop {
   static constexpr bool kHasFewRows = requires { K::kFewRowsMax; };
 
   // S (stacked rows [s0, s0 + m), keys of this tile) = Q K^T.
-  void scores(int64_t s0, int64_t m, int64_t n, int64_t n_pad) {
+  // t0: the step's first row in the score tile (and the operands' P rows).
+  void scores(int64_t s0, int64_t m, int64_t n, int64_t n_pad, int64_t t0) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     (void)n_pad;
     if constexpr (kHasFewRows) {
@@ -347,26 +412,26 @@ class ForwardMainloop {
         const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
                                    this_steps_v ? n : ahead_};
         K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, a_.dtype, a_.k.stride[3],
-                           s_tile_, kv_pad_, ahead);
+                           s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
         return;
       }
     }
     (void)dp, (void)d;
-    operands_.scores(s0, m, n, s_tile_, kv_pad_, &prefetch_);
+    operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
   }
 
   // acc (stacked rows [s0, s0 + m)) += P V.
-  void accumulate(int64_t s0, int64_t m, int64_t n) {
+  void accumulate(int64_t s0, int64_t m, int64_t n, int64_t t0) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     if constexpr (kHasFewRows) {
       if (direct_) {
-        K::few_rows_accumulate(m, n, d, s_tile_, kv_pad_, v_rows_, a_.dtype, a_.v.stride[3],
+        K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, a_.dtype, a_.v.stride[3],
                                acc_ + s0 * dp, dp);
         return;
       }
     }
     (void)d;
-    operands_.accumulate(m, n, s_tile_, kv_pad_, acc_ + s0 * dp, &prefetch_, p_in_operands_);
+    operands_.accumulate(m, n, s_tile_ + t0 * kv_pad_, kv_pad_, acc_ + s0 * dp, &prefetch_, p_in_operands_, t0);
   }
 
   int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
@@ -437,9 +502,9 @@ class ForwardMainloop {
 
   // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
   void apply_mask(const Sequence& seq, const WorkItem& w, int64_t s0, int64_t m, int64_t j0,
-                  int64_t n, bool band_partial) {
+                  int64_t n, bool band_partial, int64_t t0) {
     for (int64_t t = 0; t < m; ++t)
-      mask_score_row(s_tile_ + t * kv_pad_, n, p_, seq, w.batch, head_of(w, s0 + t),
+      mask_score_row(s_tile_ + (t0 + t) * kv_pad_, n, p_, seq, w.batch, head_of(w, s0 + t),
                      query_of(w, s0 + t), j0, band_partial);
   }
 
@@ -448,14 +513,14 @@ class ForwardMainloop {
   // when the row max grew. Rows go in chunks, one pass at a time over the
   // chunk (maxima, scalar updates, exponentials), so the kernels can
   // interleave rows.
-  void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0) {
+  void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0, int64_t t0) {
     constexpr float kInf = std::numeric_limits<float>::infinity();
     constexpr int64_t kChunk = 32;
     const int64_t dp = p_.head_dim_padded;
     float tile_max[kChunk], tile_sum[kChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kChunk) {
       const int64_t rows = min64(kChunk, m - c0);
-      float* s_rows = s_tile_ + c0 * kv_pad_;
+      float* s_rows = s_tile_ + (t0 + c0) * kv_pad_;
       float* row_max = row_max_ + s0 + c0;
       float* row_sum = row_sum_ + s0 + c0;
       K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
@@ -484,7 +549,7 @@ class ForwardMainloop {
       }
       if (p_in_operands_) {
         if constexpr (Operands::kOwnExponentials)
-          operands_.exponentials(s_rows, kv_pad_, c0, rows, n, deferred, row_max, tile_sum);
+          operands_.exponentials(s_rows, kv_pad_, t0 + c0, rows, n, deferred, row_max, tile_sum);
       } else if constexpr (Operands::kDeferredScale) {
         if (deferred != 1.0f) K::exp2_sum_rows_scaled(s_rows, kv_pad_, rows, n, deferred, row_max, tile_sum);
         else K::exp2_sum_rows(s_rows, kv_pad_, rows, n, row_max, tile_sum);
@@ -498,7 +563,7 @@ class ForwardMainloop {
         if (row_max[t] != row_max[t] || row_max[t] == -kInf) {
           std::memset(s, 0, sizeof(float) * n);
           if constexpr (Operands::kOwnExponentials)
-            if (p_in_operands_) operands_.clear_p_row(c0 + t);
+            if (p_in_operands_) operands_.clear_p_row(t0 + c0 + t);
           continue;
         }
         row_sum[t] += tile_sum[t];

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/band.hpp"
+#include "core/bf16_block.hpp"
 #include "tileattn/attention.hpp"
 
 namespace tileattn::detail {

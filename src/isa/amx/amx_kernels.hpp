@@ -103,6 +103,19 @@ static inline void amx_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, 
 
 struct AmxKernels : Kernels, Bf16Packing {
   static constexpr bool kBf16Products = true;
+  // The tile unit runs a block's tdpbf16ps while the core goes on with the
+  // vector instructions after it (up to its reorder window), so the main loop
+  // queues 32-row blocks and runs them between softmax rows (bf16_block).
+  static constexpr bool kAsyncProducts = true;
+  static void bf16_block(const Bf16Block& j) {
+    if (j.a_lo) {
+      if (j.cols == 32) amx_block<2, 2, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
+      else amx_block<2, 1, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
+    } else {
+      if (j.cols == 32) amx_block<2, 2, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
+      else amx_block<2, 1, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
+    }
+  }
   // A work item's products run between these: the tile configuration is
   // loaded per item, since other code on the thread (oneDNN under PyTorch)
   // may load its own between our calls, and released after it.
