@@ -3,7 +3,8 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import alibi_address, as_alibi_slopes, as_sinks, sinks_address, parse_bool, parse_causal_window, parse_scale, parse_softcap
+from ._problem import (alibi_address, as_alibi_slopes, as_sinks, parse_bool, parse_causal_window, parse_scale,
+                       parse_softcap, sinks_address)
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.attention_with_kvcache,
 # bound at the first call with torch tensors (tileattn never imports torch itself):

@@ -31,7 +31,8 @@ namespace {
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
     "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
-    "                      [--softcap C] [--alibi] [--sinks S.npy] [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
+    "                      [--softcap C] [--alibi] [--sinks S.npy] [--threads T] [--reps R]\n"
+    "                      [--backward | --decode] [--no-baseline]\n"
     "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
     "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
     "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
@@ -88,7 +89,8 @@ int cmd_bench(int argc, char** argv) {
   Args args(argc, argv,
             {{"--batch", true}, {"--heads", true}, {"--kv-heads", true}, {"--seq", true},
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
-             {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--sinks", true}, {"--threads", true}, {"--reps", true}, {"--backward", false},
+             {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--sinks", true},
+             {"--threads", true}, {"--reps", true}, {"--backward", false},
              {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
@@ -142,7 +144,8 @@ int cmd_bench(int argc, char** argv) {
   fa.softcap = softcap;
   const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(heads) : std::vector<float>{};
   if (!alibi.empty()) fa.alibi_slopes = alibi.data();
-  const std::vector<float> sinks = args.has("--sinks") ? load_sinks(args.text("--sinks"), heads) : std::vector<float>{};
+  const std::vector<float> sinks =
+      args.has("--sinks") ? load_sinks(args.text("--sinks"), heads) : std::vector<float>{};
   if (!sinks.empty()) fa.sinks = sinks.data();
   fa.threads = threads;
   validate(fa);

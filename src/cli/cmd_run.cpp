@@ -208,7 +208,8 @@ int cmd_run(int argc, char** argv) {
   fa.softcap = softcap;
   const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(q.heads) : std::vector<float>{};
   if (!alibi.empty()) fa.alibi_slopes = alibi.data();
-  const std::vector<float> sinks = args.has("--sinks") ? load_sinks(args.text("--sinks"), q.heads) : std::vector<float>{};
+  const std::vector<float> sinks =
+      args.has("--sinks") ? load_sinks(args.text("--sinks"), q.heads) : std::vector<float>{};
   if (!sinks.empty()) fa.sinks = sinks.data();
   fa.threads = threads;
   fa.dropout_p = float(dropout);

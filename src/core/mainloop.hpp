@@ -16,7 +16,8 @@
 // Per work item (batch, KV head, query heads of that group, query tile, key
 // split): load the Q tiles -> for each visible KV tile: pack K^T and V once,
 // then for the stacked query rows of the group: S = Q K^T -> mask step (soft
-// cap, masks: partial tiles only unless capped) -> online softmax -> acc += P V -> epilogue: the sink folded in, O = acc / row_sum
+// cap, masks: partial tiles only unless capped) -> online softmax -> acc += P V -> epilogue: the sink
+// (if any) folded into the row's max and sum, O = acc / row_sum
 // and LSE (or, for a key split, the partial pair merged afterwards). Decode
 // on small pages walks several KV heads per item (Problem::kv_heads_per_item):
 // each KV tile then runs once per KV head, with that head's group of rows.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/sink.hpp"
 #include "testing/problem_case.hpp"
@@ -91,6 +92,34 @@ TEST(Sink, NonFiniteSinkIsAnErrorNamingItAndNothingIsWritten) {
     EXPECT_EQ(std::memcmp(before.data(), data.o32.data(), before.size() * 4), 0);
     EXPECT_EQ(std::memcmp(lse_before.data(), data.lse.data(), lse_before.size() * 4), 0);
   }
+}
+
+// attention_probabilities with sinks: each row's keys share what the sink
+// leaves, sum_j P_ij + exp(sink_h - LSE_i) = 1 with the forward's LSE.
+TEST(Sink, ProbabilitiesLeaveTheSinkItsShare) {
+  Case c;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.seqlen_q = 9;
+  c.seqlen_k = 13;
+  c.mask = MaskCase::causal;
+  c.sinks = true;
+  CaseData data(c);
+  attention_forward(data.args);
+  const int64_t nq = c.seqlen_q, nk = c.seqlen_k;
+  std::vector<float> probs(size_t(c.heads * nq * nk));
+  attention_probabilities(data.args, probs.data(), {c.heads * nq * nk, nq * nk, nk, 1});
+  double worst = 0, smallest_sink_share = 1;
+  for (int64_t h = 0; h < c.heads; ++h)
+    for (int64_t i = 0; i < nq; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < nk; ++j) sum += probs[size_t((h * nq + i) * nk + j)];
+      const double sink_share = std::exp(double(data.sinks[size_t(h)]) - double(data.lse[size_t(h * nq + i)]));
+      smallest_sink_share = std::min(smallest_sink_share, sink_share);
+      worst = std::max(worst, std::fabs(sum + sink_share - 1.0));
+    }
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_GE(smallest_sink_share, 1e-3);  // the sinks take a visible share: the check bites
 }
 
 }  // namespace
