@@ -111,7 +111,7 @@ struct ForwardArgs {
   // with s_j the scaled, capped, biased and masked scores. The sink is a
   // logit as it is: not multiplied by `scale`, not soft-capped, no ALiBi
   // bias, never masked (Hugging Face's gpt-oss eager attention). A row that
-  // sees no key gets O = 0 and LSE = sinks[h]. Null: off. Finite values.
+  // sees no key gets O = 0 and LSE = sinks[h]. Null: off. Finite, |sink| <= 1e38.
   const float* sinks = nullptr;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;

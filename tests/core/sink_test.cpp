@@ -72,7 +72,7 @@ TEST(Sink, RowsThatSeeNoKeyGetZeroOutputAndTheSinkAsLse) {
 }
 
 TEST(Sink, NonFiniteSinkIsAnErrorNamingItAndNothingIsWritten) {
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf}) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf, 3e38f}) {
     Case c;
     c.heads = 4;
     c.kv_heads = 2;
