@@ -103,6 +103,16 @@ struct ForwardArgs {
   // score after the soft cap. Null: off. Slopes must be finite.
   const float* alibi_slopes = nullptr;
   int64_t alibi_batch_stride = 0;
+  // Attention sinks (gpt-oss, StreamingLLM; FlashAttention's / vLLM's
+  // `sinks`): fp32 [heads], one logit per query head. Each row's softmax
+  // gains a term exp(sinks[h]) in its denominator that carries no value:
+  //   O = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)),
+  //   LSE = log(exp(sinks[h]) + sum_j exp(s_j)),
+  // with s_j the scaled, capped, biased and masked scores. The sink is a
+  // logit as it is: not multiplied by `scale`, not soft-capped, no ALiBi
+  // bias, never masked (Hugging Face's gpt-oss eager attention). A row that
+  // sees no key gets O = 0 and LSE = sinks[h]. Null: off. Finite, |sink| <= 1e38.
+  const float* sinks = nullptr;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;
 

@@ -9,6 +9,7 @@
 //   dV = (P o Z)^T dO
 //   dS = P o (Z o (dO V^T) - D)
 //   dQ = scale * dS K,  dK = scale * dS^T Q    (GQA: dK, dV summed over the group)
+//   d_sink[h] = -sum_rows exp(sink[h] - LSE) D  (attention sinks: the LSE holds the sink)
 //
 // Every gradient accumulates in fp32 across tiles and is rounded to the
 // output dtype once, at the end. The result is bitwise the same run after run
@@ -37,6 +38,11 @@ struct BackwardArgs {
   OutputView dq;  // [batch, heads, seqlen_q, head_dim], forward.dtype
   OutputView dk;  // [batch, kv_heads, seqlen_k, head_dim], forward.dtype
   OutputView dv;  // [batch, kv_heads, seqlen_k, head_dim], forward.dtype
+  // Optional, with forward.sinks: the gradient of the sinks, fp32 [heads]
+  // (dense), overwritten: d_sinks[h] = -sum over the rows of head h (every
+  // sequence) of P_sink * D, P_sink = exp(sinks[h] - LSE) the sink's share
+  // of the row's softmax. Null: not computed.
+  float* d_sinks = nullptr;
 };
 
 // Validates `args` (throws Error naming the argument: shapes, strides, null

@@ -85,6 +85,7 @@ struct KvCacheArgs {
   float softcap = 0.0f;       // ForwardArgs::softcap: c * tanh(x / c) of each scaled score; 0: off
   const float* alibi_slopes = nullptr;  // ForwardArgs::alibi_slopes ([heads] or [batch, heads])
   int64_t alibi_batch_stride = 0;
+  const float* sinks = nullptr;  // ForwardArgs::sinks: fp32 [heads] sink logits; null: off
   bool causal = true;         // bottom-right aligned with the updated cache length
   int64_t window_left = -1;   // sliding window, inclusive; -1 = unbounded
   int64_t window_right = -1;

@@ -184,6 +184,10 @@ typedef struct tileattn_forward_args {
       -slope * |i + seqlen_k - seqlen_q - j| is added after the soft cap. NULL: off. */
   const float* alibi_slopes;
   int64_t alibi_batch_stride;
+  /** Attention sinks, fp32 [heads]: one logit per query head added to each row's
+      softmax denominator (exp(sinks[h]), no value; not scaled, not capped); the
+      LSE includes it; a row that sees no key gets O = 0, LSE = sinks[h]. NULL: off. */
+  const float* sinks;
 } tileattn_forward_args;
 
 /** Arguments of tileattn_merge_states(); mirrors tileattn::MergeArgs. */
@@ -224,6 +228,10 @@ typedef struct tileattn_backward_args {
   tileattn_out_tensor dq;  /**< [batch, heads, seqlen_q, head_dim] */
   tileattn_out_tensor dk;  /**< [batch, kv_heads, seqlen_k, head_dim] (GQA: summed over the group) */
   tileattn_out_tensor dv;  /**< [batch, kv_heads, seqlen_k, head_dim] */
+  /* Appended after the first release (older callers' structs end above). */
+  /** Optional, with forward->sinks: fp32 [heads], overwritten with the sinks'
+      gradient, -sum over rows of exp(sinks[h] - lse) * rowsum(dO * O). NULL: not computed. */
+  float* d_sinks;
 } tileattn_backward_args;
 
 /**
@@ -288,6 +296,7 @@ typedef struct tileattn_kv_cache_args {
   int32_t reserved2;      /**< must be 0 */
   const float* alibi_slopes;   /**< as in ::tileattn_forward_args; NULL: off */
   int64_t alibi_batch_stride;
+  const float* sinks;          /**< as in ::tileattn_forward_args, [heads]; NULL: off */
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

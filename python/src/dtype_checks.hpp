@@ -43,4 +43,20 @@ inline void read_alibi_slopes(nb::handle obj, Access access, int64_t batch, int6
   batch_stride = per_batch && batch > 1 ? a.stride[0] : 0;
 }
 
+// Attention sinks (None: off): float32 [heads], contiguous (Python makes
+// them so). Returns the pointer ForwardArgs::sinks takes (null for None);
+// ValueError / TypeError naming sinks. Non-finite values are the library's
+// error (it names sinks[h]).
+inline const float* read_sinks(nb::handle obj, Access access, int64_t heads) {
+  if (obj.is_none()) return nullptr;
+  const ArrayView a = read_array("sinks", obj, access);
+  if (a.type != ElementType::f32) fail_type("sinks: expected float32");
+  if (!(a.rank == 1 && a.shape[0] == heads))
+    fail_value("sinks: expected shape [" + std::to_string(heads) + "] (one logit per query head), got " +
+               shape_text(a));
+  if (access == Access::metadata) return nullptr;
+  if (heads > 1 && a.stride[0] != 1) fail_value("sinks: must be contiguous");
+  return static_cast<const float*>(a.data);
+}
+
 }  // namespace tileattn::python

@@ -81,12 +81,13 @@ struct ForwardCall {
   ArrayView q;
   nb::object mask;
   nb::object alibi;
+  nb::object sinks;
 };
 
 ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
                     bool causal, int64_t window_left, int64_t window_right,
                     std::optional<double> scale, double dropout_p, double softcap, nb::handle alibi,
-                    Access access) {
+                    nb::handle sinks, Access access) {
   if (layout != 0 && layout != 1) fail_value("layout: unknown code " + std::to_string(layout));
   ForwardCall call;
   const Framework fw = framework_of("q", q);
@@ -133,6 +134,8 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   a.softcap = static_cast<float>(softcap);  // checked by Python (parse_softcap) and validate()
   read_alibi_slopes(alibi, access, qs[0], qs[1], a.alibi_slopes, a.alibi_batch_stride);
   call.alibi = nb::borrow(alibi);
+  a.sinks = read_sinks(sinks, access, qs[1]);
+  call.sinks = nb::borrow(sinks);
 
   call.mask = nb::borrow(mask);
   if (!mask.is_none()) {
@@ -165,13 +168,13 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
                           bool causal, int64_t window_left, int64_t window_right,
                           std::optional<double> scale, double dropout_p, uint64_t seed, int threads,
                           bool with_lse, nb::handle o, nb::handle lse, bool eager_only, double softcap,
-                          nb::handle alibi_slopes) {
+                          nb::handle alibi_slopes, nb::handle sinks) {
   if (eager_only && is_array(q) && framework_of("q", q) == Framework::torch &&
-      !torch_call_is_plain_eager({q, k, v, mask, o, lse, alibi_slopes})) {
+      !torch_call_is_plain_eager({q, k, v, mask, o, lse, alibi_slopes, sinks})) {
     return nb::none();
   }
   ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                             dropout_p, softcap, alibi_slopes, Access::read);
+                             dropout_p, softcap, alibi_slopes, sinks, Access::read);
   ForwardArgs& a = call.args;
   const AttentionShape& s = a.shape;
   const int64_t lse_shape[3] = {s.batch, s.heads, s.seqlen_q};
@@ -211,9 +214,9 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
 nb::tuple check_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
                         bool causal, int64_t window_left, int64_t window_right,
                         std::optional<double> scale, double dropout_p, double softcap,
-                        nb::handle alibi_slopes) {
+                        nb::handle alibi_slopes, nb::handle sinks) {
   ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                             dropout_p, softcap, alibi_slopes, Access::metadata);
+                             dropout_p, softcap, alibi_slopes, sinks, Access::metadata);
   const double used = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(call.args.shape.head_dim));
   return nb::make_tuple(call.mask, used);
 }
@@ -225,13 +228,14 @@ void bind_forward_arrays(nb::module_& m) {
   m.def("forward_arrays", &forward_arrays, "q"_a.none(), "k"_a.none(), "v"_a.none(),
         "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
-        "alibi_slopes"_a.none() = nb::none(),
+        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
         "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None), "
         "or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.flash_attention (a tensor subclass, autograd, a tracer or mode)");
   m.def("check_forward", &check_forward, "q"_a.none(), "k"_a.none(), "v"_a.none(),
         "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
-        "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
+        "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
+        "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
   m.def("dlpack_exchange_available", &dlpack_exchange_available, "array"_a,
         "test hook: whether torch tensors of this type are read through the DLPack C exchange API");
   m.def("use_dlpack_exchange", &use_dlpack_exchange, "enabled"_a,

@@ -179,12 +179,12 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
                          nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                          std::optional<double> scale, bool causal, int64_t window_left,
                          int64_t window_right, int threads, bool with_lse, nb::handle o_given,
-                         bool eager_only, double softcap, nb::handle alibi_slopes) {
+                         bool eager_only, double softcap, nb::handle alibi_slopes, nb::handle sinks) {
   const Framework fw = framework_of("q", q);
   if (eager_only && fw == Framework::torch &&
       !torch_call_is_plain_eager(
           {q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, o_given,
-           alibi_slopes})) {
+           alibi_slopes, sinks})) {
     return nb::none();
   }
   const std::pair<const char*, nb::handle> others[] = {
@@ -309,6 +309,7 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.scale = static_cast<float>(scale ? *scale : d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0);
   a.softcap = static_cast<float>(softcap);
   read_alibi_slopes(alibi_slopes, Access::read, b, h, a.alibi_slopes, a.alibi_batch_stride);
+  a.sinks = read_sinks(sinks, Access::read, h);
   a.causal = causal;
   a.window_left = window_left;
   a.window_right = window_right;
@@ -349,7 +350,7 @@ void bind_kvcache_arrays(nb::module_& m) {
         "cache_seqlens"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(), "rotary_sin"_a.none(),
         "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
-        "alibi_slopes"_a.none() = nb::none(),
+        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
         "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; writes o (q's shape "
         "and dtype) when given, else allocates it; returns (o, lse or None), or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.attention_with_kvcache (a tensor subclass, autograd, a tracer or mode)");

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import as_alibi_slopes, parse_bool, parse_options, parse_softcap
+from ._problem import as_alibi_slopes, as_sinks, parse_bool, parse_options, parse_softcap
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.flash_attention,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -17,7 +17,7 @@ def _bind_torch():
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
                     window=None, layout="bhsd", return_lse=False, out=None, softcap=0.0,
-                    alibi_slopes=None):
+                    alibi_slopes=None, sinks=None):
     """Exact attention ``softmax(softmax_scale * q @ k^T + mask) @ v``, FlashAttention-2 style on the CPU.
 
     Args:
@@ -65,6 +65,13 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         alibi_slopes: None, or float32 ``[H]`` or ``[B, H]`` ALiBi slopes (FlashAttention-2's):
             ``-slope * |i + Nk - Nq - j|`` is added to each score after the soft cap. The
             slopes get no gradient.
+        sinks: None, or ``[H]`` attention-sink logits (gpt-oss, StreamingLLM; FlashAttention's and
+            vLLM's ``sinks``), one per query head: ``exp(sinks[h])`` joins each row's softmax
+            denominator and carries no value, ``o = sum_j exp(s_j) v_j / (exp(sinks[h]) +
+            sum_j exp(s_j))``, and the lse includes it. The sink is used as given: not
+            multiplied by ``softmax_scale``, not soft-capped, no ALiBi bias (as Hugging Face's
+            gpt-oss eager attention). A row that sees no key gets zeros and lse ``sinks[h]``.
+            Read as float32; with torch, ``sinks.requires_grad`` gives ``sinks.grad``.
 
     Returns:
         ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array, or
@@ -98,6 +105,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         softcap = parse_softcap(softcap)
     if alibi_slopes is not None:
         alibi_slopes = as_alibi_slopes(alibi_slopes, q)
+    if sinks is not None:
+        shape = getattr(q, "shape", ())
+        sinks = as_sinks(sinks, q, shape[2 if code == 1 else 1] if len(shape) == 4 else None)
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:
@@ -108,17 +118,18 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             # must see the is_compiling() test here, in Python.
             result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0,
                                        threads, return_lse, o=out, eager_only=True, softcap=softcap,
-                                       alibi_slopes=alibi_slopes)
+                                       alibi_slopes=alibi_slopes, sinks=sinks)
             if result is not None:
                 return result if return_lse else result[0]
         if out is not None:
             raise ValueError(_OUT_ON_OP_PATH)
         o, lse = _torch_flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right, code,
-                                        return_lse, softcap, alibi_slopes)
+                                        return_lse, softcap, alibi_slopes, sinks)
         return (o, lse) if return_lse else o
     seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
     o, lse = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
-                               threads, return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes)
+                               threads, return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
+                               sinks=sinks)
     return (o, lse) if return_lse else o
 
 

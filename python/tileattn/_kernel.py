@@ -5,7 +5,8 @@ binding releases the GIL while computing, so nothing else frees them).
 """
 from . import _arrays
 from . import _tileattn as _C
-from ._problem import MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, alibi_address, heads_rows, to_kernel_order
+from ._problem import (MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, alibi_address, heads_rows, sinks_address,
+                       to_kernel_order)
 
 _settings = {"threads": 0}
 _MAX_THREADS = 2**31 - 1  # the bindings take a C int: a larger count would fail every later call
@@ -51,9 +52,10 @@ def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
 
 
 def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left, window_right,
-                  scale, dropout_p, seed, layout, softcap=0.0, alibi_slopes=None):
-    """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) for the forward
-    call with these options (same mask, scale, dropout_p and seed)."""
+                  scale, dropout_p, seed, layout, softcap=0.0, alibi_slopes=None, sinks=None, d_sinks=None):
+    """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) and d_sinks (float32
+    [H], when given with sinks) for the forward call with these options (same mask, scale,
+    dropout_p, seed and sinks)."""
     addr, es = _arrays.address, _arrays.element_strides
     b, h, nq, d = heads_rows(tuple(q.shape), layout)
     _, hk, nk, _ = heads_rows(tuple(k.shape), layout)
@@ -73,4 +75,4 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
                 addr(dv), order(es("dv", dv), layout), kind, m_addr, m_strides, bool(causal),
                 int(window_left), int(window_right), float(scale), float(dropout_p), int(seed),
                 _settings["threads"], softcap=float(softcap), alibi_slopes=alibi_addr,
-                alibi_batch_stride=alibi_stride)
+                alibi_batch_stride=alibi_stride, sinks=sinks_address(sinks), d_sinks=sinks_address(d_sinks))

@@ -3,7 +3,8 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import alibi_address, as_alibi_slopes, parse_bool, parse_causal_window, parse_scale, parse_softcap
+from ._problem import (alibi_address, as_alibi_slopes, as_sinks, parse_bool, parse_causal_window, parse_scale,
+                       parse_softcap, sinks_address)
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.attention_with_kvcache,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -19,7 +20,7 @@ def _bind_torch():
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            softmax_scale=None, is_causal=True, window=None, return_lse=False,
-                           out=None, softcap=0.0, alibi_slopes=None):
+                           out=None, softcap=0.0, alibi_slopes=None, sinks=None):
     """Append ``k``/``v`` into a KV cache in place and attend ``q`` to everything cached.
 
     Modeled on FlashAttention-2's ``flash_attn_with_kvcache``, with tileattn's ``[B, H, N, D]``
@@ -53,6 +54,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             and window; 0 (the default) is off.
         alibi_slopes: None, or float32 ``[H]`` or ``[B, H]`` ALiBi slopes: ``-slope * |i + L - Nq - j|``
             (L the sequence's cache length after the append) is added after the soft cap.
+        sinks: None, or ``[H]`` attention-sink logits (gpt-oss): ``exp(sinks[h])`` joins each
+            row's softmax denominator with no value (not scaled, not capped); the lse includes
+            it (see flash_attention). Added once per row, also when the keys are split.
         is_causal: query ``t`` of sequence ``b`` sits at position ``L_b - Nq + t`` (``L_b`` the
             length after the append) and sees keys up to its own position (bottom-right
             alignment).
@@ -88,6 +92,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         softcap = parse_softcap(softcap)
     if alibi_slopes is not None:
         alibi_slopes = as_alibi_slopes(alibi_slopes, q)
+    if sinks is not None:
+        shape = getattr(q, "shape", ())
+        sinks = as_sinks(sinks, q, shape[1] if len(shape) == 4 else None)
+        if _arrays.is_torch(sinks):
+            sinks = sinks.detach()  # attention_with_kvcache has no backward
     threads = _kernel._settings["threads"]
     if type(q) is not np.ndarray and (type(q) is _torch_tensor or _arrays.is_torch(q)):
         if _torch_tensor is None:
@@ -99,16 +108,17 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             result = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                        rotary_cos, rotary_sin, interleaved, scale, is_causal, left,
                                        right, threads, return_lse, o=out, eager_only=True,
-                                       softcap=softcap, alibi_slopes=alibi_slopes)
+                                       softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
         if result is None and out is not None:
             raise ValueError(_OUT_ON_OP_PATH)
         o, lse = result if result is not None else _torch_attention_with_kvcache(
             q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
-            interleaved, scale, is_causal, left, right, softcap, alibi_slopes)
+            interleaved, scale, is_causal, left, right, softcap, alibi_slopes, sinks)
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
-                                   return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes)
+                                   return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   sinks=sinks)
     return (o, lse) if return_lse else o
 
 
@@ -294,7 +304,7 @@ def _float32_table(name, x):
 
 
 def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, interleaved, scale,
-                 causal, window_left, window_right, o, lse, softcap=0.0, alibi_slopes=None):
+                 causal, window_left, window_right, o, lse, softcap=0.0, alibi_slopes=None, sinks=None):
     """Runs the C++ attention_with_kvcache; seqlens (int32 [B]) is advanced in place."""
     addr, es = _arrays.address, _arrays.element_strides
     b, h, nq, d = q.shape
@@ -320,4 +330,5 @@ def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, inte
         es("v_cache", v_cache), cache, addr(seqlens), table_addr, k_addr, k_strides, v_addr,
         v_strides, cos_addr, sin_addr, rotary, interleaved, scale, causal, window_left,
         window_right, _kernel._settings["threads"], softcap=float(softcap),
-        alibi_slopes=alibi_address(alibi_slopes)[0], alibi_batch_stride=alibi_address(alibi_slopes)[1])
+        alibi_slopes=alibi_address(alibi_slopes)[0], alibi_batch_stride=alibi_address(alibi_slopes)[1],
+        sinks=sinks_address(sinks))

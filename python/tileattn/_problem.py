@@ -130,6 +130,38 @@ def alibi_address(slopes):
     return slopes.ctypes.data, stride
 
 
+def as_sinks(sinks, q, heads=None):
+    """Attention sinks ([H] logits) as the kernel reads them: float32, contiguous, in q's
+    framework; None stays None. A torch tensor keeps its autograd graph (the cast and copy,
+    when needed, are differentiable), so ``sinks.grad`` is filled. Non-finite values are the
+    library's error (it names ``sinks[h]``). heads None: the shape is left to the C++ checks."""
+    if sinks is None:
+        return None
+    if type(q).__module__.startswith("torch"):
+        import torch
+        if isinstance(sinks, torch.Tensor):
+            if not sinks.is_floating_point():
+                raise TypeError(f"sinks: expected a float tensor, got dtype {sinks.dtype}")
+            out = sinks.to(torch.float32).contiguous()
+        else:
+            out = torch.as_tensor(np.asarray(sinks, dtype=np.float32))
+    else:
+        out = np.asarray(sinks)
+        if out.dtype.kind != "f":
+            raise TypeError(f"sinks: expected a float array, got dtype {out.dtype}")
+        out = np.ascontiguousarray(out, dtype=np.float32)
+    if heads is not None and tuple(out.shape) != (heads,):
+        raise ValueError(f"sinks: expected shape [{heads}] (one logit per query head), got {tuple(out.shape)}")
+    return out
+
+
+def sinks_address(sinks):
+    """The address of sinks from as_sinks (0 for None)."""
+    if sinks is None:
+        return 0
+    return sinks.data_ptr() if hasattr(sinks, "data_ptr") else sinks.ctypes.data
+
+
 def parse_dropout(dropout_p):
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.floating)):
         raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")

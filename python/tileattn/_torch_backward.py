@@ -9,7 +9,9 @@ for the whole sequence -- one block of query rows at a time -- and
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O) + dlse),
     dQ = scale * dS K,   dK = scale * dS^T Q,
 (with a soft cap c the scores are c * tanh(scale * Q K^T / c) + mask, and dS
-is multiplied by 1 - tanh^2 before dQ and dK)
+is multiplied by 1 - tanh^2 before dQ and dK; with attention sinks each row's
+denominator also holds exp(sink), P_sink = exp(sink - lse), and
+d_sink = sum over rows of P_sink * (dlse - rowsum(dO * O)))
 summed over the query heads that share a kv head (GQA). Arithmetic is fp32
 (the kernel's accumulation precision); gradients come back in the inputs'
 dtypes. It has no dropout.
@@ -35,8 +37,9 @@ def visible_keys(nq, nk, causal, window_left, window_right, rows):
 
 
 def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal,
-                            window_left, window_right, layout, softcap=0.0, alibi_slopes=None):
-    """(dq, dk, dv) for the forward with these inputs; layout 0 bhsd, 1 bshd."""
+                            window_left, window_right, layout, softcap=0.0, alibi_slopes=None, sinks=None):
+    """(dq, dk, dv, d_sinks) for the forward with these inputs; layout 0 bhsd, 1 bshd;
+    d_sinks float32 [H] with sinks, else an empty [0] tensor."""
     if layout == 1:  # work in [B, H, N, D] views
         q, k, v, o = (t.transpose(1, 2) for t in (q, k, v, o))
         grad_o = grad_o.transpose(1, 2) if grad_o is not None else None
@@ -54,6 +57,8 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     dq = torch.empty_like(qf)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
+    sink = sinks.float().view(1, h, 1, 1) if sinks is not None else None
+    d_sinks = torch.zeros(h if sinks is not None else 0)
     for start in range(0, nq, QUERY_BLOCK_ROWS):
         rows = range(start, min(start + QUERY_BLOCK_ROWS, nq))
         r = slice(rows.start, rows.stop)
@@ -78,9 +83,18 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         # was 0 there. Rows that see no key (max -inf) have no weights (the
         # forward wrote zeros).
         row_max = s.amax(-1, keepdim=True)
+        if sink is not None:
+            row_max = torch.maximum(row_max, sink.expand_as(row_max))  # the sink joins the softmax
         seen = torch.isfinite(row_max)
-        e = torch.exp(s - torch.where(seen, row_max, torch.zeros((), dtype=s.dtype)))
-        p = torch.where(seen, e / e.sum(-1, keepdim=True), torch.zeros((), dtype=s.dtype))
+        shift = torch.where(seen, row_max, torch.zeros((), dtype=s.dtype))
+        e = torch.exp(s - shift)
+        denominator = e.sum(-1, keepdim=True)
+        if sink is not None:
+            e_sink = torch.exp(sink - shift)
+            denominator = denominator + e_sink
+            p_sink = e_sink / denominator  # (B, H, rows, 1)
+            d_sinks += (p_sink.squeeze(-1) * (dlse[:, :, r] - delta[:, :, r])).sum((0, 2))
+        p = torch.where(seen, e / denominator, torch.zeros((), dtype=s.dtype))
         dv += torch.matmul(p.transpose(-1, -2), do[:, :, r])
         dp = torch.matmul(do[:, :, r], vf.transpose(-1, -2))
         ds = p * (dp - delta[:, :, r].unsqueeze(-1) + dlse[:, :, r].unsqueeze(-1))
@@ -94,4 +108,4 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     if layout == 1:
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
-    return dq, dk, dv
+    return dq, dk, dv, d_sinks

@@ -33,25 +33,27 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        attn_mask: Optional[torch.Tensor], dropout_p: float, softmax_scale: float,
                        is_causal: bool, window_left: int, window_right: int, layout: int,
                        seed: int, softcap: float = 0.0,
-                       alibi_slopes: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                       alibi_slopes: Optional[torch.Tensor] = None,
+                       sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd.
-    softcap > 0: each scaled score x becomes softcap * tanh(x / softcap) (0: off)."""
+    softcap > 0: each scaled score x becomes softcap * tanh(x / softcap) (0: off). sinks:
+    float32 [H] attention-sink logits (None: off)."""
     return _C.forward_arrays(q, k, v, attn_mask, layout, is_causal, window_left, window_right,
                              softmax_scale, dropout_p, seed, _kernel._settings["threads"], True,
-                             softcap=softcap, alibi_slopes=alibi_slopes)
+                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 @flash_attention_op.register_fake
 def _(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-      softcap=0.0, alibi_slopes=None):
+      softcap=0.0, alibi_slopes=None, sinks=None):
     return q.new_empty(q.shape), q.new_empty(_output_shapes(q, layout), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-     softcap, alibi_slopes) = inputs
+     softcap, alibi_slopes, sinks) = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes)
+    ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes, sinks)
     ctx.options = (dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed, softcap)
 
 
@@ -61,47 +63,52 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 attn_mask: Optional[torch.Tensor], dropout_p: float,
                                 softmax_scale: float, is_causal: bool, window_left: int,
                                 window_right: int, layout: int, seed: int,
-                                softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None
-                                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of flash_attention, given the forward's inputs, options and (o, lse)."""
+                                softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+                                sinks: Optional[torch.Tensor] = None
+                                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, d_sinks) of flash_attention, given the forward's inputs, options and
+    (o, lse); d_sinks is float32 [H] with sinks, else an empty [0] tensor."""
     if not bool(grad_lse.any()):
         # The C++ kernel (backward.hpp): P recomputed tile by tile from lse, dropout included.
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        d_sinks = torch.empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
         _kernel.backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, attn_mask, is_causal,
                               window_left, window_right, softmax_scale, dropout_p, seed, layout,
-                              softcap, alibi_slopes)
-        return dq, dk, dv
+                              softcap, alibi_slopes, sinks, d_sinks if sinks is not None else None)
+        return dq, dk, dv, d_sinks
     # A loss that uses lse adds P * dlse to dS, which the kernel does not take: PyTorch math.
     if dropout_p > 0:
         raise NotImplementedError("flash_attention: gradients through lse together with dropout "
                                   "are not supported")
     return _torch_backward.attention_backward_math(
         q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
-        window_right, layout, softcap, alibi_slopes)
+        window_right, layout, softcap, alibi_slopes, sinks)
 
 
 @flash_attention_backward_op.register_fake
 def _(q, k, v, o, lse, grad_o, grad_lse, attn_mask, dropout_p, softmax_scale, is_causal,
-      window_left, window_right, layout, seed, softcap=0.0, alibi_slopes=None):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      window_left, window_right, layout, seed, softcap=0.0, alibi_slopes=None, sinks=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
 
 
 def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse, attn_mask, alibi_slopes = ctx.saved_tensors
+    q, k, v, o, lse, attn_mask, alibi_slopes, sinks = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
     if grad_lse is None:
         grad_lse = torch.zeros_like(lse)
-    dq, dk, dv = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask, *ctx.options,
-                                             alibi_slopes)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+    dq, dk, dv, d_sinks = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask,
+                                                      *ctx.options, alibi_slopes, sinks)
+    # One gradient per input: q, k, v, then attn_mask .. alibi_slopes (none), then sinks.
+    return (dq, dk, dv) + (None,) * 10 + (d_sinks if sinks is not None else None,)
 
 
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p,
-                  softcap, alibi_slopes=None):
+                  softcap, alibi_slopes=None, sinks=None):
     """(mask, scale) as the op takes them: the scale as a float, the mask as the kernel reads
     it (float32 if it was another float type), which is also what autograd saves.
 
@@ -111,14 +118,14 @@ def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scal
     """
     if not torch.compiler.is_compiling():
         return _C.check_forward(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                                dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+                                dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
     if mask is not None and mask.dtype not in (torch.bool, torch.float32) and mask.is_floating_point():
         mask = mask.float()
     return mask, (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
 
 def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window_right, layout,
-                    return_lse, softcap=0.0, alibi_slopes=None):
+                    return_lse, softcap=0.0, alibi_slopes=None, sinks=None):
     """flash_attention for torch tensors, given its checked scalar options (scale None:
     1/sqrt(D)); the arrays are checked in C++."""
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
@@ -126,13 +133,13 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
         # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, seed, _kernel._settings["threads"], return_lse,
-                                eager_only=True, softcap=softcap, alibi_slopes=alibi_slopes)
+                                eager_only=True, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
         if out is not None:
             return out
     mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                                dropout_p, softcap, alibi_slopes)
+                                dropout_p, softcap, alibi_slopes, sinks)
     o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
-                                window_right, layout, seed, softcap, alibi_slopes)
+                                window_right, layout, seed, softcap, alibi_slopes, sinks)
     return o, lse
 
 
@@ -159,7 +166,8 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               rotary_interleaved: bool, softmax_scale: float, is_causal: bool,
                               window_left: int, window_right: int,
                               softcap: float = 0.0,
-                              alibi_slopes: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                              alibi_slopes: Optional[torch.Tensor] = None,
+                              sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse); appends k/v into k_cache/v_cache. cache_seqlens (integer [B]) is not modified;
     block_table is an integer [B, max_pages] tensor (narrowed to int32 here, values checked)."""
     from . import _kvcache
@@ -174,20 +182,20 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     table = _kvcache.op_block_table(block_table)  # int32, its values checked
     _kvcache.kvcache_into(q, k_cache, v_cache, k, v, seqlens, table, rotary_cos, rotary_sin,
                           rotary_interleaved, softmax_scale, is_causal, window_left, window_right, o, lse,
-                          softcap, alibi_slopes)
+                          softcap, alibi_slopes, sinks)
     return o, lse
 
 
 @attention_with_kvcache_op.register_fake
 def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
       rotary_interleaved, softmax_scale, is_causal, window_left, window_right, softcap=0.0,
-      alibi_slopes=None):
+      alibi_slopes=None, sinks=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                            rotary_sin, interleaved, scale, causal, window_left, window_right,
-                           softcap=0.0, alibi_slopes=None):
+                           softcap=0.0, alibi_slopes=None, sinks=None):
     """attention_with_kvcache through the custom op (the path torch can observe: compile,
     tracing, dispatch modes), given its checked scalar options (scale None: 1/sqrt(D));
     the arrays are checked in Python on their metadata. Returns (o, lse)."""
@@ -196,4 +204,4 @@ def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale)
     return attention_with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, table, cos, sin,
                                      interleaved, scale, causal, window_left, window_right, softcap,
-                                     alibi_slopes)
+                                     alibi_slopes, sinks)

@@ -21,6 +21,7 @@ BackwardArgs to_backward_args(const tileattn_backward_args* user) {
   b.dq = capi::to_view(c.dq);
   b.dk = capi::to_view(c.dk);
   b.dv = capi::to_view(c.dv);
+  b.d_sinks = c.d_sinks;
   return b;
 }
 

@@ -83,6 +83,7 @@ ForwardArgs to_forward_args(const tileattn_forward_args* user) {
   a.softcap = c.softcap;
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
+  a.sinks = c.sinks;
   a.dropout_p = c.dropout_p;
   a.seed = c.seed;
   a.threads = c.threads;

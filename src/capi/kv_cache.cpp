@@ -51,6 +51,7 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.softcap = c.softcap;
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
+  a.sinks = c.sinks;
   a.threads = c.threads;
   a.isa = capi::to_isa(c.isa, "isa");
   return a;

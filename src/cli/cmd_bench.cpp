@@ -31,7 +31,8 @@ namespace {
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
     "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
-    "                      [--softcap C] [--alibi] [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
+    "                      [--softcap C] [--alibi] [--sinks S.npy] [--threads T] [--reps R]\n"
+    "                      [--backward | --decode] [--no-baseline]\n"
     "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
     "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
     "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
@@ -52,7 +53,8 @@ const char* const kHelp =
     "--impl tileattn (same as --no-baseline) or openblas times only that one.\n"
     "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once).\n"
     "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
-    "slopes) in tileattn; the baseline has neither.\n"
+    "slopes) in tileattn; the baseline has neither. --sinks S.npy (float32 [H]) adds attention\n"
+    "sinks in tileattn (the backward also computes their gradient); the baseline has none.\n"
     "\n"
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
@@ -87,7 +89,8 @@ int cmd_bench(int argc, char** argv) {
   Args args(argc, argv,
             {{"--batch", true}, {"--heads", true}, {"--kv-heads", true}, {"--seq", true},
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
-             {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--threads", true}, {"--reps", true}, {"--backward", false},
+             {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--sinks", true},
+             {"--threads", true}, {"--reps", true}, {"--backward", false},
              {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
@@ -141,11 +144,15 @@ int cmd_bench(int argc, char** argv) {
   fa.softcap = softcap;
   const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(heads) : std::vector<float>{};
   if (!alibi.empty()) fa.alibi_slopes = alibi.data();
+  const std::vector<float> sinks =
+      args.has("--sinks") ? load_sinks(args.text("--sinks"), heads) : std::vector<float>{};
+  if (!sinks.empty()) fa.sinks = sinks.data();
   fa.threads = threads;
   validate(fa);
   // The backward also needs the forward's LSE, dO and the three gradients.
   std::vector<float> lse;
   TypedBuffer d_o, dq, dk, dv;
+  std::vector<float> d_sinks(sinks.size());
   BackwardArgs ba;
   if (backward) {
     lse.assign(size_t(batch * heads * seq), 0.0f);
@@ -163,6 +170,7 @@ int cmd_bench(int argc, char** argv) {
     ba.dq = {dq.data(), fa.q.stride};
     ba.dk = {dk.data(), fa.k.stride};
     ba.dv = {dv.data(), fa.k.stride};
+    if (!sinks.empty()) ba.d_sinks = d_sinks.data();
   }
   // Decode: k and v are a full contiguous cache [B, HKV, M, D]; nothing is
   // appended, so every rep attends the same cache.
@@ -188,6 +196,7 @@ int cmd_bench(int argc, char** argv) {
     ca.window_right = window_right;
     ca.softcap = softcap;
     ca.alibi_slopes = fa.alibi_slopes;
+    ca.sinks = fa.sinks;
     ca.threads = threads;
   }
 
@@ -219,6 +228,7 @@ int cmd_bench(int argc, char** argv) {
   rep.integer("window_right", window_right);
   rep.number("softcap", softcap);
   rep.boolean("alibi", !alibi.empty());
+  rep.boolean("sinks", !sinks.empty());
   rep.boolean("backward", backward);
   rep.boolean("decode", decode);
   rep.text("impl", impl == Impl::both ? "both" : impl == Impl::tileattn ? "tileattn" : "openblas");

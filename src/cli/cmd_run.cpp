@@ -22,9 +22,10 @@ namespace {
 const char* const kHelp =
     "usage: tileattn run --q Q.npy --k K.npy --v V.npy --out O.npy [--lse LSE.npy]\n"
     "                    [--layout bhsd|bshd] [--causal] [--window L,R] [--mask M.npy]\n"
-    "                    [--scale S] [--softcap C] [--alibi] [--dtype fp32|fp16|bf16]\n"
+    "                    [--scale S] [--softcap C] [--alibi] [--sinks S.npy] [--dtype fp32|fp16|bf16]\n"
     "                    [--dropout P --seed N]\n"
-    "                    [--threads T] [--dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy]\n"
+    "                    [--threads T] [--dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
+    "                    [--dsinks DS.npy]]\n"
     "\n"
     "Computes O = softmax(scale * Q K^T + mask) V.\n"
     "  Q: [B, Hq, Nq, D] (bhsd, default) or [B, Nq, Hq, D] (bshd); K and V: [B, Hkv, Nk, D]\n"
@@ -42,6 +43,9 @@ const char* const kHelp =
     "     default 0: off), in the forward and the backward.\n"
     "  --alibi: adds the ALiBi bias -slope_h * |i + Nk - Nq - j| after the cap, with the standard\n"
     "     slopes of Hq heads (2^(-8 (h + 1) / Hq) for a power of two).\n"
+    "  --sinks S.npy: attention sinks, float32 [Hq]: exp(S[h]) joins each row's softmax\n"
+    "     denominator (gpt-oss; not scaled, not capped) and the LSE; the backward's --dsinks\n"
+    "     DS.npy writes their float32 [Hq] gradient.\n"
     "  --threads: default every hardware thread.\n"
     "  --dropout P --seed N: drop attention probabilities with probability P (counter-based\n"
     "     generator: the same seed gives the same mask in the forward and the backward).\n"
@@ -117,7 +121,8 @@ int cmd_run(int argc, char** argv) {
             {{"--q", true}, {"--k", true}, {"--v", true}, {"--out", true}, {"--lse", true},
              {"--layout", true}, {"--causal", false}, {"--window", true}, {"--mask", true},
              {"--scale", true}, {"--softcap", true}, {"--alibi", false}, {"--dtype", true}, {"--dropout", true}, {"--seed", true},
-             {"--threads", true}, {"--dout", true}, {"--dq", true}, {"--dk", true}, {"--dv", true}});
+             {"--threads", true}, {"--dout", true}, {"--dq", true}, {"--dk", true}, {"--dv", true},
+             {"--sinks", true}, {"--dsinks", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   for (const char* required : {"--q", "--k", "--v", "--out"})
     if (!args.has(required)) throw UsageError(std::string("run: ") + required + " is required");
@@ -136,8 +141,11 @@ int cmd_run(int argc, char** argv) {
       if (!args.has(required))
         throw UsageError(std::string("run: the backward needs --dout, --dq, --dk and --dv; ") + required +
                          " is missing");
-  check_distinct_outputs(args, {"--out", "--lse", "--dq", "--dk", "--dv"},
-                         {"--q", "--k", "--v", "--mask", "--dout"});
+  if (args.has("--dsinks") && !backward)
+    throw UsageError("run: --dsinks is a backward output; it needs --dout, --dq, --dk and --dv");
+  if (args.has("--dsinks") && !args.has("--sinks")) throw UsageError("run: --dsinks needs --sinks");
+  check_distinct_outputs(args, {"--out", "--lse", "--dq", "--dk", "--dv", "--dsinks"},
+                         {"--q", "--k", "--v", "--mask", "--dout", "--sinks"});
 
   const io::NpyArray q_file = io::read_npy(q_path);
   const io::NpyArray k_file = io::read_npy(k_path);
@@ -200,6 +208,9 @@ int cmd_run(int argc, char** argv) {
   fa.softcap = softcap;
   const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(q.heads) : std::vector<float>{};
   if (!alibi.empty()) fa.alibi_slopes = alibi.data();
+  const std::vector<float> sinks =
+      args.has("--sinks") ? load_sinks(args.text("--sinks"), q.heads) : std::vector<float>{};
+  if (!sinks.empty()) fa.sinks = sinks.data();
   fa.threads = threads;
   fa.dropout_p = float(dropout);
   fa.seed = seed;
@@ -220,7 +231,11 @@ int cmd_run(int argc, char** argv) {
     ba.dq = {dq.data(), fa.q.stride};
     ba.dk = {dk.data(), fa.k.stride};
     ba.dv = {dv.data(), fa.k.stride};
+    std::vector<float> d_sinks(sinks.size());
+    if (args.has("--dsinks")) ba.d_sinks = d_sinks.data();
     attention_backward(ba);
+    if (args.has("--dsinks"))
+      outputs.stage(args.text("--dsinks"), io::encode_npy(io::NpyType::f32, {q.heads}, d_sinks.data()));
     outputs.stage(args.text("--dq"), encode_output(dq, q_file.shape));
     outputs.stage(args.text("--dk"), encode_output(dk, k_file.shape));
     outputs.stage(args.text("--dv"), encode_output(dv, k_file.shape));

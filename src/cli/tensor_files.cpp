@@ -82,4 +82,17 @@ void load_mask(const std::string& path, int64_t batch, int64_t heads, int64_t nq
   }
 }
 
+std::vector<float> load_sinks(const std::string& path, int64_t heads) {
+  const io::NpyArray file = io::read_npy(path);
+  if (file.shape.size() != 1 || file.shape[0] != heads)
+    throw Error("--sinks " + path + ": shape " + shape_text(file.shape) + " must be [Hq] = " +
+                shape_text({heads}) + " (one sink logit per query head)");
+  if (file.type == io::NpyType::boolean)
+    throw Error("--sinks " + path + ": dtype bool; expected float32 or float16 logits");
+  std::vector<float> sinks(static_cast<size_t>(heads), 0.0f);
+  for (int64_t h = 0; h < heads; ++h)
+    sinks[size_t(h)] = file.type == io::NpyType::f32 ? file.f32()[h] : detail::f16_to_float(file.f16()[h]);
+  return sinks;  // finiteness is the library's check (it names sinks[h])
+}
+
 }  // namespace tileattn::cli

@@ -40,4 +40,8 @@ std::vector<unsigned char> encode_output(const TypedBuffer& buffer, const std::v
 void load_mask(const std::string& path, int64_t batch, int64_t heads, int64_t nq, int64_t nk,
                io::NpyArray& file, std::vector<float>& storage, MaskSpec& spec);
 
+// Reads an attention-sink file (--sinks): float32 (or float16) [heads], one
+// logit per query head. Errors name the flag and the file.
+std::vector<float> load_sinks(const std::string& path, int64_t heads);
+
 }  // namespace tileattn::cli

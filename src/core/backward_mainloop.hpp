@@ -62,7 +62,7 @@ class BackwardMainloop {
     }
   }
 
-  // Rows rows[0, count) of head h in sequence b: the max of their scores S
+  // Rows rows[0, count) of head h in sequence b: the max of their scores S (and sink)
   // and 1 / sum exp2(S - max) into p.row_lse2 / p.row_inv_sum (see
   // row_statistics in backward.cpp), with S formed exactly as tile_pair
   // forms it (same loads, packing, GEMM and mask), so that each row's max is
@@ -105,6 +105,7 @@ class BackwardMainloop {
         }
       }
       for (int64_t t = 0; t < m; ++t) {
+        if (a_.sinks) fold_sink(a_.sinks[h] * kLog2e, max[t], sum[t]);  // the LSE holds the sink too
         if (max[t] == kMinusInf) continue;
         const int64_t slot = row_slot(p_, b, h, rows[r0 + t]);
         p_.row_lse2[slot] = max[t];

@@ -158,7 +158,8 @@ void write_reference(const ForwardArgs& a) {
 }
 
 // Merges the key splits of every query row, in split order (deterministic),
-// and writes O in the output dtype and the LSE.
+// with the row's sink when there are sinks, and writes O in the output dtype
+// and the LSE.
 void merge_splits(const Problem& p) {
   const ForwardArgs& a = p.args;
   const int64_t d = a.shape.head_dim, dp = p.head_dim_padded;
@@ -168,7 +169,10 @@ void merge_splits(const Problem& p) {
     const Sequence seq = sequence_of(p, b);
     for (int64_t h = 0; h < a.shape.heads; ++h)
       for (int64_t i = 0; i < seq.nq; ++i) {
-        float max_lse = -std::numeric_limits<float>::infinity();
+        // The sink (ForwardArgs::sinks) is one more state with LSE = sink
+        // and O = 0, merged here once (the splits' partials exclude it).
+        const float sink = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
+        float max_lse = sink;
         bool nan = false;
         for (int64_t s = 0; s < p.kv_splits; ++s) {
           const float l = p.partial_lse[partial_slot(p, s, b, h, i)];
@@ -178,7 +182,7 @@ void merge_splits(const Problem& p) {
         std::fill(row.begin(), row.end(), nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
         float lse = nan ? std::numeric_limits<float>::quiet_NaN() : max_lse;
         if (!nan && max_lse != -std::numeric_limits<float>::infinity()) {
-          float weight_sum = 0.0f;
+          float weight_sum = a.sinks ? std::exp(sink - max_lse) : 0.0f;
           for (int64_t s = 0; s < p.kv_splits; ++s) {
             const int64_t slot = partial_slot(p, s, b, h, i);
             const float l = p.partial_lse[slot];

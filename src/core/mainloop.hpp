@@ -16,7 +16,8 @@
 // Per work item (batch, KV head, query heads of that group, query tile, key
 // split): load the Q tiles -> for each visible KV tile: pack K^T and V once,
 // then for the stacked query rows of the group: S = Q K^T -> mask step (soft
-// cap, masks: partial tiles only unless capped) -> online softmax -> acc += P V -> epilogue: O = acc / row_sum
+// cap, masks: partial tiles only unless capped) -> online softmax -> acc += P V -> epilogue: the sink
+// (if any) folded into the row's max and sum, O = acc / row_sum
 // and LSE (or, for a key split, the partial pair merged afterwards). Decode
 // on small pages walks several KV heads per item (Problem::kv_heads_per_item):
 // each KV tile then runs once per KV head, with that head's group of rows.
@@ -582,24 +583,28 @@ class ForwardMainloop {
     const int64_t esize = int64_t(dtype_size(a_.dtype));
     for (int64_t s = 0; s < w.head_count * rows_; ++s) {
       const int64_t head = head_of(w, s), i = query_of(w, s);
-      const float sum = row_sum_[s];
-      // No visible key: O = 0, LSE = -inf. (A NaN sum is not 0: NaN flows out.)
-      const bool empty = sum == 0.0f;
+      float max = row_max_[s], sum = row_sum_[s];
       float* acc = acc_ + s * dp;
-      if (empty) std::memset(acc, 0, sizeof(float) * d);
-      const float lse = empty ? -std::numeric_limits<float>::infinity()
-                              : (row_max_[s] + std::log2(sum)) * kLn2;
+      if (sum == 0.0f) std::memset(acc, 0, sizeof(float) * d);  // no visible key
+      // The sink joins the row here, once: a key split leaves it to the merge
+      // (merge_splits), which adds it once per row.
+      float alpha = 1.0f;
+      if (a_.sinks && p_.kv_splits == 1) alpha = fold_sink(a_.sinks[head] * kLog2e, max, sum);
+      // No visible key and no sink: O = 0, LSE = -inf. (A NaN sum is not 0: NaN flows out.)
+      const bool empty = sum == 0.0f;
+      const float lse = empty ? -std::numeric_limits<float>::infinity() : (max + std::log2(sum)) * kLn2;
+      const float o_scale = empty ? 0.0f : alpha / sum;
       if (p_.kv_splits > 1) {
         // A key split: its normalized fp32 O and its LSE, merged after all items.
         const int64_t slot = partial_slot(p_, w.split, w.batch, head, i);
-        K::store_row(acc, empty ? 0.0f : 1.0f / sum, d, DType::f32, p_.partial_o + slot * dp, 1);
+        K::store_row(acc, o_scale, d, DType::f32, p_.partial_o + slot * dp, 1);
         p_.partial_lse[slot] = lse;
         continue;
       }
       const int64_t row = seq.q_row0 + i;
       char* o_row = static_cast<char*>(a_.o.data) +
                     (seq.q_batch * a_.o.stride[0] + head * a_.o.stride[1] + row * a_.o.stride[2]) * esize;
-      K::store_row(acc, empty ? 0.0f : 1.0f / sum, d, a_.dtype, o_row, a_.o.stride[3]);
+      K::store_row(acc, o_scale, d, a_.dtype, o_row, a_.o.stride[3]);
       if (a_.lse)
         a_.lse[seq.q_batch * a_.lse_stride[0] + head * a_.lse_stride[1] + row * a_.lse_stride[2]] = lse;
     }

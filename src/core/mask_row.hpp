@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/problem.hpp"
+#include "core/sink.hpp"
 #include "core/softcap.hpp"
 
 namespace tileattn::detail {

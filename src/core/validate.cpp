@@ -128,6 +128,10 @@ void validate(const ForwardArgs& a) {
           fail("alibi_slopes[" + str(b) + ", " + str(h) + "] must be finite, got " + std::to_string(slope));
       }
   }
+  if (a.sinks)
+    for (int64_t h = 0; h < s.heads; ++h)  // (the kernels scale it by log2(e): 1e38 keeps it finite)
+      if (!(std::fabs(a.sinks[h]) <= 1e38f))
+        fail("sinks[" + str(h) + "] must be finite (|sink| <= 1e38), got " + std::to_string(a.sinks[h]));
   if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f))
     fail("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
   if (a.threads < 0) fail("threads must be >= 0, got " + str(a.threads));

@@ -36,6 +36,7 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   f.softcap = a.softcap;
   f.alibi_slopes = a.alibi_slopes;
   f.alibi_batch_stride = a.alibi_batch_stride;
+  f.sinks = a.sinks;
   f.threads = a.threads;
   f.isa = a.isa;
   return f;

@@ -86,8 +86,14 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
           if (!(score <= max_score)) max_score = score;  // NaN propagates into the max
         }
         const int64_t out_row = (seq.q_batch * s.heads + h) * s.seqlen_q + seq.q_row0 + i;
-        if (!any) continue;  // O = 0, LSE = -inf
-        Real sum = 0;
+        // A sink joins the denominator only: exp(sink) with no value.
+        const Real sink = a.sinks ? Real(a.sinks[h]) : -std::numeric_limits<Real>::infinity();
+        if (!any) {
+          if (a.sinks) out.lse[size_t(out_row)] = double(sink);  // O = 0, LSE = sink
+          continue;  // O = 0, LSE = -inf
+        }
+        if (sink > max_score) max_score = sink;  // a NaN max stays NaN
+        Real sum = a.sinks ? std::exp(sink - max_score) : Real(0);
         acc.assign(size_t(d), Real(0));
         for (int64_t j = 0; j < seq.nk; ++j) {
           if (!visible[j]) continue;

@@ -171,6 +171,57 @@ void add_alibi_cases(const std::function<void(Case)>& add) {
   }
 }
 
+// Attention sinks: unequal lengths both ways (130 x 17 causal: rows that see
+// no key get O = 0 and LSE = sink), fully visible and band-partial tiles, a
+// window, varlen with empty sequences, GQA and MQA, with a soft cap, ALiBi
+// and an additive mask, and fp16/bf16 (whose products may defer the scale).
+void add_sink_cases(const std::function<void(Case)>& add) {
+  for (auto [m, nq, nk] : {std::tuple<MaskCase, int64_t, int64_t>{MaskCase::none, 97, 97},
+                           {MaskCase::causal, 97, 130},
+                           {MaskCase::causal, 130, 17},
+                           {MaskCase::window, 97, 150}}) {
+    Case c;
+    c.batch = 2;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.seqlen_q = nq;
+    c.seqlen_k = nk;
+    c.head_dim = 40;
+    c.mask = m;
+    c.sinks = true;
+    add(c);
+  }
+  Case varlen;
+  varlen.varlen = true;
+  varlen.heads = 4;
+  varlen.kv_heads = 2;
+  varlen.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
+  varlen.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
+  varlen.mask = MaskCase::causal;
+  varlen.sinks = true;
+  add(varlen);
+  for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}}) {
+    Case c = gqa_case(h, kvh);
+    c.sinks = true;
+    add(c);
+  }
+  Case all;
+  all.seqlen_q = 70;
+  all.seqlen_k = 90;
+  all.head_dim = 40;
+  all.mask = MaskCase::additive;
+  all.softcap = 5.0f;
+  all.input_scale = 4.0f;
+  all.alibi = Case::Alibi::heads;
+  all.sinks = true;
+  add(all);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Case c = half_precision_modifier_case(dt);
+    c.sinks = true;
+    add(c);
+  }
+}
+
 Case head_dim_case(int64_t d, MaskCase m) {
   Case c;
   c.head_dim = d;
@@ -286,6 +337,23 @@ std::vector<Case> correctness_cases() {
     c.seqlen_k = 1500;
     c.mask = MaskCase::causal;
     c.alibi = Case::Alibi::heads;
+    add(c);
+  }
+  add_sink_cases(add);
+  // Decode with sinks: the few-rows products and the split-KV merge, which
+  // adds each row's sink once (the splits leave it out); one GQA step, one
+  // multi-row windowed step.
+  for (auto [h, kvh, nq, m] : {std::tuple<int64_t, int64_t, int64_t, MaskCase>{8, 2, 1, MaskCase::causal},
+                               {4, 2, 3, MaskCase::window}}) {
+    Case c;
+    c.heads = h;
+    c.kv_heads = kvh;
+    c.seqlen_q = nq;
+    c.seqlen_k = 2100;
+    c.head_dim = 64;
+    c.mask = m;
+    c.window_left = 700;
+    c.sinks = true;
     add(c);
   }
   for (size_t i = 0; i < cases.size(); ++i) cases[i].seed = 1000 + i;

@@ -19,6 +19,7 @@ void add_varlen_cases(const std::function<void(Case)>& add);          // packed 
 void add_half_precision_cases(const std::function<void(Case)>& add);  // fp16, bf16
 void add_softcap_cases(const std::function<void(Case)>& add);         // soft cap c = 5 with masks, GQA, bf16
 void add_alibi_cases(const std::function<void(Case)>& add);           // ALiBi [H] / [B, H], masks, varlen, bf16
+void add_sink_cases(const std::function<void(Case)>& add);            // sinks [H]: lengths, masks, varlen, GQA/MQA, fp16/bf16
 
 // Head dim d (97 queries and keys, the default heads) with mask m.
 Case head_dim_case(int64_t d, MaskCase m);

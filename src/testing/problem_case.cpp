@@ -42,6 +42,8 @@ std::string Case::name() const {
   if (softcap > 0.0f) s << "_softcap" << softcap;
   if (alibi == Alibi::heads) s << "_alibi";
   if (alibi == Alibi::batch_heads) s << "_alibiBH";
+  if (sinks) s << "_sinks";
+  if (sinks && sink_shift != 0.0f) s << sink_shift;
   return s.str();
 }
 
@@ -109,6 +111,11 @@ CaseData::CaseData(const Case& cs) : c(cs) {
         alibi_slopes.push_back(std::exp2(-8.0f * float(h + 1) / float(c.heads)) * (1.0f + 0.5f * float(b)));
     a.alibi_slopes = alibi_slopes.data();
     a.alibi_batch_stride = c.alibi == Case::Alibi::batch_heads ? c.heads : 0;
+  }
+  if (c.sinks) {
+    for (int64_t h = 0; h < c.heads; ++h)
+      this->sinks.push_back(c.sink_shift - 2.0f + 10.0f * std::fmod(0.37f * float(h) + 0.61f, 1.0f));
+    a.sinks = this->sinks.data();
   }
   const int64_t mask_b = a.shape.batch;
   const int64_t mask_elems = mask_b * c.heads * max_nq * max_nk;

@@ -32,6 +32,10 @@ struct Case {
   // ALiBi slopes: none, [heads] (the standard geometric slopes), or [batch, heads]
   // (those scaled by 1 + batch / 2).
   enum class Alibi { none, heads, batch_heads } alibi = Alibi::none;
+  // Attention sinks [heads]: logits spread over [-2, 8] (below and above the
+  // rows' LSE ~ log(keys), so both sides of the fold's max show).
+  bool sinks = false;
+  float sink_shift = 0.0f;  // added to every sink (large scores need large sinks to matter)
   float input_scale = 1.0f;  // inputs are uniform in [-input_scale, input_scale]
   uint64_t seed = 1;
   std::string name() const;
@@ -47,6 +51,7 @@ struct CaseData {
   std::vector<float> add_mask;
   std::vector<int32_t> cu_q, cu_k;
   std::vector<float> alibi_slopes;
+  std::vector<float> sinks;
   ForwardArgs args;
 
   explicit CaseData(const Case& c);

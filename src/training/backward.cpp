@@ -206,6 +206,27 @@ void finish_dq(const BackwardProblem& p, int64_t b, int64_t h) {
   }
 }
 
+// d_sinks[h] = -sum over sequences and rows of P_sink * D, P_sink =
+// exp2(sink - lse2) * inv_sum with the row statistics pass 1 (and the
+// recomputed normalizers) left; summed in float64, in row order: the same
+// for any number of threads.
+void write_sink_gradients(const BackwardProblem& p) {
+  const BackwardArgs& args = *p.args;
+  const ForwardArgs& a = args.forward;
+  for (int64_t h = 0; h < a.shape.heads; ++h) {
+    const float sink2 = a.sinks[h] * kLog2e;
+    double sum = 0.0;
+    for (int64_t b = 0; b < a.shape.batch; ++b) {
+      const Sequence seq = sequence_of(p.fwd, b);
+      for (int64_t i = 0; i < seq.nq; ++i) {
+        const int64_t slot = row_slot(p, b, h, i);
+        sum += double(std::exp2(sink2 - p.row_lse2[slot]) * p.row_inv_sum[slot]) * double(p.row_delta[slot]);
+      }
+    }
+    args.d_sinks[h] = float(-sum);
+  }
+}
+
 // Isa::reference: the float64 gradients, rounded to the output dtype.
 void write_reference_backward(const BackwardArgs& args) {
   const training::BackwardReference ref = training::reference_backward(args);
@@ -235,6 +256,8 @@ void write_reference_backward(const BackwardArgs& args) {
         }
       }
   }
+  if (args.d_sinks)
+    for (int64_t h = 0; h < s.heads; ++h) args.d_sinks[h] = float(ref.d_sinks[size_t(h)]);
 }
 
 }  // namespace
@@ -302,6 +325,7 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   detail::parallel_for(heads_total, row_workers, [&](int64_t item, int) {
     detail::finish_dq(p, item / s.heads, item % s.heads);
   });
+  if (args.d_sinks) detail::write_sink_gradients(p);
 }
 
 }  // namespace tileattn

@@ -73,13 +73,20 @@ void validate(const BackwardArgs& b) {
   check_injective("dk", k_sizes, b.dk.stride.data(), 4);
   check_injective("dv", k_sizes, b.dv.stride.data(), 4);
 
+  // d_sinks: fp32 [heads], dense; only with the forward's sinks.
+  if (b.d_sinks && !a.sinks) fail("d_sinks: given without forward.sinks (there is no sink to differentiate)");
+  const int64_t h_sizes[1] = {s.heads};
+  const int64_t unit_stride[1] = {1};
+  const ByteRange d_sinks = b.d_sinks ? view_range("d_sinks", b.d_sinks, 4, h_sizes, unit_stride, 1) : ByteRange{};
+  const ByteRange sinks = a.sinks ? view_range("sinks", a.sinks, 4, h_sizes, unit_stride, 1) : ByteRange{};
+
   struct Named {
     const char* name;
     const ByteRange* range;
   };
   const Named inputs[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"d_o", &d_o},
-                          {"lse", &lse}, {"mask", &mask}};
-  const Named outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+                          {"lse", &lse}, {"mask", &mask}, {"sinks", &sinks}};
+  const Named outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"d_sinks", &d_sinks}};
   for (const Named& out : outputs) {
     for (const Named& in : inputs)
       if (ranges_overlap(*out.range, *in.range))
@@ -88,6 +95,8 @@ void validate(const BackwardArgs& b) {
   if (ranges_overlap(dq, dk)) fail("dq: overlaps output dk");
   if (ranges_overlap(dq, dv)) fail("dq: overlaps output dv");
   if (ranges_overlap(dk, dv)) fail("dk: overlaps output dv");
+  for (const Named& out : {Named{"dq", &dq}, Named{"dk", &dk}, Named{"dv", &dv}})
+    if (ranges_overlap(d_sinks, *out.range)) fail(std::string("d_sinks: overlaps output ") + out.name);
 }
 
 }  // namespace tileattn::detail

@@ -99,7 +99,10 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
           if (!(scores[size_t(j)] <= max_score)) max_score = scores[size_t(j)];  // NaN propagates
         }
         if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no visible key
-        double sum = 0.0;
+        // A sink (ForwardArgs::sinks) joins the denominator; it has no column.
+        const double sink = args.sinks ? double(args.sinks[h]) : -std::numeric_limits<double>::infinity();
+        if (sink > max_score) max_score = sink;
+        double sum = args.sinks ? std::exp(sink - max_score) : 0.0;
         for (int64_t j = keys.first; j < keys.last; ++j) sum += std::exp(scores[size_t(j)] - max_score);
         for (int64_t j = keys.first; j < keys.last; ++j) {
           double prob = std::exp(scores[size_t(j)] - max_score) / sum;

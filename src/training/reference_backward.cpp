@@ -43,6 +43,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
   out.delta.assign(out.lse.size(), 0.0);
   std::vector<Real> dq(out.o.size(), Real(0));
   std::vector<Real> dk(size_t(k_batches * s.kv_heads * s.seqlen_k * d), Real(0)), dv(dk.size(), Real(0));
+  std::vector<Real> d_sinks(a.sinks ? size_t(s.heads) : 0, Real(0));
 
   std::vector<Real> q, o, g, prob, zeta, dcap, krows, vrows;
   std::vector<char> visible;
@@ -102,8 +103,16 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
           if (!(score <= max_score)) max_score = score;
         }
         const int64_t out_row = (seq.q_batch * s.heads + h) * s.seqlen_q + row;
-        if (!any) continue;  // O = 0, dQ = 0, LSE = -inf, no contribution to dK / dV
-        Real sum = 0;
+        // A sink joins the denominator only (no value, no column of P).
+        const Real sink = a.sinks ? Real(a.sinks[h]) : -std::numeric_limits<Real>::infinity();
+        if (!any) {
+          // O = 0, dQ = 0, no contribution to dK / dV (nor to d_sinks: D = 0);
+          // LSE = the sink, or -inf.
+          if (a.sinks) out.lse[size_t(out_row)] = double(sink);
+          continue;
+        }
+        if (sink > max_score) max_score = sink;  // a NaN max stays NaN
+        Real sum = a.sinks ? std::exp(sink - max_score) : Real(0);
         for (int64_t j = 0; j < nk; ++j)
           if (visible[j]) sum += prob[j] = std::exp(prob[j] - max_score);
         zeta.assign(size_t(nk), Real(1));
@@ -129,6 +138,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
         Real delta = 0;
         for (int64_t c = 0; c < d; ++c) delta += g[c] * o[c];
         out.delta[size_t(out_row)] = double(delta);
+        if (a.sinks) d_sinks[size_t(h)] -= std::exp(sink - max_score) / sum * delta;
         for (int64_t j = 0; j < nk; ++j) {
           if (!visible[j]) continue;
           Real dp = 0;
@@ -153,6 +163,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
     finish(dq, out.dq);
     finish(dk, out.dk);
     finish(dv, out.dv);
+    out.d_sinks.assign(d_sinks.begin(), d_sinks.end());  // fp32 output: not rounded to the dtype
   }
   return out;
 }

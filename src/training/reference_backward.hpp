@@ -24,6 +24,7 @@ struct BackwardReference {
   std::vector<double> dq;   // [q_batches, heads, seqlen_q, head_dim]
   std::vector<double> dk;   // [k_batches, kv_heads, seqlen_k, head_dim]
   std::vector<double> dv;   // [k_batches, kv_heads, seqlen_k, head_dim]
+  std::vector<double> d_sinks;  // [heads] with ForwardArgs::sinks, else empty
 };
 
 BackwardReference reference_backward(const BackwardArgs& args);

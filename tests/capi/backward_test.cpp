@@ -18,7 +18,7 @@ using testing::Case;
 using testing::CaseData;
 
 struct Gradients {
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dq, dk, dv, d_sinks;
 };
 
 struct BackwardFixture {
@@ -33,7 +33,7 @@ struct BackwardFixture {
     for (float& x : d_o) x = uniform(rng);
   }
   Gradients empty() const { return {std::vector<float>(data.q32.size()), std::vector<float>(data.k32.size()),
-                                    std::vector<float>(data.v32.size())}; }
+                                    std::vector<float>(data.v32.size()), std::vector<float>(data.sinks.size())}; }
   BackwardArgs cpp_args(Gradients& g) const {
     BackwardArgs b;
     b.forward = data.args;
@@ -44,6 +44,7 @@ struct BackwardFixture {
     b.dq = {g.dq.data(), data.args.q.stride};
     b.dk = {g.dk.data(), data.args.k.stride};
     b.dv = {g.dv.data(), data.args.v.stride};
+    if (data.args.sinks) b.d_sinks = g.d_sinks.data();
     return b;
   }
 };
@@ -59,6 +60,7 @@ tileattn_backward_args c_args(const BackwardArgs& b, const tileattn_forward_args
   c.dq = capi_testing::c_tensor(b.dq);
   c.dk = capi_testing::c_tensor(b.dk);
   c.dv = capi_testing::c_tensor(b.dv);
+  c.d_sinks = b.d_sinks;
   return c;
 }
 
@@ -68,6 +70,7 @@ TEST(CApiBackward, BitwiseEqualToCpp) {
     Case c;
     c.softcap = softcap;
     if (softcap > 0.0f) c.alibi = Case::Alibi::batch_heads;
+    c.sinks = softcap > 0.0f;
     c.input_scale = softcap > 0.0f ? 4.0f : 1.0f;
     c.batch = 2;
     c.heads = 4;
@@ -86,6 +89,8 @@ TEST(CApiBackward, BitwiseEqualToCpp) {
     EXPECT_EQ(std::memcmp(cpp.dq.data(), via_c.dq.data(), cpp.dq.size() * 4), 0) << "dQ differs";
     EXPECT_EQ(std::memcmp(cpp.dk.data(), via_c.dk.data(), cpp.dk.size() * 4), 0) << "dK differs";
     EXPECT_EQ(std::memcmp(cpp.dv.data(), via_c.dv.data(), cpp.dv.size() * 4), 0) << "dV differs";
+    EXPECT_EQ(cpp.d_sinks, via_c.d_sinks) << "d_sinks differ";
+    for (float x : via_c.d_sinks) EXPECT_NE(x, 0.0f) << "d_sinks not written";
     bool nonzero = false;
     for (float x : via_c.dv) nonzero |= x != 0.0f;
     EXPECT_TRUE(nonzero);

@@ -47,6 +47,7 @@ inline tileattn_forward_args to_c_args(const ForwardArgs& a) {
   c.softcap = a.softcap;
   c.alibi_slopes = a.alibi_slopes;
   c.alibi_batch_stride = a.alibi_batch_stride;
+  c.sinks = a.sinks;
   c.dropout_p = a.dropout_p;
   c.seed = a.seed;
   c.threads = a.threads;

@@ -95,6 +95,11 @@ std::vector<Case> cases() {
     alibi.dtype = dtype;
     alibi.alibi = Case::Alibi::batch_heads;
     out.push_back(alibi);
+    Case sinks = base;
+    sinks.dtype = dtype;
+    sinks.mask = MaskCase::causal;
+    sinks.sinks = true;
+    out.push_back(sinks);
   }
   Case varlen = base;
   varlen.varlen = true;

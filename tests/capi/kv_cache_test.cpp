@@ -115,6 +115,7 @@ tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
   c.softcap = a.softcap;
   c.alibi_slopes = a.alibi_slopes;
   c.alibi_batch_stride = a.alibi_batch_stride;
+  c.sinks = a.sinks;
   c.threads = a.threads;
   return c;
 }
@@ -145,21 +146,24 @@ TEST(CApiKvCache, AppendAndAttendBitwiseEqualToCpp) {
   }
 }
 
-// The soft cap reaches the kernel through the C struct: same bits as C++,
-// and not the uncapped result.
+// The soft cap, ALiBi slopes and sinks reach the kernel through the C
+// struct: same bits as C++, and not the unmodified result.
 TEST(CApiKvCache, SoftcapBitwiseEqualToCpp) {
   for (bool paged : {false, true}) {
     SCOPED_TRACE(paged ? "paged" : "contiguous");
     Decode cpp(paged), via_c(paged), uncapped(paged);
     const std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f};
+    const std::vector<float> sinks{1.5f, -0.5f, 3.0f, 0.25f};
     KvCacheArgs a = cpp.cpp_args();
     a.softcap = 0.3f;
     a.alibi_slopes = slopes.data();
+    a.sinks = sinks.data();
     attention_with_kvcache(a);
     attention_with_kvcache(uncapped.cpp_args());
     KvCacheArgs b = via_c.cpp_args();
     b.softcap = 0.3f;
     b.alibi_slopes = slopes.data();
+    b.sinks = sinks.data();
     const tileattn_kv_cache_args c = to_c(b);
     ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
     EXPECT_EQ(via_c.o, cpp.o);

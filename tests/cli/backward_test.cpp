@@ -26,6 +26,10 @@ void run_backward_case(const testing::BackwardCase& bc) {
                       " --seed " + std::to_string(bc.dropout_seed);
   if (c.mask == testing::MaskCase::causal) flags += " --causal";
   if (c.softcap > 0.0f) flags += " --softcap " + std::to_string(c.softcap);
+  if (c.sinks) {
+    io::write_npy(dir / "sinks.npy", io::NpyType::f32, {c.heads}, data.fwd.sinks.data());
+    flags += " --sinks '" + (dir / "sinks.npy") + "' --dsinks '" + (dir / "dsinks.npy") + "'";
+  }
   const Result r = run_cli(flags, dir);
   ASSERT_EQ(r.status, 0) << r.err;
 
@@ -43,6 +47,12 @@ void run_backward_case(const testing::BackwardCase& bc) {
   read_into("dq.npy", data.dq.data(c.dtype), q_shape);
   read_into("dk.npy", data.dk.data(c.dtype), k_shape);
   read_into("dv.npy", data.dv.data(c.dtype), k_shape);
+  if (c.sinks) {
+    const io::NpyArray ds = io::read_npy(dir / "dsinks.npy");
+    ASSERT_EQ(ds.shape, (std::vector<int64_t>{c.heads}));
+    ASSERT_EQ(ds.type, io::NpyType::f32);
+    std::memcpy(data.d_sinks.data(), ds.f32(), size_t(c.heads) * 4);  // checked with the other gradients
+  }
   testing::expect_gradients_match_reference(data, bc.name());
 }
 
@@ -75,6 +85,23 @@ TEST(cliRun, BackwardWithSoftcap) {
   bc.c.softcap = 5.0f;
   bc.c.input_scale = 4.0f;
   bc.c.seed = 13;
+  run_backward_case(bc);
+}
+
+TEST(cliRun, BackwardWithSinks) {
+  testing::BackwardCase bc;
+  bc.c.batch = 2;
+  bc.c.heads = 4;
+  bc.c.kv_heads = 2;
+  bc.c.seqlen_q = 37;
+  bc.c.seqlen_k = 50;
+  bc.c.head_dim = 24;
+  bc.c.mask = testing::MaskCase::causal;
+  bc.c.sinks = true;
+  bc.c.seed = 17;
+  run_backward_case(bc);
+  bc.c.dtype = DType::f16;
+  bc.c.layout = Layout::bshd;
   run_backward_case(bc);
 }
 

@@ -222,6 +222,31 @@ TEST(cliBench, Softcap) {
   EXPECT_NE(r.err.find("--softcap"), std::string::npos) << r.err;
 }
 
+// --sinks S.npy reaches the JSON, forward, backward and decode; a file of
+// the wrong length or with a non-finite sink is refused (exit 2, naming it).
+TEST(cliBench, Sinks) {
+  TempDir dir;
+  const std::vector<float> sinks{1.0f, -0.5f}, three{1.0f, 2.0f, 3.0f}, bad{1.0f, NAN};
+  io::write_npy(dir / "s.npy", io::NpyType::f32, {2}, sinks.data());
+  io::write_npy(dir / "s3.npy", io::NpyType::f32, {3}, three.data());
+  io::write_npy(dir / "bad.npy", io::NpyType::f32, {2}, bad.data());
+  const std::string base = "bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --causal ";
+  for (const char* pass : {"", " --backward", " --decode"}) {
+    Result r = run_cli(base + "--json --sinks '" + (dir / "s.npy") + "'" + pass, dir);
+    ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
+    EXPECT_TRUE(parse_or_fail(r.out).get("sinks")->flag) << pass;
+    r = run_cli(base + "--json" + pass, dir);
+    ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
+    EXPECT_FALSE(parse_or_fail(r.out).get("sinks")->flag) << pass;
+  }
+  Result r = run_cli(base + "--sinks '" + (dir / "s3.npy") + "'", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--sinks"), std::string::npos) << r.err;
+  r = run_cli(base + "--sinks '" + (dir / "bad.npy") + "'", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("sinks[1] must be finite"), std::string::npos) << r.err;
+}
+
 // Power-of-two head counts: 2^(-8 (h + 1) / n); 12 heads: the 8 of 8, then
 // 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5 (every other slope of 16).
 TEST(cliAlibi, StandardSlopes) {

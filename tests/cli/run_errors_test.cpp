@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
 
 #include "cli/cli_support.hpp"
 #include "support/python.hpp"
@@ -95,6 +96,15 @@ TEST_F(cliRunErrors, BadFlagsAndNumbers) {
   expect_failure(inputs() + " --softcap -1", "--softcap");
   expect_failure(inputs() + " --softcap nan", "--softcap");
   expect_failure(inputs() + " --softcap inf", "--softcap");
+  {
+    const std::vector<float> three(3, 0.5f), two_bad{0.5f, std::numeric_limits<float>::infinity()};
+    io::write_npy(dir / "s3.npy", io::NpyType::f32, {3}, three.data());
+    io::write_npy(dir / "sbad.npy", io::NpyType::f32, {2}, two_bad.data());
+    expect_failure(inputs() + " --sinks '" + (dir / "s3.npy") + "'", "--sinks");
+    expect_failure(inputs() + " --sinks '" + (dir / "sbad.npy") + "'", "sinks[1] must be finite");
+    expect_failure(inputs() + " --sinks '" + (dir / "s3.npy") + "' --dsinks '" + (dir / "ds.npy") + "'",
+                   "--dsinks is a backward output");
+  }
   expect_failure(inputs() + " --threads abc", "--threads");
   expect_failure(inputs() + " --threads 0", "--threads");
   expect_failure(inputs() + " --window 5", "--window");

@@ -47,6 +47,11 @@ testing::Comparison run_case(const Case& c, const std::string& extra = "", bool 
     flags += " --softcap " + std::to_string(c.softcap);
   // --alibi takes the standard slopes of Hq heads: the case's Alibi::heads slopes for a power of two.
   if (c.alibi == Case::Alibi::heads) flags += " --alibi";
+  // (`extra` may give its own --sinks: the run then differs from the case's reference.)
+  if (c.sinks && extra.find("--sinks") == std::string::npos) {
+    io::write_npy(dir / "sinks.npy", io::NpyType::f32, {c.heads}, d.sinks.data());
+    flags += " --sinks '" + (dir / "sinks.npy") + "'";
+  }
   const Result r = run_cli(flags + " " + extra, dir);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
@@ -154,6 +159,32 @@ TEST(cliRun, Softcap) {
   c.dtype = DType::f32;
   c.mask = MaskCase::none;
   cmp = run_case(c, "--softcap 0");  // the capped case's reference, an uncapped run
+  EXPECT_FALSE(cmp.ok()) << cmp.describe();
+}
+
+// --sinks S.npy (float32 [Hq]): causal GQA fp32, bf16 bshd with a soft cap
+// and ALiBi; a run with other sinks (all 0) fails the case's reference.
+TEST(cliRun, Sinks) {
+  Case c = base();
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.mask = MaskCase::causal;
+  c.sinks = true;
+  testing::Comparison cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.dtype = DType::bf16;
+  c.layout = Layout::bshd;
+  c.softcap = 5.0f;
+  c.input_scale = 4.0f;
+  c.alibi = Case::Alibi::heads;
+  cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c = base();
+  c.sinks = true;
+  TempDir dir;
+  const std::vector<float> zeros(size_t(c.heads), 0.0f);
+  io::write_npy(dir / "zero_sinks.npy", io::NpyType::f32, {c.heads}, zeros.data());
+  cmp = run_case(c, "--sinks '" + (dir / "zero_sinks.npy") + "'");
   EXPECT_FALSE(cmp.ok()) << cmp.describe();
 }
 

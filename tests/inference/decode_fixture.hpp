@@ -27,6 +27,7 @@ struct DecodeSpec {
   bool cache_bshd = false;  // contiguous cache as [batch, capacity, kv_heads, D]
   float softcap = 0.0f;
   std::vector<float> alibi_slopes;  // [heads], or [batch * heads] (then per sequence)
+  std::vector<float> sinks;         // [heads] sink logits (ForwardArgs::sinks), empty: none
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream s;
@@ -36,7 +37,7 @@ struct DecodeSpec {
       << window_right << " page " << page_size << " rotary " << rotary_dim
       << (rotary_interleaved ? " gptj" : "") << " threads " << threads << " isa " << isa_name(isa)
       << (cache_bshd ? " bshd cache" : "") << (softcap > 0.0f ? " softcap " + std::to_string(softcap) : "")
-      << (alibi_slopes.empty() ? "" : " alibi");
+      << (alibi_slopes.empty() ? "" : " alibi") << (sinks.empty() ? "" : " sinks");
     return s.str();
   }
 };
@@ -157,6 +158,7 @@ struct DecodeRun {
       a.alibi_slopes = spec.alibi_slopes.data();
       a.alibi_batch_stride = int64_t(s.alibi_slopes.size()) > s.heads ? s.heads : 0;
     }
+    if (!s.sinks.empty()) a.sinks = spec.sinks.data();
     a.threads = s.threads;
     a.isa = s.isa;
     if (s.rotary_dim > 0) {
@@ -239,6 +241,7 @@ struct DecodeRun {
     f.softcap = s.softcap;
     f.alibi_slopes = args.alibi_slopes;
     f.alibi_batch_stride = args.alibi_batch_stride;
+    f.sinks = args.sinks;
     // Equal lengths: a plain dense forward; otherwise per-sequence lengths.
     if (std::any_of(lengths.begin(), lengths.end(), [&](int32_t l) { return l != max_len; }))
       f.kv.seqlens = lengths.data();

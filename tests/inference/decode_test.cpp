@@ -143,6 +143,30 @@ TEST(Decode, Alibi) {
     }
 }
 
+// Attention sinks in decode: one or several new tokens on sequences of 40
+// and 3000 cached tokens (the long one takes the split-KV merge, which adds
+// each row's sink once), contiguous and paged, GQA, a window, bf16 with a
+// soft cap and ALiBi. Sinks in [-2, 8] straddle the rows' LSE (~log(keys)).
+TEST(Decode, Sinks) {
+  for (int64_t page : {0, 16})
+    for (int64_t n : {1, 4}) {
+      DecodeSpec spec;
+      spec.heads = 8;
+      spec.cached = {40, 3000};
+      spec.new_tokens = n;
+      spec.page_size = page;
+      for (int64_t h = 0; h < spec.heads; ++h) spec.sinks.push_back(-2.0f + 1.4f * float(h));
+      expect_decode_matches_full_sequence(spec);
+      spec.window_left = 100;
+      expect_decode_matches_full_sequence(spec);
+      spec.window_left = -1;
+      spec.dtype = DType::bf16;
+      spec.softcap = 0.3f;
+      for (int64_t h = 0; h < spec.heads; ++h) spec.alibi_slopes.push_back(std::exp2(-float(h + 1)));
+      expect_decode_matches_full_sequence(spec);
+    }
+}
+
 TEST(Decode, NotCausal) {
   DecodeSpec spec;
   spec.causal = false;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 
 #include "decode_fixture.hpp"
 
@@ -111,6 +112,16 @@ TEST(KvCacheBadInput, CacheDescription) {
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.v_cache = a.k_cache; }, "v_cache: overlaps k_cache");
   expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun&) { a.page_size = 0; }, "page_size");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.head_dim = 300; }, "head_dim");
+}
+
+// A non-finite sink: an error naming it, and neither the append nor the
+// attention happens (the cache, cache_seqlens and outputs stay as they were).
+TEST(KvCacheBadInput, NonFiniteSink) {
+  for (DecodeSpec spec : {contiguous_spec(), paged_spec()}) {
+    spec.sinks.assign(size_t(spec.heads), 1.0f);
+    spec.sinks[3] = std::numeric_limits<float>::infinity();
+    expect_rejected(spec, [](KvCacheArgs&, DecodeRun&) {}, "sinks[3] must be finite");
+  }
 }
 
 TEST(KvCacheBadInput, RotaryTables) {

@@ -84,12 +84,13 @@ def visible(nq, nk, causal=False, window=(-1, -1)):
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), bool_mask=None, add_mask=None,
-              softcap=0.0, alibi_slopes=None, dtype=np.float64, round_output=None):
+              softcap=0.0, alibi_slopes=None, sinks=None, dtype=np.float64, round_output=None):
     """Attention on [B, H, N, D] arrays computed in `dtype` (float64: the reference; float32: the
     naive same-precision baseline, whose output is rounded with round_output). softcap > 0: the
     scaled scores x become softcap * tanh(x / softcap) before the masks (FlashAttention-2).
 
-    Returns (o, lse); rows that see no key give o = 0 and lse = -inf.
+    sinks: [H] logits joining each row's softmax denominator with no value (not scaled, not
+    capped). Returns (o, lse); rows that see no key give o = 0 and lse = -inf (the sink with sinks).
     """
     q, k, v = (np.asarray(x, dtype=dtype) for x in (q, k, v))
     b, h, nq, d = q.shape
@@ -113,9 +114,14 @@ def attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), bool_mask=N
     s = np.where(keep, s, -np.inf)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         m = np.max(s, axis=-1, keepdims=True)
+        if sinks is not None:
+            sink = np.broadcast_to(np.asarray(sinks, dtype=dtype).reshape(1, h, 1, 1), m.shape)
+            m = np.maximum(m, sink)
         m = np.where(np.isfinite(m), m, 0)
         p = np.exp(s - m)
         total = p.sum(-1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(sink - m)
         lse = np.where(total[..., 0] > 0, np.log(total[..., 0]) + m[..., 0], -np.inf)
         p = np.where(total > 0, p / np.where(total > 0, total, 1), 0)
     o = np.matmul(p, v)

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -52,6 +53,7 @@ struct BackwardData {
   BackwardCase bc;
   CaseData fwd;  // q, k, v, o, lse, mask; fwd.args is the forward call
   Buffer d_o, dq, dk, dv;
+  std::vector<float> d_sinks;  // [heads] with the case's sinks
   BackwardArgs args;
 
   // Runs the forward (on `isa`) for O and LSE, then prepares the backward call.
@@ -87,6 +89,10 @@ struct BackwardData {
     args.dq = OutputView{dq.data(dt), fwd.args.q.stride};
     args.dk = OutputView{dk.data(dt), fwd.args.k.stride};
     args.dv = OutputView{dv.data(dt), fwd.args.k.stride};
+    if (c.c.sinks) {
+      d_sinks.assign(size_t(c.c.heads), std::numeric_limits<float>::quiet_NaN());  // all overwritten
+      args.d_sinks = d_sinks.data();
+    }
   }
 };
 
@@ -137,6 +143,19 @@ inline void expect_gradients_match_reference(const BackwardData& data, const std
        naive.dk, max_delta},
       {"dV", dense(data.args.dv.data, dt, data.args.dv.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dv,
        naive.dv, 0.0}};
+  if (data.args.d_sinks) {
+    // d_sinks [heads], one row: -sum_rows P_sink D, so D's rounding enters its floor as it enters dQ's.
+    const std::vector<double> got(data.d_sinks.begin(), data.d_sinks.end());
+    const GradientCheck check = check_gradient(got, ref.d_sinks, naive.d_sinks, dt, s.heads, max_delta);
+    EXPECT_TRUE(check.ok()) << label << ": " << describe("d_sinks", check);
+    // The perturbation that must fail: 1e-3 (fp32), 3e-2 (fp16, bf16). Each
+    // D of the sum reads O rounded to the dtype, so a bf16 d_sinks has a
+    // naive error near 0.5% of its size (0.0023 at 0.48, b1_h4_kv2_q97_k130
+    // _d80 bf16 causal) and 2 x that sits above a 1% perturbation.
+    const GradientCheck off = check_gradient(got, ref.d_sinks, naive.d_sinks, dt, s.heads, max_delta,
+                                             dt == DType::f32 ? 1e-3 : 3e-2);
+    EXPECT_FALSE(off.ok()) << label << ": d_sinks perturbed passed: " << describe("d_sinks", off);
+  }
   // The rule must also bite: every gradient scaled by 1.001 (fp32) or 1.01
   // (fp16, bf16) fails, except one that is exactly 0 (every row sees one key
   // or none: dQ = dK = 0) and dK, dV where rows are biased beyond fp32's

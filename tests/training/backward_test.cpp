@@ -109,6 +109,20 @@ std::vector<BackwardCase> backward_cases() {
     add(c, 0.2f);
   }
   add_alibi_cases(add_case);  // the bias has no gradient: the mask step's scores only
+  add_sink_cases(add_case);  // d_sinks too (backward_support.hpp)
+  {
+    // Sinks on rows whose |LSE| reaches the recomputed normalizers (scale 8:
+    // |LSE| > 32), where the recomputed max and sum must hold the sink too;
+    // sinks 38..48 against row maxima of some 20..60.
+    Case c;
+    c.seqlen_q = 64;
+    c.seqlen_k = 90;
+    c.mask = MaskCase::causal;
+    c.scale = 8.0f;
+    c.sinks = true;
+    c.sink_shift = 40.0f;
+    add(c, 0.0f);
+  }
   for (size_t i = 0; i < cases.size(); ++i) cases[i].c.seed = 5000 + i;
   return cases;
 }

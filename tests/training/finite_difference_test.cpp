@@ -32,6 +32,7 @@ struct FdCase {
   int64_t heads, kv_heads, nq, nk;
   MaskCase mask;
   float dropout;
+  bool sinks = false;
 };
 
 class FiniteDifferences : public ::testing::TestWithParam<FdCase> {};
@@ -48,6 +49,7 @@ TEST_P(FiniteDifferences, ReferenceGradientsMatch) {
   bc.c.window_left = 1;
   bc.c.window_right = 1;
   bc.dropout_p = f.dropout;
+  bc.c.sinks = f.sinks;
   BackwardData data(bc, Isa::generic);
   const training::BackwardReference ref = training::reference_backward(data.args);
   ForwardArgs& a = data.fwd.args;
@@ -57,7 +59,7 @@ TEST_P(FiniteDifferences, ReferenceGradientsMatch) {
     const std::vector<double>* gradient;
   };
   for (const Input& in : {Input{"q", &data.fwd.q32, &ref.dq}, Input{"k", &data.fwd.k32, &ref.dk},
-                          Input{"v", &data.fwd.v32, &ref.dv}}) {
+                          Input{"v", &data.fwd.v32, &ref.dv}, Input{"sinks", &data.fwd.sinks, &ref.d_sinks}}) {
     ASSERT_EQ(in.values->size(), in.gradient->size());
     for (size_t e = 0; e < in.values->size(); ++e) {
       const double fd = finite_difference(a, *in.values, e, data.d_o.f32);
@@ -73,7 +75,9 @@ INSTANTIATE_TEST_SUITE_P(TinyShapes, FiniteDifferences,
                                            FdCase{2, 2, 5, 3, MaskCase::window, 0.0f},
                                            FdCase{2, 1, 3, 6, MaskCase::additive, 0.0f},
                                            FdCase{2, 2, 4, 5, MaskCase::boolean, 0.0f},
-                                           FdCase{2, 1, 4, 6, MaskCase::causal, 0.4f}));
+                                           FdCase{2, 1, 4, 6, MaskCase::causal, 0.4f},
+                                           FdCase{2, 1, 5, 3, MaskCase::causal, 0.0f, true},
+                                           FdCase{2, 2, 4, 6, MaskCase::window, 0.4f, true}));
 
 }  // namespace
 }  // namespace tileattn::testing

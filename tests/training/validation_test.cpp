@@ -77,6 +77,36 @@ TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
   }
 }
 
+TEST(BackwardValidation, RejectsBadSinkArgumentsAndWritesNothing) {
+  BackwardCase bc = plain_case();
+  bc.c.sinks = true;
+  BackwardData data(bc, best_isa());
+  {
+    BackwardArgs a = data.args;
+    a.forward.sinks = nullptr;  // d_sinks without sinks
+    expect_rejected<Error>(data, a, "d_sinks: given without forward.sinks");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.d_sinks = data.dv.f32.data() + 5;
+    expect_rejected<Error>(data, a, "d_sinks: overlaps output dv");
+  }
+  {
+    BackwardArgs a = data.args;
+    a.d_sinks = data.fwd.sinks.data();
+    expect_rejected<Error>(data, a, "d_sinks: output overlaps input sinks");
+  }
+  {
+    BackwardArgs a = data.args;
+    std::vector<float> sinks = data.fwd.sinks;
+    sinks[1] = std::numeric_limits<float>::quiet_NaN();
+    a.forward.sinks = sinks.data();
+    std::fill(data.d_sinks.begin(), data.d_sinks.end(), 123.0f);
+    expect_rejected<Error>(data, a, "sinks[1] must be finite");
+    for (float x : data.d_sinks) ASSERT_EQ(x, 123.0f) << "d_sinks written despite the error";
+  }
+}
+
 TEST(BackwardValidation, ProbabilitiesRefuseLargeShapes) {
   CaseData data(plain_case().c);
   ForwardArgs a = data.args;
