@@ -20,7 +20,10 @@ Semantics, as transformers' "sdpa" implementation has them:
   - ``scaling`` is the softmax scale, ``dropout`` applies in training;
   - GQA/MQA: tileattn reads the shared K/V heads directly (no repeat);
   - ``softcap`` (Gemma 2's logit soft-capping) goes to ``flash_attention(softcap=...)``;
-  - the output is ``[B, q, H, D]``, the layout the models' output projections read.
+  - the output is ``[B, q, H, D]``, the layout the models' output projections read: q, k and v
+    go in as ``[B, N, H, D]`` views of transformers' ``[B, H, N, D]`` tensors (layout "bshd",
+    read in place with their strides), so tileattn allocates the output in that layout and the
+    model's reshape to ``[B, q, H * D]`` is a view, not a copy (sdpa copies it there).
 Features tileattn does not have yet (attention sinks, output of the attention weights, a
 position bias tensor) raise ``NotImplementedError`` naming the feature, never a silent fallback.
 """
@@ -62,10 +65,11 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
             key, value = key[:, :, :q_len], value[:, :, :q_len]
     elif attention_mask.dim() == 4 and attention_mask.shape[-1] > kv_len:
         attention_mask = attention_mask[..., :kv_len]  # as transformers' sdpa: a mask may be wider
-    output = flash_attention(query, key, value, attn_mask=attention_mask,
-                             dropout_p=dropout if module.training else 0.0, softmax_scale=scaling,
-                             is_causal=causal, **extra)
-    return output.transpose(1, 2), None
+    # [B, N, H, D] views of the [B, H, N, D] inputs: the output comes back contiguous [B, q, H, D].
+    output = flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                             attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
+                             softmax_scale=scaling, is_causal=causal, layout="bshd", **extra)
+    return output, None
 
 
 def register():

@@ -123,6 +123,8 @@ def test_no_mask_means_sdpa_semantics():
     got, _ = tileattn.transformers.tileattn_attention_forward(module, q, k, v, None, scaling=0.3)
     want = torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=0.3)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # [B, q, H, D] written in that layout: the model's reshape to [B, q, H * D] needs no copy.
+    assert got.is_contiguous()
     got, _ = tileattn.transformers.tileattn_attention_forward(module, q[:, :, :1], k, v, None, scaling=0.3)
     want = torch.nn.functional.scaled_dot_product_attention(q[:, :, :1], kr, vr, scale=0.3)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
