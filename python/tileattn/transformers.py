@@ -24,6 +24,8 @@ Semantics, as transformers' "sdpa" implementation has them:
     go in as ``[B, N, H, D]`` views of transformers' ``[B, H, N, D]`` tensors (layout "bshd",
     read in place with their strides), so tileattn allocates the output in that layout and the
     model's reshape to ``[B, q, H * D]`` is a view, not a copy (sdpa copies it there).
+``TileattnCache`` (tileattn/_hf_cache.py) is a DynamicCache whose full-attention layers append
+in place instead of concatenating the whole cache every token; pass it to generate().
 Features tileattn does not have yet (attention sinks, output of the attention weights, a
 position bias tensor) raise ``NotImplementedError`` naming the feature, never a silent fallback.
 """
@@ -33,6 +35,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
 from ._forward import flash_attention
+from ._hf_cache import GrowingLayer, TileattnCache
 
 NAME = "tileattn"
 _FLASH_ATTENTION_ARGS = set(inspect.signature(flash_attention).parameters)
@@ -79,4 +82,4 @@ def register():
     return NAME
 
 
-__all__ = ["register", "tileattn_attention_forward", "NAME"]
+__all__ = ["register", "tileattn_attention_forward", "NAME", "TileattnCache", "GrowingLayer"]

@@ -128,3 +128,41 @@ def test_no_mask_means_sdpa_semantics():
     got, _ = tileattn.transformers.tileattn_attention_forward(module, q[:, :, :1], k, v, None, scaling=0.3)
     want = torch.nn.functional.scaled_dot_product_attention(q[:, :, :1], kr, vr, scale=0.3)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_tileattn_cache_generate_gives_eager_tokens(kind):
+    """TileattnCache (in-place appends) in generate(): the tokens of eager with its own cache,
+    for a left-padded batch; Gemma 2 mixes its full layers (here) with sliding ones (transformers')."""
+    tileattn.transformers.register()
+    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    options = dict(max_new_tokens=12, do_sample=False, attention_mask=mask, pad_token_id=0)
+    with torch.no_grad():
+        want = make(kind, "eager").generate(ids, **options)
+        model = make(kind, "tileattn")
+        cache = tileattn.transformers.TileattnCache(config=model.config)
+        got = model.generate(ids, cache=cache, **options)
+    assert torch.equal(got, want)
+    grown = [layer for layer in cache.layers if isinstance(layer, tileattn.transformers.GrowingLayer)]
+    assert grown and all(layer.get_seq_length() == ids.shape[1] + 11 for layer in grown)
+
+
+def test_growing_layer_holds_what_concatenation_holds():
+    """Appends across a capacity doubling, a crop, a beam reorder: the views equal torch.cat's."""
+    layer = tileattn.transformers.GrowingLayer()
+    keys, values = [], []
+    for n in (200, 1, 60, 3):  # 200 -> capacity 256; 264 -> 512
+        k, v = torch.randn(2, 3, n, 8), torch.randn(2, 3, n, 8)
+        keys.append(k)
+        values.append(v)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, torch.cat(keys, dim=2)) and torch.equal(got_v, torch.cat(values, dim=2))
+    assert layer.capacity() == 512 and layer.get_seq_length() == 264
+    layer.crop(-4)
+    assert torch.equal(layer.keys, torch.cat(keys, dim=2)[:, :, :260])
+    layer.reorder_cache(torch.tensor([1, 0]))
+    assert torch.equal(layer.values, torch.cat(values, dim=2)[[1, 0], :, :260])
+    with pytest.raises(ValueError, match="TileattnCache"):
+        layer.update(torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8))  # 4 heads, not 3
