@@ -32,10 +32,10 @@ position bias tensor) raise ``NotImplementedError`` naming the feature, never a 
 import inspect
 
 from transformers import AttentionInterface, AttentionMaskInterface
+from transformers import __version__ as transformers_version
 from transformers.masking_utils import sdpa_mask
 
 from ._forward import flash_attention
-from ._hf_cache import GrowingLayer, TileattnCache
 
 NAME = "tileattn"
 _FLASH_ATTENTION_ARGS = set(inspect.signature(flash_attention).parameters)
@@ -73,6 +73,21 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
                              attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
                              softmax_scale=scaling, is_causal=causal, layout="bshd", **extra)
     return output, None
+
+
+def __getattr__(name):
+    """TileattnCache and GrowingLayer, imported on first use: they build on transformers' cache
+    layers (DynamicLayer), which older transformers versions that have the attention interfaces
+    lack."""
+    if name in ("TileattnCache", "GrowingLayer"):
+        try:
+            from . import _hf_cache
+        except ImportError as error:
+            raise NotImplementedError(
+                f"tileattn.transformers.{name}: not supported with transformers {transformers_version} "
+                f"(it needs transformers' cache layers, DynamicLayer: {error})") from None
+        return getattr(_hf_cache, name)
+    raise AttributeError(f"module 'tileattn.transformers' has no attribute {name!r}")
 
 
 def register():

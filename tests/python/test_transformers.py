@@ -11,6 +11,10 @@ import torch
 import tileattn
 
 transformers = pytest.importorskip("transformers")
+# TileattnCache builds on transformers' cache layers; the oldest version tileattn claims for the
+# attention function (4.53, scripts/test_oldest_transformers.sh) has none.
+HAS_CACHE_LAYERS = hasattr(__import__("transformers.cache_utils").cache_utils, "DynamicLayer")
+needs_cache_layers = pytest.mark.skipif(not HAS_CACHE_LAYERS, reason="transformers without cache layers (DynamicLayer)")
 
 MODELS = {
     "llama": lambda: transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
@@ -36,8 +40,7 @@ MODELS = {
 def make(kind, impl):
     torch.manual_seed(0)
     config = MODELS[kind]()
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl,
-                                                          dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl)  # float32
     return model.eval()
 
 
@@ -130,6 +133,7 @@ def test_no_mask_means_sdpa_semantics():
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
 
 
+@needs_cache_layers
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
 def test_tileattn_cache_generate_gives_eager_tokens(kind):
     """TileattnCache (in-place appends) in generate(): the tokens of eager with its own cache,
@@ -143,12 +147,14 @@ def test_tileattn_cache_generate_gives_eager_tokens(kind):
         want = make(kind, "eager").generate(ids, **options)
         model = make(kind, "tileattn")
         cache = tileattn.transformers.TileattnCache(config=model.config)
-        got = model.generate(ids, cache=cache, **options)
+        cache_argument = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
+        got = model.generate(ids, **{cache_argument: cache}, **options)
     assert torch.equal(got, want)
     grown = [layer for layer in cache.layers if isinstance(layer, tileattn.transformers.GrowingLayer)]
     assert grown and all(layer.get_seq_length() == ids.shape[1] + 11 for layer in grown)
 
 
+@needs_cache_layers
 def test_growing_layer_holds_what_concatenation_holds():
     """Appends across a capacity doubling, a crop, a beam reorder: the views equal torch.cat's."""
     layer = tileattn.transformers.GrowingLayer()
@@ -166,3 +172,9 @@ def test_growing_layer_holds_what_concatenation_holds():
     assert torch.equal(layer.values, torch.cat(values, dim=2)[[1, 0], :, :260])
     with pytest.raises(ValueError, match="TileattnCache"):
         layer.update(torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8))  # 4 heads, not 3
+
+
+@pytest.mark.skipif(HAS_CACHE_LAYERS, reason="this transformers has cache layers")
+def test_tileattn_cache_says_not_supported_without_cache_layers():
+    with pytest.raises(NotImplementedError, match="TileattnCache: not supported with transformers"):
+        tileattn.transformers.TileattnCache  # noqa: B018
