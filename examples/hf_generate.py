@@ -142,7 +142,8 @@ def main():
     for setup in setups[1:]:
         ratio = lambda i: median(b[i] / r[i] for b, r in zip(base, runs[setup]))  # noqa: E731
         print(f"  sdpa / {setup}: generate {ratio(2):.2f}x, prefill {ratio(0):.2f}x, decode {ratio(1):.2f}x; "
-              f"attention itself: prefill {ratio(3):.2f}x, decode {ratio(4):.2f}x; "
+              f"attention itself: prefill {ratio(3):.2f}x, decode {ratio(4):.2f}x, "
+              f"all {median((b[3] + b[4]) / (r[3] + r[4]) for b, r in zip(base, runs[setup])):.2f}x; "
               f"same tokens as sdpa: {tokens[setup] == tokens['sdpa']}")
 
 
