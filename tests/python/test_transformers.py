@@ -178,3 +178,32 @@ def test_growing_layer_holds_what_concatenation_holds():
 def test_tileattn_cache_says_not_supported_without_cache_layers():
     with pytest.raises(NotImplementedError, match="TileattnCache: not supported with transformers"):
         tileattn.transformers.TileattnCache  # noqa: B018
+
+
+def tiny_deepseek_v3():  # multi-head latent attention: q/k head_dim 24, v head_dim 16
+    return transformers.DeepseekV3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                                         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                         v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1)
+
+
+def tiny_gpt_oss():  # attention sinks
+    return transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("config,feature", [("DeepseekV3Config", "value head_dim .16. other than the query/key "
+                                                                  "head_dim .24., as multi-head latent attention"),
+                                            ("GptOssConfig", "attention sinks")])
+def test_models_with_unsupported_attention_say_so(config, feature):
+    """DeepSeek-V3 (MLA) and gpt-oss (sinks) where this transformers has them: a forward raises
+    NotImplementedError naming the feature, never a silent fallback."""
+    if not hasattr(transformers, config):
+        pytest.skip(f"this transformers has no {config}")
+    tileattn.transformers.register()
+    make_config = tiny_deepseek_v3 if config == "DeepseekV3Config" else tiny_gpt_oss
+    model = transformers.AutoModelForCausalLM.from_config(make_config(), attn_implementation="tileattn").eval()
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=feature):
+        model(torch.randint(0, 97, (1, 9)))
