@@ -12,7 +12,7 @@ from ._kvcache import attention_with_kvcache
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
 
 
 @dataclasses.dataclass
@@ -37,6 +37,10 @@ class AttentionConfig:
     # "original_max_position_embeddings"}; None or "default": none. Others raise.
     rope_scaling: Optional[dict] = None
     o_proj_bias: Optional[bool] = None         # None: = attention_bias (Qwen2: False)
+    # KV cache capacity and RoPE table length; None: max_position_embeddings. Not a
+    # transformers field: a layer with dynamic RoPE scaling needs it above max_position_embeddings
+    # to reach the positions where the scaling starts.
+    max_cache_len: Optional[int] = None
 
     def __post_init__(self):
         if isinstance(self.dtype, str):
@@ -45,10 +49,15 @@ class AttentionConfig:
             self.dtype = _DTYPES[self.dtype]
         if self.o_proj_bias is None:
             self.o_proj_bias = self.attention_bias
-        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
+        rope_type = rope_type_of(self.rope_scaling)
         if rope_type not in _ROPE_TYPES:
             raise NotImplementedError(f"config: RoPE scaling {rope_type!r} is not supported "
                                       f"(supported: {', '.join(_ROPE_TYPES)})")
+        if rope_type in ("llama3", "yarn"):  # transformers' standardize_rope_params default
+            self.rope_scaling = {"original_max_position_embeddings": self.max_position_embeddings,
+                                 **self.rope_scaling}
+        if self.max_cache_len is None:
+            self.max_cache_len = self.max_position_embeddings
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -73,6 +82,10 @@ class AttentionConfig:
             if d.get("rope_theta") is not None:
                 values["rope_theta"] = d["rope_theta"]
             values["rope_scaling"] = d.get("rope_scaling")
+        if d.get("original_max_position_embeddings") is not None and values["rope_scaling"]:
+            # Phi-3 style: the top-level field wins, as in transformers' standardize_rope_params
+            values["rope_scaling"] = {**values["rope_scaling"],
+                                      "original_max_position_embeddings": d["original_max_position_embeddings"]}
         dtype = d.get("dtype") or d.get("torch_dtype")
         if dtype is not None:
             values["dtype"] = dtype
@@ -93,24 +106,79 @@ class AttentionConfig:
         return cls.from_dict({k: getattr(config, k) for k in dir(config) if not k.startswith("_")})
 
 
-def rope_tables(theta, positions, head_dim, scaling=None):
-    """cos, sin fp32 [positions, head_dim / 2] for the GPT-NeoX/Llama rotation, angles in float64;
-    ``scaling`` as AttentionConfig.rope_scaling."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+def rope_type_of(scaling):
     scaling = scaling or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def rope_frequencies(theta, head_dim, scaling=None, max_position_embeddings=None, seq_len=None):
+    """(inv_freq float64 [head_dim / 2], attention_factor): transformers' rope init functions
+    (modeling_rope_utils, 5.x) for ``scaling`` as AttentionConfig.rope_scaling, in float64.
+    ``seq_len``: dynamic NTK's current length (None: max_position_embeddings, which gives the
+    unscaled frequencies)."""
+    scaling = scaling or {}
+    rope_type = rope_type_of(scaling)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    inv_freq = theta ** -exponents
     if rope_type == "linear":  # positions divided by the factor
-        inv_freq = inv_freq / scaling["factor"]
-    elif rope_type == "llama3":  # long wavelengths / factor, short ones kept, a smooth blend between
+        return inv_freq / scaling["factor"], 1.0
+    if rope_type == "llama3":  # long wavelengths / factor, short ones kept, a smooth blend between
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old_context = scaling["original_max_position_embeddings"]
         wavelength = 2 * math.pi / inv_freq
         blend = (old_context / wavelength - low) / (high - low)
         blended = (1 - blend) * inv_freq / factor + blend * inv_freq
-        inv_freq = torch.where(wavelength > old_context / low, inv_freq / factor,
-                               torch.where(wavelength < old_context / high, inv_freq, blended))
+        return torch.where(wavelength > old_context / low, inv_freq / factor,
+                           torch.where(wavelength < old_context / high, inv_freq, blended)), 1.0
+    if rope_type == "dynamic":  # NTK: the base grows with the length past max_position_embeddings
+        factor, context = scaling["factor"], max_position_embeddings
+        length = context if seq_len is None else max(seq_len, context)
+        base = theta * ((factor * length / context) - (factor - 1)) ** (head_dim / (head_dim - 2))
+        return base ** -exponents, 1.0
+    if rope_type == "yarn":
+        return _yarn_frequencies(theta, head_dim, scaling, max_position_embeddings, inv_freq)
+    return inv_freq, 1.0
+
+
+def _yarn_frequencies(theta, head_dim, scaling, max_position_embeddings, inv_freq):
+    """YaRN (arXiv 2309.00071) as transformers' _compute_yarn_parameters: frequencies below the
+    correction range interpolated (/ factor), above it kept, a linear ramp between; the
+    attention factor scales cos and sin (so the scores by its square)."""
+    old_context = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = max_position_embeddings / old_context
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return head_dim * math.log(old_context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolation (frequency kept), 0: interpolation (/ factor)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep, attention_factor
+
+
+def rope_tables(theta, positions, head_dim, scaling=None, max_position_embeddings=None, seq_len=None):
+    """cos, sin fp32 [positions, head_dim / 2] for the GPT-NeoX/Llama rotation, angles in float64,
+    times YaRN's attention factor; ``scaling``, ``max_position_embeddings`` and ``seq_len`` as
+    rope_frequencies takes them."""
+    inv_freq, attention_factor = rope_frequencies(theta, head_dim, scaling, max_position_embeddings, seq_len)
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cos(angles).float(), torch.sin(angles).float()
+    return (torch.cos(angles) * attention_factor).float(), (torch.sin(angles) * attention_factor).float()
 
 
 def apply_rope(x, cos, sin):
@@ -126,6 +194,22 @@ class FlashAttention(nn.Module):
     ``forward(x)`` runs a prefill: it starts a new sequence (the cache is reset), attends causally
     over ``x`` and stores its keys/values. ``incremental_forward(x)`` appends one (or a few) new
     tokens and attends them to everything cached. ``x`` is ``[B, N, hidden_size]``.
+
+    Padded batches: ``forward(x, attention_mask=M)`` with transformers' padding mask ``[B, N]``
+    (1/True = a real token, 0 = padding; left, right or anywhere), or ``forward(x, lengths=L)``
+    with per-sequence lengths ``[B]`` (sequence b is ``x[b, :L[b]]``, right padding).
+    ``incremental_forward(x, attention_mask=M)`` takes the mask of the new tokens ``[B, T]``, or
+    of the whole sequence ``[B, cached + T]`` as transformers' generate() extends it (None: the
+    new tokens are real). Padding tokens are never attended to; each real token's RoPE position
+    is the number of real tokens before it in its sequence (as generate() numbers them), so a
+    sequence gives the same outputs alone and padded in a batch. A padding token's own output row
+    is ``o_proj`` of zeros. Padded batches run RoPE in PyTorch and ``flash_attention`` with a
+    boolean mask over the cache (the kernel's RoPE needs one position per slot).
+
+    Dynamic (NTK) RoPE follows transformers' rotary embedding: a call that reaches position
+    ``p >= max_position_embeddings`` recomputes the frequencies for length ``p + 1`` (cached keys
+    keep their rotation), and a call back under ``max_position_embeddings`` restores the
+    original ones; ``config.max_cache_len`` above ``max_position_embeddings`` makes room for it.
 
     backend "tileattn" (default) runs attention with tileattn: ``attention_with_kvcache``
     (RoPE applied by the kernel as keys enter the cache) when no gradient is needed, and the
@@ -157,10 +241,30 @@ class FlashAttention(nn.Module):
         # against float32's 2^-24 for the same rotation in the kernel) and make the kernel
         # convert them back to float32 on every call. As non-persistent buffers they were never
         # in state_dict, and .to(device) has nothing to move: tileattn runs on the CPU.
-        self.rope_cos, self.rope_sin = rope_tables(c.rope_theta, c.max_position_embeddings, self.head_dim,
-                                                   c.rope_scaling)
+        self._set_rope(None)
         self.k_cache = self.v_cache = None  # [B, kv_heads, capacity, head_dim], the weights' dtype
         self.cache_length = 0
+        self.key_real = None   # padded batches: bool [B, capacity], True where a slot holds a real token
+        self.real_count = None  # padded batches: int64 [B], real tokens so far (the next RoPE position)
+
+    def _set_rope(self, seq_len):
+        """cos/sin tables [max_cache_len, head_dim / 2] for dynamic RoPE's length seq_len (None:
+        the original frequencies)."""
+        c = self.config
+        self.rope_cos, self.rope_sin = rope_tables(c.rope_theta, c.max_cache_len, self.head_dim, c.rope_scaling,
+                                                   c.max_position_embeddings, seq_len)
+        self.rope_seq_len = c.max_position_embeddings if seq_len is None else seq_len
+
+    def _update_dynamic_rope(self, seq_len):
+        """transformers' dynamic_frequency_update: grow past the longest length seen, reset under
+        the original context."""
+        if rope_type_of(self.config.rope_scaling) != "dynamic":
+            return
+        original = self.config.max_position_embeddings
+        if seq_len > self.rope_seq_len:
+            self._set_rope(seq_len)
+        if seq_len < original < self.rope_seq_len:
+            self._set_rope(None)
 
     def load_weights(self, weights):
         """Copies the projections' weights ``q_proj`` .. ``o_proj`` and, where the layer has
@@ -194,7 +298,7 @@ class FlashAttention(nn.Module):
         return cls(config, backend).load_weights(load_huggingface_weights(path, layer_idx))
 
     def reset_cache(self, batch):
-        shape = (batch, self.kv_heads, self.config.max_position_embeddings, self.head_dim)
+        shape = (batch, self.kv_heads, self.config.max_cache_len, self.head_dim)
         # The projections' dtype now, not config.dtype: .to(torch.bfloat16) or .half() may have
         # converted the layer since it was built, and the cache holds their outputs.
         dtype = self.k_proj.weight.dtype
@@ -202,21 +306,49 @@ class FlashAttention(nn.Module):
             self.k_cache = torch.zeros(shape, dtype=dtype)
             self.v_cache = torch.zeros(shape, dtype=dtype)
         self.cache_length = 0
+        self.key_real = self.real_count = None
 
-    def forward(self, x):
-        """Prefill: x [B, N, hidden] -> [B, N, hidden]; the cache then holds these N tokens."""
+    def forward(self, x, attention_mask=None, lengths=None):
+        """Prefill: x [B, N, hidden] -> [B, N, hidden]; the cache then holds these N tokens.
+        attention_mask [B, N] or lengths [B]: a padded batch (see the class docstring)."""
         self._check_input(x)
+        real = self._padding(x, attention_mask, lengths, cached=0)
         self.reset_cache(x.shape[0])
-        return self._attend(x)
+        return self._attend(x, real)
 
-    def incremental_forward(self, x):
-        """Decode: x [B, T, hidden] (T new tokens, usually 1) at positions cache_length .. + T - 1."""
+    def incremental_forward(self, x, attention_mask=None):
+        """Decode: x [B, T, hidden] (T new tokens, usually 1) after the cached ones;
+        attention_mask [B, T] or [B, cached + T] marks padding among them."""
         self._check_input(x)
         if self.k_cache is None or x.shape[0] != self.k_cache.shape[0]:
             raise ValueError("x: incremental_forward needs a prefill (forward) of the same batch first")
+        real = self._padding(x, attention_mask, None, cached=self.cache_length)
         if self.k_cache.dtype != self.k_proj.weight.dtype:  # the layer was converted since the prefill
             self.k_cache, self.v_cache = (c.to(self.k_proj.weight.dtype) for c in (self.k_cache, self.v_cache))
-        return self._attend(x)
+        return self._attend(x, real)
+
+    @staticmethod
+    def _padding(x, attention_mask, lengths, cached):
+        """bool [B, N]: which of x's N tokens are real; None when all are (and none given)."""
+        b, n, _ = x.shape
+        if attention_mask is not None and lengths is not None:
+            raise ValueError("attention_mask, lengths: give one of them, not both")
+        if lengths is not None:
+            lengths = torch.as_tensor(lengths)
+            if lengths.shape != (b,) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+                raise ValueError(f"lengths: expected integers [{b}], got {lengths.dtype} {tuple(lengths.shape)}")
+            if bool((lengths < 0).any()) or bool((lengths > n).any()):
+                raise ValueError(f"lengths: every length must be in 0..{n}, got {lengths.tolist()}")
+            return torch.arange(n)[None, :] < lengths[:, None]
+        if attention_mask is None:
+            return None
+        mask = torch.as_tensor(attention_mask)
+        if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] not in (n, cached + n):
+            raise ValueError(f"attention_mask: expected [{b}, {n}]" + (f" or [{b}, {cached + n}]" if cached else "")
+                             + f" (1 = real token, 0 = padding), got {tuple(mask.shape)}")
+        if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError("attention_mask: expected 0/1 or booleans (1 = real token, 0 = padding)")
+        return mask[:, -n:] != 0
 
     def _check_input(self, x):
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.config.hidden_size:
@@ -227,23 +359,46 @@ class FlashAttention(nn.Module):
         b, n, _ = x.shape
         return proj(x).view(b, n, heads, self.head_dim).transpose(1, 2)  # [B, heads, N, D] view
 
-    def _attend(self, x):
+    def _attend(self, x, real=None):
+        """real: bool [B, N] (padded batch) or None (every token real)."""
         b, n, _ = x.shape
         start = self.cache_length
-        if n > self.config.max_position_embeddings - start:
+        if n > self.config.max_cache_len - start:
             raise ValueError(f"x: {n} new tokens overflow the KV cache "
-                             f"({start} of {self.config.max_position_embeddings} used)")
+                             f"({start} of {self.config.max_cache_len} used)")
+        if real is not None and self.key_real is None:  # the first padded call: earlier slots were real
+            self.key_real = torch.zeros(b, self.config.max_cache_len, dtype=torch.bool)
+            self.key_real[:, :start] = True
+            self.real_count = torch.full((b,), start, dtype=torch.int64)
+        padded = self.key_real is not None
+        if padded and real is None:
+            real = torch.ones(b, n, dtype=torch.bool)
+        if padded:
+            positions = self.real_count[:, None] + real.cumsum(1) - 1  # [B, N]; padding: its neighbour's
+            positions = positions.clamp(min=0)
+            self._update_dynamic_rope(int(positions.max()) + 1)
+        else:
+            self._update_dynamic_rope(start + n)
         q = self._project(x, self.q_proj, self.heads)
         k = self._project(x, self.k_proj, self.kv_heads)
         v = self._project(x, self.v_proj, self.kv_heads)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if self.backend == "tileattn" and not needs_grad:
+        mask = None
+        if self.backend == "tileattn" and not needs_grad and not padded:
             # RoPE and the append happen in the kernel; q/k/v are read through their strides.
             o = attention_with_kvcache(q, self.k_cache, self.v_cache, k, v, cache_seqlens=start,
                                        rotary_cos=self.rope_cos, rotary_sin=self.rope_sin,
                                        is_causal=True)
         else:
-            cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
+            if padded:  # per-token positions: cos/sin [B, 1, N, D/2]
+                cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]
+                self.key_real[:, start:start + n] = real
+                self.real_count += real.sum(1)
+                # [B, 1, N, start + N]: a real key at or before the query's slot
+                slots = torch.arange(start + n)
+                mask = self.key_real[:, None, None, :start + n] & (slots[None, :] <= start + torch.arange(n)[:, None])
+            else:
+                cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             with torch.no_grad():
                 self.k_cache[:, :, start:start + n] = k
@@ -254,10 +409,13 @@ class FlashAttention(nn.Module):
                 k = torch.cat([self.k_cache[:, :, :start], k], dim=2)
                 v = torch.cat([self.v_cache[:, :, :start], v], dim=2)
             if self.backend == "tileattn":
-                o = flash_attention(q, k, v, is_causal=True)
+                o = flash_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
             else:
-                from torch.nn.attention.bias import causal_lower_right
-                mask = causal_lower_right(n, start + n) if n > 1 else None
+                if mask is not None:  # a row that sees nothing (a padding query): SDPA would give NaN
+                    mask = mask | ~mask.any(-1, keepdim=True)
+                else:
+                    from torch.nn.attention.bias import causal_lower_right
+                    mask = causal_lower_right(n, start + n) if n > 1 else None
                 o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         self.cache_length = start + n
         return self.o_proj(o.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))

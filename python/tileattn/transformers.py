@@ -20,13 +20,19 @@ Semantics, as transformers' "sdpa" implementation has them:
   - ``scaling`` is the softmax scale, ``dropout`` applies in training;
   - GQA/MQA: tileattn reads the shared K/V heads directly (no repeat);
   - ``softcap`` (Gemma 2's logit soft-capping) goes to ``flash_attention(softcap=...)``;
-  - the output is ``[B, q, H, D]``, the layout the models' output projections read.
+  - the output is ``[B, q, H, D]``, the layout the models' output projections read: q, k and v
+    go in as ``[B, N, H, D]`` views of transformers' ``[B, H, N, D]`` tensors (layout "bshd",
+    read in place with their strides), so tileattn allocates the output in that layout and the
+    model's reshape to ``[B, q, H * D]`` is a view, not a copy (sdpa copies it there).
+``TileattnCache`` (tileattn/_hf_cache.py) is a DynamicCache whose full-attention layers append
+in place instead of concatenating the whole cache every token; pass it to generate().
 Features tileattn does not have yet (attention sinks, output of the attention weights, a
-position bias tensor) raise ``NotImplementedError`` naming the feature, never a silent fallback.
+position bias tensor, a value head_dim other than the query's as in DeepSeek's MLA) raise ``NotImplementedError`` naming the feature, never a silent fallback.
 """
 import inspect
 
 from transformers import AttentionInterface, AttentionMaskInterface
+from transformers import __version__ as transformers_version
 from transformers.masking_utils import sdpa_mask
 
 from ._forward import flash_attention
@@ -54,6 +60,9 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
         extra["softcap"] = float(softcap)
     if kwargs.get("position_bias") is not None:
         raise _not_supported("position_bias")
+    if value.shape[-1] != query.shape[-1]:  # DeepSeek's MLA: q/k head_dim 192, v head_dim 128
+        raise _not_supported(f"a value head_dim ({value.shape[-1]}) other than the query/key head_dim "
+                             f"({query.shape[-1]}), as multi-head latent attention (MLA, DeepSeek) has,")
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = False
     if attention_mask is None:
@@ -62,10 +71,26 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
             key, value = key[:, :, :q_len], value[:, :, :q_len]
     elif attention_mask.dim() == 4 and attention_mask.shape[-1] > kv_len:
         attention_mask = attention_mask[..., :kv_len]  # as transformers' sdpa: a mask may be wider
-    output = flash_attention(query, key, value, attn_mask=attention_mask,
-                             dropout_p=dropout if module.training else 0.0, softmax_scale=scaling,
-                             is_causal=causal, **extra)
-    return output.transpose(1, 2), None
+    # [B, N, H, D] views of the [B, H, N, D] inputs: the output comes back contiguous [B, q, H, D].
+    output = flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                             attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
+                             softmax_scale=scaling, is_causal=causal, layout="bshd", **extra)
+    return output, None
+
+
+def __getattr__(name):
+    """TileattnCache and GrowingLayer, imported on first use: they build on transformers' cache
+    layers (DynamicLayer), which older transformers versions that have the attention interfaces
+    lack."""
+    if name in ("TileattnCache", "GrowingLayer"):
+        try:
+            from . import _hf_cache
+        except ImportError as error:
+            raise NotImplementedError(
+                f"tileattn.transformers.{name}: not supported with transformers {transformers_version} "
+                f"(it needs transformers' cache layers, DynamicLayer: {error})") from None
+        return getattr(_hf_cache, name)
+    raise AttributeError(f"module 'tileattn.transformers' has no attribute {name!r}")
 
 
 def register():
@@ -75,4 +100,4 @@ def register():
     return NAME
 
 
-__all__ = ["register", "tileattn_attention_forward", "NAME"]
+__all__ = ["register", "tileattn_attention_forward", "NAME", "TileattnCache", "GrowingLayer"]

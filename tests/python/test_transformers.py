@@ -11,6 +11,10 @@ import torch
 import tileattn
 
 transformers = pytest.importorskip("transformers")
+# TileattnCache builds on transformers' cache layers; the oldest version tileattn claims for the
+# attention function (4.53, scripts/test_oldest_transformers.sh) has none.
+HAS_CACHE_LAYERS = hasattr(__import__("transformers.cache_utils").cache_utils, "DynamicLayer")
+needs_cache_layers = pytest.mark.skipif(not HAS_CACHE_LAYERS, reason="transformers without cache layers (DynamicLayer)")
 
 MODELS = {
     "llama": lambda: transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
@@ -36,8 +40,7 @@ MODELS = {
 def make(kind, impl):
     torch.manual_seed(0)
     config = MODELS[kind]()
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl,
-                                                          dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl)  # float32
     return model.eval()
 
 
@@ -123,6 +126,84 @@ def test_no_mask_means_sdpa_semantics():
     got, _ = tileattn.transformers.tileattn_attention_forward(module, q, k, v, None, scaling=0.3)
     want = torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=0.3)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # [B, q, H, D] written in that layout: the model's reshape to [B, q, H * D] needs no copy.
+    assert got.is_contiguous()
     got, _ = tileattn.transformers.tileattn_attention_forward(module, q[:, :, :1], k, v, None, scaling=0.3)
     want = torch.nn.functional.scaled_dot_product_attention(q[:, :, :1], kr, vr, scale=0.3)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+@needs_cache_layers
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_tileattn_cache_generate_gives_eager_tokens(kind):
+    """TileattnCache (in-place appends) in generate(): the tokens of eager with its own cache,
+    for a left-padded batch; Gemma 2 mixes its full layers (here) with sliding ones (transformers')."""
+    tileattn.transformers.register()
+    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    options = dict(max_new_tokens=12, do_sample=False, attention_mask=mask, pad_token_id=0)
+    with torch.no_grad():
+        want = make(kind, "eager").generate(ids, **options)
+        model = make(kind, "tileattn")
+        cache = tileattn.transformers.TileattnCache(config=model.config)
+        cache_argument = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
+        got = model.generate(ids, **{cache_argument: cache}, **options)
+    assert torch.equal(got, want)
+    grown = [layer for layer in cache.layers if isinstance(layer, tileattn.transformers.GrowingLayer)]
+    assert grown and all(layer.get_seq_length() == ids.shape[1] + 11 for layer in grown)
+
+
+@needs_cache_layers
+def test_growing_layer_holds_what_concatenation_holds():
+    """Appends across a capacity doubling, a crop, a beam reorder: the views equal torch.cat's."""
+    layer = tileattn.transformers.GrowingLayer()
+    keys, values = [], []
+    for n in (200, 1, 60, 3):  # 200 -> capacity 256; 264 -> 512
+        k, v = torch.randn(2, 3, n, 8), torch.randn(2, 3, n, 8)
+        keys.append(k)
+        values.append(v)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, torch.cat(keys, dim=2)) and torch.equal(got_v, torch.cat(values, dim=2))
+    assert layer.capacity() == 512 and layer.get_seq_length() == 264
+    layer.crop(-4)
+    assert torch.equal(layer.keys, torch.cat(keys, dim=2)[:, :, :260])
+    layer.reorder_cache(torch.tensor([1, 0]))
+    assert torch.equal(layer.values, torch.cat(values, dim=2)[[1, 0], :, :260])
+    with pytest.raises(ValueError, match="TileattnCache"):
+        layer.update(torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8))  # 4 heads, not 3
+
+
+@pytest.mark.skipif(HAS_CACHE_LAYERS, reason="this transformers has cache layers")
+def test_tileattn_cache_says_not_supported_without_cache_layers():
+    with pytest.raises(NotImplementedError, match="TileattnCache: not supported with transformers"):
+        tileattn.transformers.TileattnCache  # noqa: B018
+
+
+def tiny_deepseek_v3():  # multi-head latent attention: q/k head_dim 24, v head_dim 16
+    return transformers.DeepseekV3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                                         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                         v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1)
+
+
+def tiny_gpt_oss():  # attention sinks
+    return transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("config,feature", [("DeepseekV3Config", "value head_dim .16. other than the query/key "
+                                                                  "head_dim .24., as multi-head latent attention"),
+                                            ("GptOssConfig", "attention sinks")])
+def test_models_with_unsupported_attention_say_so(config, feature):
+    """DeepSeek-V3 (MLA) and gpt-oss (sinks) where this transformers has them: a forward raises
+    NotImplementedError naming the feature, never a silent fallback."""
+    if not hasattr(transformers, config):
+        pytest.skip(f"this transformers has no {config}")
+    tileattn.transformers.register()
+    make_config = tiny_deepseek_v3 if config == "DeepseekV3Config" else tiny_gpt_oss
+    model = transformers.AutoModelForCausalLM.from_config(make_config(), attn_implementation="tileattn").eval()
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=feature):
+        model(torch.randint(0, 97, (1, 9)))
