@@ -51,6 +51,9 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.softcap = c.softcap;
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
+  a.cache_batch_idx = c.cache_batch_idx;
+  a.cache_batch = c.cache_batch;
+  a.cache_leftpad = c.cache_leftpad;
   a.threads = c.threads;
   a.isa = capi::to_isa(c.isa, "isa");
   return a;

@@ -26,6 +26,9 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   f.mask.window_left = a.window_left;
   f.mask.window_right = a.window_right;
   f.kv.seqlens = seqlens;
+  f.kv.batch_index = a.cache_batch_idx;
+  f.kv.cache_batch = a.cache_batch_idx && a.cache_batch == 0 ? a.batch : a.cache_batch;
+  f.kv.row_start = a.cache_leftpad;
   if (paged) {
     f.kv.block_table = a.block_table;
     f.kv.block_table_stride = a.block_table_stride;
