@@ -21,7 +21,8 @@ void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const S
               const Stride4& dk_stride, Address dv, const Stride4& dv_stride, int mask_kind,
               Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
               int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads,
-              float softcap, Address alibi_slopes, int64_t alibi_batch_stride) {
+              float softcap, Address alibi_slopes, int64_t alibi_batch_stride, Address cu_seqlens_q,
+              Address cu_seqlens_k) {
   BackwardArgs a;
   a.forward = forward_inputs(dtype, shape, q, q_stride, k, k_stride, v, v_stride, mask_kind, mask,
                              mask_stride, causal, window_left, window_right, scale, dropout_p, seed,
@@ -29,6 +30,8 @@ void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const S
   a.forward.softcap = softcap;
   a.forward.alibi_slopes = from_address<const float>(alibi_slopes);
   a.forward.alibi_batch_stride = alibi_batch_stride;
+  a.forward.cu_seqlens_q = from_address<const int32_t>(cu_seqlens_q);
+  a.forward.cu_seqlens_k = from_address<const int32_t>(cu_seqlens_k);
   a.o = InputView{from_address<const void>(o), o_stride};
   a.d_o = InputView{from_address<const void>(d_o), d_o_stride};
   a.lse = from_address<const float>(lse);
@@ -51,7 +54,8 @@ void bind_backward(nb::module_& m) {
         nb::arg("mask"), nb::arg("mask_stride"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("scale"), nb::arg("dropout_p"), nb::arg("seed"),
         nb::arg("threads"), nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes") = Address(0),
-        nb::arg("alibi_batch_stride") = int64_t(0),
+        nb::arg("alibi_batch_stride") = int64_t(0), nb::arg("cu_seqlens_q") = Address(0),
+        nb::arg("cu_seqlens_k") = Address(0),
         "attention_backward on raw addresses; element strides in [batch, head, row, dim] order");
 }
 
