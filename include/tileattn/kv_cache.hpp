@@ -108,7 +108,23 @@ struct KvCacheArgs {
   // cache rows; the causal / window / ALiBi alignment uses the sequence's own
   // length cache_seqlens[b] - cache_leftpad[b] (+ appended rows).
   const int32_t* cache_leftpad = nullptr;
+  // FlashAttention-2's rotary positions of the queries: query t of sequence b
+  // is rotated at cache_seqlens[b] + t (the length before the append) when
+  // causal or windowed, else every query at cache_seqlens[b]. false: at its
+  // own position L_b - seqlen_q + t (the two agree for causal calls whose
+  // queries are the appended tokens).
+  bool rotary_fa2_query_positions = false;
 };
+
+namespace detail {
+// The rotary position of query t of sequence b: `old_length` = cache_seqlens[b]
+// before the call, `new_length` after the append (see rotary_fa2_query_positions).
+inline int64_t rotary_query_position(const KvCacheArgs& a, int64_t old_length, int64_t new_length, int64_t t) {
+  if (!a.rotary_fa2_query_positions) return new_length - a.seqlen_q + t;
+  const bool per_token = a.causal || a.window_left >= 0 || a.window_right >= 0;
+  return old_length + (per_token ? t : 0);
+}
+}  // namespace detail
 
 // Appends k_new/v_new (rotating keys when rotary tables are given) into the
 // cache and advances cache_seqlens. Uses the cache, new-token and rotary

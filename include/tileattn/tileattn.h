@@ -297,6 +297,10 @@ typedef struct tileattn_kv_cache_args {
   const int32_t* cache_batch_idx;
   int64_t cache_batch;
   const int32_t* cache_leftpad;
+  /** Nonzero: FlashAttention-2's rotary query positions (see
+      tileattn::KvCacheArgs::rotary_fa2_query_positions); 0 (the default): L_b - seqlen_q + t. */
+  int32_t rotary_fa2_query_positions;
+  int32_t reserved3;  /**< must be 0 */
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

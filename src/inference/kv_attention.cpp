@@ -62,7 +62,7 @@ class RotatedQueries {
     for (int64_t b = 0; b < a.batch; ++b)
       for (int64_t h = 0; h < a.heads; ++h)
         for (int64_t t = 0; t < a.seqlen_q; ++t) {
-          const int64_t position = int64_t(lengths[size_t(b)]) - a.seqlen_q + t;
+          const int64_t position = detail::rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], t);
           const detail::RopeRow rope{a.rotary_cos + position * half, a.rotary_sin + position * half,
                                      a.rotary_dim, a.rotary_interleaved};
           const char* src = q + (b * a.q.stride[0] + h * a.q.stride[1] + t * a.q.stride[2]) * esize;

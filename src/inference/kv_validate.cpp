@@ -289,12 +289,13 @@ void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& len
   check_rotary_tables(a);
   if (a.seqlen_q == 0) return;
   for (int64_t b = 0; b < a.batch; ++b) {
-    const int64_t first = int64_t(lengths[size_t(b)]) - a.seqlen_q;
+    const int64_t first = rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], 0);
+    const int64_t last = rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], a.seqlen_q - 1);
     if (first < 0)
       fail("q: with rotary tables, the " + str(a.seqlen_q) + " queries of sequence " + str(b) +
-           " need positions " + str(first) + ".." + str(lengths[size_t(b)] - 1) +
+           " need positions " + str(first) + ".." + str(last) +
            "; a query position must be >= 0 (sequence length " + str(lengths[size_t(b)]) + ")");
-    check_rotary_position(a, "queries", b, int64_t(lengths[size_t(b)]) - 1);
+    check_rotary_position(a, "queries", b, last);
   }
 }
 
