@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nanobind/stl/optional.h>
@@ -30,13 +31,21 @@ namespace {
 
 using namespace nb::literals;
 
+// A 4-D view in [outer, head, row, dim] order (what KvCacheArgs takes): FlashAttention-2's
+// [outer, row, head, dim] arrays (`token_major`) have their dims 1 and 2 swapped, no copy.
+ArrayView swap_rows_and_heads(ArrayView a) {
+  std::swap(a.shape[1], a.shape[2]);
+  std::swap(a.stride[1], a.stride[2]);
+  return a;
+}
+
 ArrayView read_rank4(const char* name, nb::handle obj, const char* what,
-                     Access access = Access::read) {
+                     Access access = Access::read, bool token_major = false) {
   ArrayView a = read_array(name, obj, access);
   if (a.rank != 4) {
     fail_value(std::string(name) + ": expected a 4-D array " + what + ", got shape " + shape_text(a));
   }
-  return a;
+  return token_major ? swap_rows_and_heads(a) : a;
 }
 
 // Row-major without gaps (the strides of size-1 dims do not matter).
@@ -180,7 +189,8 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
                          std::optional<double> scale, bool causal, int64_t window_left,
                          int64_t window_right, int threads, bool with_lse, nb::handle o_given,
                          bool eager_only, double softcap, nb::handle alibi_slopes,
-                         nb::handle cache_batch_idx, nb::handle cache_leftpad, bool rotary_fa2_positions) {
+                         nb::handle cache_batch_idx, nb::handle cache_leftpad, bool rotary_fa2_positions,
+                         bool token_major) {
   const Framework fw = framework_of("q", q);
   if (eager_only && fw == Framework::torch &&
       !torch_call_is_plain_eager(
@@ -206,20 +216,24 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   const bool appending = !k.is_none();
   const char* cache_what = paged ? "[num_pages, Hkv, page_size, D]" : "[B, Hkv, capacity, D]";
 
-  const ArrayView qa = read_rank4("q", q, "[B, H, Nq, D]");
+  // token_major: FlashAttention-2's layouts (q, o [B, Nq, H, D], caches [B, S, Hkv, D] or
+  // [blocks, block_size, Hkv, D], k, v [B, Nnew, Hkv, D]) read in place; the shapes in the
+  // messages below are then in [B, H, N, D] order.
+  const bool tm = token_major;
+  const ArrayView qa = read_rank4("q", q, tm ? "[B, Nq, H, D]" : "[B, H, Nq, D]", Access::read, tm);
   KvCacheArgs a;
   a.dtype = attention_dtype("q", q, qa);
   // The cache is written only when k/v are appended; attending alone may read a read-only one.
   const Access cache_access = appending ? Access::write : Access::read;
-  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what, cache_access);
+  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what, cache_access, tm);
   check_dtype_like_q("k_cache", k_cache, kc, q, qa);
-  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what, cache_access);
+  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what, cache_access, tm);
   check_dtype_like_q("v_cache", v_cache, vc, q, qa);
   ArrayView ka, va;
   if (appending) {
-    ka = read_rank4("k", k, "[B, Hkv, Nnew, D]");
+    ka = read_rank4("k", k, "[B, Hkv, Nnew, D]", Access::read, tm);
     check_dtype_like_q("k", k, ka, q, qa);
-    va = read_rank4("v", v, "[B, Hkv, Nnew, D]");
+    va = read_rank4("v", v, "[B, Hkv, Nnew, D]", Access::read, tm);
     check_dtype_like_q("v", v, va, q, qa);
   }
   if (vc.shape != kc.shape) {
@@ -349,10 +363,11 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.window_right = window_right;
   a.threads = threads;
 
-  const nb::object o = o_given.is_none() ? new_array_like(q, qa) : nb::borrow(o_given);
-  const ArrayView ov = o_given.is_none()
-                           ? read_array("o", o, Access::allocated)
-                           : read_output("out", o, fw, qa.type, q, qa.shape.data(), 4);
+  const ArrayView q_given = tm ? swap_rows_and_heads(qa) : qa;  // q as the caller shaped it
+  const nb::object o = o_given.is_none() ? new_array_like(q, q_given) : nb::borrow(o_given);
+  ArrayView ov = o_given.is_none() ? read_array("o", o, Access::allocated)
+                                   : read_output("out", o, fw, qa.type, q, q_given.shape.data(), 4);
+  if (tm) ov = swap_rows_and_heads(ov);
   a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
   nb::object lse = nb::none();
   if (with_lse) {
@@ -385,7 +400,7 @@ void bind_kvcache_arrays(nb::module_& m) {
         "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "cache_batch_idx"_a.none() = nb::none(),
-        "cache_leftpad"_a.none() = nb::none(), "rotary_fa2_positions"_a = false,
+        "cache_leftpad"_a.none() = nb::none(), "rotary_fa2_positions"_a = false, "token_major"_a = false,
         "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; writes o (q's shape "
         "and dtype) when given, else allocates it; returns (o, lse or None), or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.attention_with_kvcache (a tensor subclass, autograd, a tracer or mode)");

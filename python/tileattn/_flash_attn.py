@@ -2,8 +2,8 @@
 flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache, with FlashAttention-2's
 argument names, order, defaults, layouts ([B, N, H, D]; packed [total, H, D]; caches
 [B_cache, S, Hkv, D] and pages [num_blocks, block_size, Hkv, D]) and return conventions. Thin
-layers: every array is handed to flash_attention / attention_with_kvcache as a strided view,
-never copied. docs/python.md lists where they differ from FlashAttention-2 and from the native API."""
+layers: every array is read in place by flash_attention / attention_with_kvcache (as a strided
+view), never copied. docs/python.md lists where they differ from FlashAttention-2 and from the native API."""
 from ._forward import flash_attention
 from ._kvcache import attention_with_kvcache
 
@@ -37,9 +37,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     or ``(out, softmax_lse [B, H, Nq], S_dmask [B, H, Nq, Nk])`` with return_attn_probs
     (S_dmask: float32 probabilities, dropped entries negated). Autograd for q, k, v.
     """
-    window = _window(window_size)
+    window = None if window_size == (-1, -1) else _window(window_size)
     if not return_attn_probs:
-        return flash_attention(q, k, v, None, dropout_p, softmax_scale, causal, window, "bshd",
+        return flash_attention(q, k, v, None, dropout_p, softmax_scale, causal, window, "bshd", False, None,
                                softcap=softcap, alibi_slopes=alibi_slopes)
     options = dict(softmax_scale=softmax_scale, is_causal=causal, window=window, layout="bshd",
                    softcap=softcap, alibi_slopes=alibi_slopes)
@@ -62,20 +62,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         raise NotImplementedError("block_table: not supported by tileattn's flash_attn_varlen_func "
                                   "(paged keys are read by flash_attn_with_kvcache)")
-    window = _window(window_size)
+    window = None if window_size == (-1, -1) else _window(window_size)
+    if not return_attn_probs:
+        # Keywords from softcap on: the native signature grows there (sinks go after alibi_slopes).
+        return flash_attention(q, k, v, None, dropout_p, softmax_scale, causal, window, "bhsd", False, None,
+                               softcap=softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     options = dict(softmax_scale=softmax_scale, is_causal=causal, window=window, softcap=softcap,
                    alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    if not return_attn_probs:
-        return flash_attention(q, k, v, dropout_p=dropout_p, **options)
     out, lse, probs = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, return_attn_probs=True,
                                       **options)
     return out, lse, _fa2_probs(q, k, v, dropout_p, probs, **options)
-
-
-def _bshd_view(x):
-    """[B, N, H, D] as the [B, H, N, D] view tileattn's kv-cache API takes (no copy)."""
-    return None if x is None else x.swapaxes(1, 2)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -85,7 +83,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             return_softmax_lse=False):
     """FlashAttention-2's ``flash_attn_with_kvcache``: q ``[B, Nq, H, D]``; the cache
     ``[B_cache, S, Hkv, D]`` or, with block_table, pages ``[num_blocks, block_size, Hkv, D]``
-    (read and appended in place through strided views, any block_size); k, v ``[B, Nnew, Hkv, D]``
+    (read and appended in place, any block_size); k, v ``[B, Nnew, Hkv, D]``
     appended at cache_seqlens (which is not modified). Rotary tables rotate the new keys at
     positions cache_seqlens + t and the queries at cache_seqlens + t when causal or windowed,
     else all at cache_seqlens (FlashAttention-2's convention); they need k and v, as there.
@@ -99,11 +97,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          "(as in FlashAttention-2)")
     if isinstance(cache_seqlens, bool):
         raise TypeError("cache_seqlens: expected an int or an integer array, got bool")
-    result = attention_with_kvcache(
-        _bshd_view(q), _bshd_view(k_cache), _bshd_view(v_cache), _bshd_view(k), _bshd_view(v),
-        cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal,
-        _window(window_size), return_softmax_lse, None, softcap, alibi_slopes, cache_batch_idx,
-        cache_leftpad, _rotary_fa2=True)
-    if return_softmax_lse:
-        return result[0].swapaxes(1, 2), result[1]
-    return result.swapaxes(1, 2)
+    # FlashAttention-2's token-major arrays are read in place (the binding swaps the head and
+    # row strides), and the output is allocated [B, Nq, H, D], contiguous.
+    return attention_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved,
+        softmax_scale, causal, None if window_size == (-1, -1) else _window(window_size),
+        return_softmax_lse, None, softcap=softcap, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, _rotary_fa2=True, _token_major=True)

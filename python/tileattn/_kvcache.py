@@ -20,7 +20,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            softmax_scale=None, is_causal=True, window=None, return_lse=False,
                            out=None, softcap=0.0, alibi_slopes=None, cache_batch_idx=None,
-                           cache_leftpad=None, *, _rotary_fa2=False):
+                           cache_leftpad=None, *, _rotary_fa2=False, _token_major=False):
     """Append ``k``/``v`` into a KV cache in place and attend ``q`` to everything cached.
 
     Modeled on FlashAttention-2's ``flash_attn_with_kvcache``, with tileattn's ``[B, H, N, D]``
@@ -114,19 +114,26 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                                        right, threads, return_lse, o=out, eager_only=True,
                                        softcap=softcap, alibi_slopes=alibi_slopes,
                                        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                                       rotary_fa2_positions=_rotary_fa2)
+                                       rotary_fa2_positions=_rotary_fa2, token_major=_token_major)
         if result is None and out is not None:
             raise ValueError(_OUT_ON_OP_PATH)
-        o, lse = result if result is not None else _torch_attention_with_kvcache(
-            q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
-            interleaved, scale, is_causal, left, right, softcap, alibi_slopes, cache_batch_idx,
-            cache_leftpad, _rotary_fa2)
+        if result is not None:
+            o, lse = result
+        else:
+            # The op takes [B, H, N, D] views; FlashAttention-2's token-major arrays are swapped.
+            views = [None if x is None or not _token_major else x.transpose(1, 2) for x in (q, k_cache, v_cache, k, v)]
+            o, lse = _torch_attention_with_kvcache(
+                *(x if not _token_major else view for x, view in zip((q, k_cache, v_cache, k, v), views)),
+                cache_seqlens, block_table, rotary_cos, rotary_sin, interleaved, scale, is_causal, left, right,
+                softcap, alibi_slopes, cache_batch_idx, cache_leftpad, _rotary_fa2)
+            if _token_major:
+                o = o.transpose(1, 2)
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
                                    return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
                                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                                   rotary_fa2_positions=_rotary_fa2)
+                                   rotary_fa2_positions=_rotary_fa2, token_major=_token_major)
     return (o, lse) if return_lse else o
 
 
