@@ -321,7 +321,7 @@ def test_flash_attn_with_kvcache_matches_fa2_model(dtype, case):
         cache_batch_idx=batch_idx, cache_leftpad=leftpad, block_table=block_table,
         rotary_interleaved=interleaved, return_softmax_lse=True, **opts)
     assert torch.equal(lengths, seqlens_before)  # not modified, as in FlashAttention-2
-    assert out.shape == q.shape and lse.shape == (b, h, nq)
+    assert out.shape == q.shape and out.is_contiguous() and lse.shape == (b, h, nq)
     np.testing.assert_array_equal(k_cache.float().numpy(), k_expected)
     np.testing.assert_array_equal(v_cache.float().numpy(), v_expected)
     for i, (qs, ks, vs) in enumerate(seqs):
@@ -377,3 +377,21 @@ def test_native_kvcache_batch_index_numpy_and_op_path():
         cache_batch_idx=torch.from_numpy(idx), cache_leftpad=torch.from_numpy(pad))[0]
     torch.testing.assert_close(direct, via_op, rtol=0, atol=0)
     torch.testing.assert_close(direct, torch.from_numpy(o), rtol=0, atol=0)
+
+
+def test_flash_attn_with_kvcache_op_path_equals_direct_call():
+    """A call torch can observe (q requires grad) goes through the custom op on [B, H, N, D] views;
+    same results and cache contents as the direct call that reads the token-major arrays in place."""
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 3, 4, 16, generator=gen)
+    k, v = torch.randn(2, 3, 2, 16, generator=gen), torch.randn(2, 3, 2, 16, generator=gen)
+    caches = [torch.randn(2, 20, 2, 16, generator=gen) for _ in range(2)]
+    cos, sin = (torch.from_numpy(t) for t in rope(20, 8))
+    lengths = torch.tensor([4, 9], dtype=torch.int32)
+    direct_caches = [c.clone() for c in caches]
+    direct = tileattn.flash_attn_with_kvcache(q, *direct_caches, k, v, cos, sin, cache_seqlens=lengths, causal=True)
+    via_op = tileattn.flash_attn_with_kvcache(q.clone().requires_grad_(), *caches, k, v, cos, sin,
+                                              cache_seqlens=lengths, causal=True)
+    torch.testing.assert_close(via_op.detach(), direct, rtol=0, atol=0)
+    for a, b in zip(caches, direct_caches):
+        assert torch.equal(a, b)
