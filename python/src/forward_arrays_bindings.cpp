@@ -130,7 +130,8 @@ struct ForwardCall {
 ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
                     bool causal, int64_t window_left, int64_t window_right,
                     std::optional<double> scale, double dropout_p, double softcap, nb::handle alibi,
-                    Access access, nb::handle cu_q = nb::none(), nb::handle cu_k = nb::none()) {
+                    Access access, nb::handle cu_q = nb::none(), nb::handle cu_k = nb::none(),
+                    int64_t max_seqlen_q = -1, int64_t max_seqlen_k = -1) {
   if (layout != 0 && layout != 1) fail_value("layout: unknown code " + std::to_string(layout));
   ForwardCall call;
   const Framework fw = framework_of("q", q);
@@ -146,6 +147,20 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
     if (batch_k != packed_batch) {
       fail_value("cu_seqlens_k: " + std::to_string(batch_k + 1) + " entries but cu_seqlens_q has " +
                  std::to_string(packed_batch + 1));
+    }
+    // A given max_seqlen (FlashAttention-2 requires one and sizes its work from it; the
+    // kernel reads the lengths from cu_seqlens) must be at least the longest sequence.
+    const std::pair<const char*, std::pair<const int32_t*, int64_t>> maxima[2] = {
+        {"max_seqlen_q", {cu_q_data, max_seqlen_q}}, {"max_seqlen_k", {cu_k_data, max_seqlen_k}}};
+    for (const auto& [name, given] : maxima) {
+      const auto [cu, value] = given;
+      if (value < 0 || cu == nullptr) continue;
+      int64_t longest = 0;
+      for (int64_t b = 0; b < packed_batch; ++b) longest = std::max<int64_t>(longest, int64_t(cu[b + 1]) - cu[b]);
+      if (value < longest) {
+        fail_value(std::string(name) + ": " + std::to_string(value) + " is less than the longest sequence (" +
+                   std::to_string(longest) + ")");
+      }
     }
     if (!mask.is_none()) {
       throw NotSupported("attn_mask: not supported with cu_seqlens (packed varlen batches take "
@@ -261,13 +276,14 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
                           std::optional<double> scale, double dropout_p, uint64_t seed, int threads,
                           bool with_lse, nb::handle o, nb::handle lse, bool eager_only, double softcap,
                           nb::handle alibi_slopes, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-                          bool with_probs) {
+                          bool with_probs, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   if (eager_only && is_array(q) && framework_of("q", q) == Framework::torch &&
       !torch_call_is_plain_eager({q, k, v, mask, o, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k})) {
     return nb::none();
   }
   ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                             dropout_p, softcap, alibi_slopes, Access::read, cu_seqlens_q, cu_seqlens_k);
+                             dropout_p, softcap, alibi_slopes, Access::read, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_q, max_seqlen_k);
   ForwardArgs& a = call.args;
   const AttentionShape& s = a.shape;
   // lse: [B, H, Nq]; packed: [H, total_q] (the kernel's [1, H, total_q] with batch stride 0).
@@ -329,7 +345,8 @@ void bind_forward_arrays(nb::module_& m) {
         "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(),
-        "cu_seqlens_k"_a.none() = nb::none(), "with_probs"_a = false,
+        "cu_seqlens_k"_a.none() = nb::none(), "with_probs"_a = false, "max_seqlen_q"_a = -1,
+        "max_seqlen_k"_a = -1,
         "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None) "
         "(with_probs: (o, lse or None, probabilities)), "
         "or None (nothing done) with eager_only when torch could observe the custom op "

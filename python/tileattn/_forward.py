@@ -163,9 +163,8 @@ def _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, wi
         raise ValueError("cu_seqlens_q, cu_seqlens_k: give both or neither")
     if cu_q is None and (max_q is not None or max_k is not None):
         raise ValueError("max_seqlen_q, max_seqlen_k: only with cu_seqlens_q and cu_seqlens_k")
+    max_q, max_k = check_max_seqlen("max_seqlen_q", max_q), check_max_seqlen("max_seqlen_k", max_k)
     if cu_q is not None:
-        check_max_seqlen("max_seqlen_q", max_q, cu_q)
-        check_max_seqlen("max_seqlen_k", max_k, cu_k)
         code = 1  # the packed arrays are token-major; the binding reads them as [1, total, H, D]
     alibi_slopes = as_alibi_slopes(alibi_slopes, q)
     threads = _kernel._settings["threads"]
@@ -177,32 +176,33 @@ def _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, wi
             result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, 0,
                                        threads, return_lse, o=out, eager_only=True, softcap=softcap,
                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                                       with_probs=with_probs) if dropout_p == 0.0 and not _is_compiling() else None
+                                       with_probs=with_probs, max_seqlen_q=max_q, max_seqlen_k=max_k
+                                       ) if dropout_p == 0.0 and not _is_compiling() else None
             if result is None:
                 raise ValueError(_OUT_ON_OP_PATH)
         else:
             result = _torch_ops.flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right,
                                                 code, return_lse, softcap, alibi_slopes, cu_q, cu_k,
-                                                with_probs)
+                                                with_probs, max_q, max_k)
     else:
         seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
         result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
                                    threads, return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
-                                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs)
+                                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs,
+                                   max_seqlen_q=max_q, max_seqlen_k=max_k)
     o, lse = result[0], result[1]
     outputs = (o,) + ((lse,) if return_lse else ()) + ((result[2],) if with_probs else ())
     return outputs if len(outputs) > 1 else o
 
 
-def check_max_seqlen(name, value, cu):
-    """A given max_seqlen must be an int at least the longest sequence of cu (FlashAttention-2
-    sizes its work from it; tileattn reads the lengths from cu and only checks it)."""
+def check_max_seqlen(name, value):
+    """A given max_seqlen as an int >= 0 (-1: not given). FlashAttention-2 sizes its work from
+    it; tileattn reads the lengths from cu_seqlens and checks (in C++, on the values) that it is
+    at least the longest sequence."""
     if value is None:
-        return
+        return -1
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    values = cu.detach().numpy() if _arrays.is_torch(cu) else np.asarray(cu)
-    if values.ndim == 1 and values.size > 1 and values.dtype.kind in "iu":
-        longest = int((values[1:].astype(np.int64) - values[:-1]).max())
-        if value < longest:
-            raise ValueError(f"{name}: {value} is less than the longest sequence ({longest})")
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name}: must be >= 0, got {value}")
+    return int(value)

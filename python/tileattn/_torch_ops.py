@@ -37,26 +37,28 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        seed: int, softcap: float = 0.0,
                        alibi_slopes: Optional[torch.Tensor] = None,
                        cu_seqlens_q: Optional[torch.Tensor] = None,
-                       cu_seqlens_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                       cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = -1,
+                       max_seqlen_k: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd.
     softcap > 0: each scaled score x becomes softcap * tanh(x / softcap) (0: off).
-    With cu_seqlens (packed varlen): q, k, v, o [total, H, D], lse [H, total_q]."""
+    With cu_seqlens (packed varlen): q, k, v, o [total, H, D], lse [H, total_q]; a given
+    max_seqlen (>= 0) is checked against the lengths."""
     return _C.forward_arrays(q, k, v, attn_mask, layout, is_causal, window_left, window_right,
                              softmax_scale, dropout_p, seed, _kernel._settings["threads"], True,
                              softcap=softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
-                             cu_seqlens_k=cu_seqlens_k)
+                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 @flash_attention_op.register_fake
 def _(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-      softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+      softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=-1, max_seqlen_k=-1):
     lse_shape = _output_shapes(q, layout, cu_seqlens_q is not None)
     return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-     softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k) = inputs
+     softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, _, _) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     ctx.options = (dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed, softcap)
@@ -109,7 +111,7 @@ def _backward(ctx, grad_o, grad_lse):
         grad_lse = torch.zeros_like(lse)
     dq, dk, dv = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask, *ctx.options,
                                              alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -134,7 +136,8 @@ def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scal
 
 
 def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window_right, layout,
-                    return_lse, softcap=0.0, alibi_slopes=None, cu_q=None, cu_k=None, with_probs=False):
+                    return_lse, softcap=0.0, alibi_slopes=None, cu_q=None, cu_k=None, with_probs=False,
+                    max_q=-1, max_k=-1):
     """flash_attention for torch tensors, given its checked scalar options (scale None:
     1/sqrt(D)); the arrays are checked in C++. Returns (o, lse), or (o, lse, probs) with
     with_probs."""
@@ -145,7 +148,8 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, seed, _kernel._settings["threads"], return_lse,
                                 eager_only=True, softcap=softcap, alibi_slopes=alibi_slopes,
-                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs)
+                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs,
+                                max_seqlen_q=max_q, max_seqlen_k=max_k)
         if out is not None:
             return out
     elif with_probs:
@@ -155,7 +159,7 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, softcap, alibi_slopes, cu_q, cu_k)
     o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
-                                window_right, layout, seed, softcap, alibi_slopes, cu_q, cu_k)
+                                window_right, layout, seed, softcap, alibi_slopes, cu_q, cu_k, max_q, max_k)
     if not with_probs:
         return o, lse
     # The probabilities carry no gradient: computed from detached inputs, same seed (so the

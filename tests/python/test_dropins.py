@@ -395,3 +395,22 @@ def test_flash_attn_with_kvcache_op_path_equals_direct_call():
     torch.testing.assert_close(via_op.detach(), direct, rtol=0, atol=0)
     for a, b in zip(caches, direct_caches):
         assert torch.equal(a, b)
+
+
+def test_dropins_under_torch_compile_fullgraph():
+    """Dynamo traces each drop-in whole (the custom ops), with the eager results."""
+    compile_ = lambda f: torch.compile(f, fullgraph=True, backend="aot_eager")  # noqa: E731
+    q, k, v = torch.randn(7, 2, 8), torch.randn(9, 2, 8), torch.randn(9, 2, 8)
+    cq, ck = torch.tensor([0, 2, 7], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    varlen = lambda q, k, v: tileattn.flash_attn_varlen_func(q, k, v, cq, ck, 5, 5, causal=True)  # noqa: E731
+    assert torch.equal(compile_(varlen)(q, k, v), varlen(q, k, v))
+    qq, kc, vc, k1 = torch.randn(2, 1, 2, 8), torch.randn(2, 10, 1, 8), torch.randn(2, 10, 1, 8), torch.randn(2, 1, 1, 8)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    step = lambda qq, kc, vc, k1: tileattn.flash_attn_with_kvcache(qq, kc, vc, k1, k1, cache_seqlens=lens,  # noqa: E731
+                                                                   causal=True)
+    kc2, vc2 = kc.clone(), vc.clone()
+    assert torch.equal(compile_(step)(qq, kc, vc, k1), step(qq, kc2, vc2, k1))
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    q4, k4 = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 6, 8)
+    sdpa = lambda q, k: tileattn.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)  # noqa: E731
+    torch.testing.assert_close(compile_(sdpa)(q4, k4), sdpa(q4, k4), rtol=0, atol=0)

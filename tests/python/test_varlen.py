@@ -178,6 +178,11 @@ def test_errors_name_the_argument(rng):
         tileattn.flash_attention(q, k, v, cu_seqlens_q=c, cu_seqlens_k=c, attn_mask=np.ones((7, 7), bool))
     with pytest.raises(ValueError, match="max_seqlen_k: 3 is less than the longest sequence \\(4\\)"):
         tileattn.flash_attention(q, k, v, cu_seqlens_q=c, cu_seqlens_k=c, max_seqlen_k=3)
+    # The custom op's path (autograd can observe the call) checks it too, when the op runs.
+    tq = torch.from_numpy(q).requires_grad_()
+    with pytest.raises(ValueError, match="max_seqlen_q: 2 is less than the longest sequence \\(4\\)"):
+        tileattn.flash_attention(tq, torch.from_numpy(k), torch.from_numpy(v), cu_seqlens_q=torch.from_numpy(c),
+                                 cu_seqlens_k=torch.from_numpy(c), max_seqlen_q=2)
     with pytest.raises(ValueError, match="cu_seqlens_k"):
         tileattn.flash_attention(q, k, v, cu_seqlens_q=c, cu_seqlens_k=cu([3, 5]))
     with pytest.raises(ValueError, match="q: expected a 3-D packed array"):
