@@ -1,5 +1,7 @@
 """tileattn.scaled_dot_product_attention: PyTorch's torch.nn.functional.scaled_dot_product_attention,
 name for name, default for default, on tileattn's kernel (a thin layer over flash_attention)."""
+import numpy as np
+
 from ._forward import flash_attention
 
 
@@ -61,7 +63,6 @@ def _top_left_causal(query, nq, nk):
     if type(query).__module__.startswith("torch"):
         import torch
         return torch.ones(nq, nk, dtype=torch.bool).tril_()
-    import numpy as np
     return np.tri(nq, nk, dtype=bool)
 
 
@@ -71,8 +72,14 @@ def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     def as4(x):
         return x.reshape((-1,) + tuple(x.shape[-3:])) if len(lead) else x[None]
     mask = attn_mask
-    if mask is not None and len(mask.shape) > 4:
-        mask = mask.reshape((-1,) + tuple(mask.shape[-3:]))
+    if mask is not None and len(lead) > 1:
+        # The mask's leading dims broadcast to the inputs' before they are flattened into one
+        # batch dim (a copy only when a broadcast leading dim cannot be flattened as a view).
+        shape = (1,) * (len(query.shape) - len(mask.shape)) + tuple(mask.shape)
+        target = lead + shape[-3:]
+        mask = mask.reshape(shape)
+        mask = np.broadcast_to(mask, target) if isinstance(mask, np.ndarray) else mask.expand(target)
+        mask = mask.reshape((-1,) + shape[-3:])
     o = scaled_dot_product_attention(as4(query), as4(key), as4(value), mask, dropout_p, is_causal, scale,
                                      enable_gqa)
     return o.reshape(tuple(query.shape))

@@ -86,6 +86,11 @@ def test_sdpa_ranks_3_and_5_and_numpy():
         x = [t.reshape(shape[:-2] + t.shape[-2:]) for t in (q, k, v)]
         torch.testing.assert_close(tileattn.scaled_dot_product_attention(*x, is_causal=True),
                                    F.scaled_dot_product_attention(*x, is_causal=True))
+    x = [t.reshape((2, 3) + t.shape[1:]) for t in (q, k, v)]
+    mask = torch.rand(3, 1, 9, 9, generator=torch.Generator().manual_seed(3)) > 0.2  # broadcast over dim 0
+    mask[..., 0] = True
+    torch.testing.assert_close(tileattn.scaled_dot_product_attention(*x, attn_mask=mask),
+                               F.scaled_dot_product_attention(*x, attn_mask=mask))
     o = tileattn.scaled_dot_product_attention(*(t.numpy() for t in (q, k, v)))
     torch.testing.assert_close(torch.from_numpy(o), F.scaled_dot_product_attention(q, k, v))
 
