@@ -63,12 +63,21 @@ struct MaskSpec {
 // With `block_table`, K and V are pages [num_pages, kv_heads, page_size, dim]
 // (their stride[0] is the page stride) and key j of sequence b lives in page
 // block_table[b * block_table_stride + j / page_size], row j % page_size.
+// Contiguous caches only (FlashAttention-2's cache_batch_idx / cache_leftpad):
+// with `batch_index`, sequence b reads cache row batch_index[b] (0 ..
+// cache_batch - 1; K and V then hold cache_batch rows); with `row_start`, its
+// keys are rows row_start[b] .. seqlens[b] - 1 (0 <= row_start[b] <=
+// seqlens[b]), the rows before are ignored, and the causal / window / ALiBi
+// alignment uses the length seqlens[b] - row_start[b].
 struct KvSource {
   const int32_t* seqlens = nullptr;      // [batch]
   const int32_t* block_table = nullptr;  // [batch, block_table_stride]
   int64_t block_table_stride = 0;
   int64_t page_size = 0;
   int64_t num_pages = 0;
+  const int32_t* batch_index = nullptr;  // [batch]; null: sequence b reads row b
+  int64_t cache_batch = 0;               // rows of K / V with batch_index
+  const int32_t* row_start = nullptr;    // [batch]; null: every sequence starts at row 0
 };
 
 struct ForwardArgs {

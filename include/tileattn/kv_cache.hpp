@@ -92,7 +92,40 @@ struct KvCacheArgs {
 
   int threads = 0;           // 0: every hardware thread
   Isa isa = Isa::automatic;
+
+  // FlashAttention-2's cache_batch_idx and cache_leftpad (contiguous caches
+  // only; with block_table they are NotSupported). Appended after the fields above.
+  // cache_batch_idx [batch]: sequence b reads and appends cache row
+  // cache_batch_idx[b] in 0 .. cache_batch - 1 (the caches are then
+  // [cache_batch, kv_heads, capacity, head_dim]); cache_seqlens, new_counts,
+  // q, k_new and v_new stay indexed by b. Two sequences that append to the same
+  // row are an Error (FlashAttention-2 leaves which write wins unspecified).
+  const int32_t* cache_batch_idx = nullptr;
+  int64_t cache_batch = 0;  // rows of the caches with cache_batch_idx; 0: batch
+  // cache_leftpad [batch]: sequence b's keys start at cache row
+  // cache_leftpad[b] (0 .. cache_seqlens[b]); the rows before it are ignored.
+  // cache_seqlens[b] stays the end row (FlashAttention-2: the length includes
+  // the pad), so appends land at cache_seqlens[b] and rotary positions are
+  // cache rows; the causal / window / ALiBi alignment uses the sequence's own
+  // length cache_seqlens[b] - cache_leftpad[b] (+ appended rows).
+  const int32_t* cache_leftpad = nullptr;
+  // FlashAttention-2's rotary positions of the queries: query t of sequence b
+  // is rotated at cache_seqlens[b] + t (the length before the append) when
+  // causal or windowed, else every query at cache_seqlens[b]. false: at its
+  // own position L_b - seqlen_q + t (the two agree for causal calls whose
+  // queries are the appended tokens).
+  bool rotary_fa2_query_positions = false;
 };
+
+namespace detail {
+// The rotary position of query t of sequence b: `old_length` = cache_seqlens[b]
+// before the call, `new_length` after the append (see rotary_fa2_query_positions).
+inline int64_t rotary_query_position(const KvCacheArgs& a, int64_t old_length, int64_t new_length, int64_t t) {
+  if (!a.rotary_fa2_query_positions) return new_length - a.seqlen_q + t;
+  const bool per_token = a.causal || a.window_left >= 0 || a.window_right >= 0;
+  return old_length + (per_token ? t : 0);
+}
+}  // namespace detail
 
 // Appends k_new/v_new (rotating keys when rotary tables are given) into the
 // cache and advances cache_seqlens. Uses the cache, new-token and rotary

@@ -297,6 +297,19 @@ typedef struct tileattn_kv_cache_args {
   const float* alibi_slopes;   /**< as in ::tileattn_forward_args; NULL: off */
   int64_t alibi_batch_stride;
   const float* sinks;          /**< as in ::tileattn_forward_args, [heads]; NULL: off */
+
+  /** FlashAttention-2's cache_batch_idx / cache_leftpad (contiguous caches only; see
+      tileattn::KvCacheArgs). cache_batch_idx [batch]: the cache row each sequence reads and
+      appends (rows must differ between appending sequences); NULL: row b. cache_batch: rows
+      of the caches with cache_batch_idx (0: batch). cache_leftpad [batch]: the first cache
+      row of each sequence's keys (0 .. cache_seqlens[b]); NULL: 0. */
+  const int32_t* cache_batch_idx;
+  int64_t cache_batch;
+  const int32_t* cache_leftpad;
+  /** Nonzero: FlashAttention-2's rotary query positions (see
+      tileattn::KvCacheArgs::rotary_fa2_query_positions); 0 (the default): L_b - seqlen_q + t. */
+  int32_t rotary_fa2_query_positions;
+  int32_t reserved3;  /**< must be 0 */
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

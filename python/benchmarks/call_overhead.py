@@ -30,6 +30,7 @@ is the floor: what any Python call of the library costs (argument conversion, th
 reading the clock after the kernel).
 
     .venv/bin/python python/benchmarks/call_overhead.py [--rounds 5] [--pairs 200] [--only decode|scan]
+    .venv/bin/python python/benchmarks/call_overhead.py --dropins   # drop-in vs native, per call
 """
 import argparse
 import time
@@ -182,6 +183,81 @@ def cases(only):
     return out
 
 
+def outside_ns(call, clock_ns):
+    """One call: its wall time minus the library time inside it (ns)."""
+    _C.time_kernel(True)
+    t0 = _clock()
+    call()
+    t1 = _clock()
+    return t1 - t0 - clock_ns - _C.time_kernel(True) * 1e9
+
+
+def dropin_cases():
+    """(label, native call, drop-in call) on the same tensors, for --dropins: each drop-in
+    against the native entry it wraps, called with the same arrays in the same layout, so the
+    difference is the drop-in's own Python layer."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for name, (h, hk, nq, nk) in (("tiny H=1 Nk=1", (1, 1, 1, 1)), ("decode H=32/8 Nk=1024", (32, 8, 1, 1024))):
+        q = torch.randn(1, h, nq, 128, generator=g)
+        k = torch.randn(1, hk, nk, 128, generator=g)
+        v = torch.randn(1, hk, nk, 128, generator=g)
+        out.append((f"scaled_dot_product_attention {name} torch", lambda q=q, k=k, v=v: tileattn.flash_attention(q, k, v),
+                    lambda q=q, k=k, v=v: tileattn.scaled_dot_product_attention(q, k, v, enable_gqa=True)))
+        qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # FA2's [B, N, H, D]
+        out.append((f"flash_attn_func {name} torch",
+                    lambda qb=qb, kb=kb, vb=vb: tileattn.flash_attention(qb, kb, vb, is_causal=True, layout="bshd"),
+                    lambda qb=qb, kb=kb, vb=vb: tileattn.flash_attn_func(qb, kb, vb, causal=True)))
+        qp, kp, vp = qb[0], kb[0], vb[0]  # packed [total, H, D], one sequence
+        cq, ck = torch.tensor([0, nq], dtype=torch.int32), torch.tensor([0, nk], dtype=torch.int32)
+        out.append((f"flash_attn_varlen_func {name} torch",
+                    lambda qp=qp, kp=kp, vp=vp, cq=cq, ck=ck: tileattn.flash_attention(
+                        qp, kp, vp, is_causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=nq, max_seqlen_k=nk),
+                    lambda qp=qp, kp=kp, vp=vp, cq=cq, ck=ck, nq=nq, nk=nk: tileattn.flash_attn_varlen_func(
+                        qp, kp, vp, cq, ck, nq, nk, causal=True)))
+        if nk > 1:
+            # FA2's cache [B, S, Hkv, D]: one token appended at nk - 1 with RoPE (GPT-J pairs, FA2's default).
+            kc = torch.randn(1, 2 * nk, hk, 128, generator=g)
+            vc = torch.randn(1, 2 * nk, hk, 128, generator=g)
+            k1, v1 = kb[:, :1].clone(), vb[:, :1].clone()
+            cos, sin = (t.contiguous() for t in rope_tables(500000.0, 2 * nk, 128))
+            tr = lambda t: t.transpose(1, 2)  # noqa: E731
+            out.append((f"flash_attn_with_kvcache {name} RoPE torch",
+                        lambda qb=qb, kc=kc, vc=vc, k1=k1, v1=v1, cos=cos, sin=sin, n=nk - 1: tileattn.attention_with_kvcache(
+                            tr(qb), tr(kc), tr(vc), tr(k1), tr(v1), cache_seqlens=n, rotary_cos=cos, rotary_sin=sin,
+                            rotary_interleaved=True),
+                        lambda qb=qb, kc=kc, vc=vc, k1=k1, v1=v1, cos=cos, sin=sin, n=nk - 1: tileattn.flash_attn_with_kvcache(
+                            qb, kc, vc, k1, v1, cos, sin, cache_seqlens=n, causal=True)))
+    return out
+
+
+def run_dropins(rounds, pairs, clock_ns):
+    """Prints, per drop-in, the time outside the kernel of the native call and of the drop-in
+    (medians over `pairs` alternating pairs) and their difference, per round."""
+    print(f"{'drop-in vs the native entry it wraps':52s} {'native':>16s} {'drop-in':>16s} {'added':>16s}")
+
+    def fmt(values):
+        return f"{np.median(values):6.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+    for label, native, dropin in dropin_cases():
+        for _ in range(20):
+            native()
+            dropin()
+        n = pairs * (10 if "tiny" in label else 1)
+        per_round = []
+        for _ in range(rounds):
+            samples = np.empty((n, 2))
+            for i in range(n):
+                order = (0, 1) if i % 2 else (1, 0)
+                for j in order:
+                    samples[i, j] = outside_ns((native, dropin)[j], clock_ns) / 1e3
+            per_round.append((float(np.median(samples[:, 0])), float(np.median(samples[:, 1])),
+                              float(np.median(samples[:, 1] - samples[:, 0]))))
+        cols = list(zip(*per_round))
+        print(f"{label:52s} {fmt(cols[0]):>16s} {fmt(cols[1]):>16s} {fmt(cols[2]):>16s}")
+    _C.time_kernel(False)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -190,10 +266,18 @@ def main():
                         "('scan': decode shapes with Nk = 16 .. 4096)")
     parser.add_argument("--interleave", action="store_true",
                         help="the cases of one shape take turns pair by pair")
+    parser.add_argument("--dropins", action="store_true",
+                        help="only the drop-ins (scaled_dot_product_attention, flash_attn_*) against the "
+                        "native entries they wrap: time outside the kernel of each and the difference")
     args = parser.parse_args()
     tileattn.set_num_threads(1)
     torch.set_num_threads(1)
     clock_ns = clock_cost_ns()
+    if args.dropins:
+        print(f"clock read: {clock_ns:.0f} ns per pair of reads (subtracted); outside the kernel, median "
+              f"[min-max] over {args.rounds} rounds of the per-pair medians, us")
+        run_dropins(args.rounds, args.pairs, clock_ns)
+        return
     print(f"clock read: {clock_ns:.0f} ns per pair of reads (subtracted); "
           f"median [min-max] over {args.rounds} rounds, us")
     print(f"{'case':52s} {'call':>18s} {'kernel':>18s} {'outside':>16s} {'vs C++':>16s}")

@@ -22,7 +22,7 @@ void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const S
               Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
               int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads,
               float softcap, Address alibi_slopes, int64_t alibi_batch_stride, Address sinks,
-              Address d_sinks) {
+              Address d_sinks, Address cu_seqlens_q, Address cu_seqlens_k) {
   BackwardArgs a;
   a.forward = forward_inputs(dtype, shape, q, q_stride, k, k_stride, v, v_stride, mask_kind, mask,
                              mask_stride, causal, window_left, window_right, scale, dropout_p, seed,
@@ -32,6 +32,8 @@ void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const S
   a.forward.alibi_batch_stride = alibi_batch_stride;
   a.forward.sinks = from_address<const float>(sinks);
   a.d_sinks = from_address<float>(d_sinks);
+  a.forward.cu_seqlens_q = from_address<const int32_t>(cu_seqlens_q);
+  a.forward.cu_seqlens_k = from_address<const int32_t>(cu_seqlens_k);
   a.o = InputView{from_address<const void>(o), o_stride};
   a.d_o = InputView{from_address<const void>(d_o), d_o_stride};
   a.lse = from_address<const float>(lse);
@@ -55,6 +57,7 @@ void bind_backward(nb::module_& m) {
         nb::arg("window_right"), nb::arg("scale"), nb::arg("dropout_p"), nb::arg("seed"),
         nb::arg("threads"), nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes") = Address(0),
         nb::arg("alibi_batch_stride") = int64_t(0), nb::arg("sinks") = Address(0), nb::arg("d_sinks") = Address(0),
+        nb::arg("cu_seqlens_q") = Address(0), nb::arg("cu_seqlens_k") = Address(0),
         "attention_backward on raw addresses; element strides in [batch, head, row, dim] order");
 }
 

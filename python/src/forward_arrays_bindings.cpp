@@ -5,6 +5,7 @@
 // overhead"). The Python layer (tileattn/_forward.py) parses the scalar
 // options first; each message here names the argument it is about, in the
 // words of the Python API.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "new_arrays.hpp"
 #include "torch_eager.hpp"
 #include "tileattn/attention.hpp"
+#include "tileattn/backward.hpp"
 
 namespace tileattn::python {
 
@@ -36,14 +38,53 @@ std::array<int64_t, 4> kernel_order(const std::array<int64_t, kMaxRank>& x, int 
   return {x[0], x[1], x[2], x[3]};
 }
 
-ArrayView read_qkv(const char* name, nb::handle obj, Access access, int layout) {
+// A packed varlen array [total, H, D] as the 4-D view [1, total, H, D] in
+// layout bshd, the batch stride 0: the kernel takes rows from cu_seqlens.
+ArrayView as_packed_4d(const ArrayView& a) {
+  ArrayView v = a;
+  v.rank = 4;
+  v.shape = {1, a.shape[0], a.shape[1], a.shape[2]};
+  v.stride = {0, a.stride[0], a.stride[1], a.stride[2]};
+  return v;
+}
+
+ArrayView read_qkv(const char* name, nb::handle obj, Access access, int layout, bool packed) {
   ArrayView a = read_array(name, obj, access);
+  if (packed) {
+    if (a.rank != 3) {
+      fail_value(std::string(name) + ": expected a 3-D packed array [total, H, D] with cu_seqlens, got shape " +
+                 shape_text(a));
+    }
+    return as_packed_4d(a);
+  }
   if (a.rank != 4) {
     fail_value(std::string(name) + ": expected a 4-D array " +
                (layout == 1 ? "[B, N, H, D]" : "[B, H, N, D]") + " (layout=" + layout_name(layout) +
                "), got shape " + shape_text(a));
   }
   return a;
+}
+
+// A cu_seqlens argument: integer [B + 1], read as int32 in place when it is
+// dense int32, else converted once (kept alive by `kept`). With
+// Access::metadata only the shape and type are checked. The library checks
+// the values (0, non-decreasing, ending at the packed total).
+const int32_t* read_cu_seqlens(const char* name, nb::handle obj, Framework fw, Access access,
+                               int64_t& batch, nb::object& kept) {
+  if (framework_of(name, obj) != fw) fail_type(std::string(name) + ": must be a " + framework_name(fw) + " array like q");
+  ArrayView a = read_array(name, obj, access);
+  if (a.type != ElementType::i32 && a.type != ElementType::i64 && a.type != ElementType::other_int) {
+    fail_type(std::string(name) + ": expected an integer array [B + 1], got dtype " + dtype_text(obj));
+  }
+  if (a.rank != 1 || a.shape[0] < 1) fail_value(std::string(name) + ": expected shape [B + 1], got " + shape_text(a));
+  batch = a.shape[0] - 1;
+  if (access == Access::metadata) return nullptr;
+  if (a.type != ElementType::i32 || (a.shape[0] > 1 && a.stride[0] != 1)) {
+    kept = fw == Framework::torch ? obj.attr("to")(nb::module_::import_("torch").attr("int32")).attr("contiguous")()
+                                  : nb::module_::import_("numpy").attr("ascontiguousarray")(obj, "dtype"_a = "int32");
+    a = read_array(name, kept, access);
+  }
+  return static_cast<const int32_t*>(a.data);
 }
 
 // Element strides of the mask broadcast (NumPy rules) to [B, H, Nq, Nk]:
@@ -82,15 +123,52 @@ struct ForwardCall {
   nb::object mask;
   nb::object alibi;
   nb::object sinks;
+  nb::object cu_q, cu_k;  // int32 copies of cu_seqlens when they were not int32
+  bool packed = false;     // varlen: q, k, v, o are [total, H, D]
+  int layout = 0;          // of the 4-D views (packed: 1, [1, total, H, D])
 };
 
 ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
                     bool causal, int64_t window_left, int64_t window_right,
                     std::optional<double> scale, double dropout_p, double softcap, nb::handle alibi,
-                    nb::handle sinks, Access access) {
+                    nb::handle sinks, Access access, nb::handle cu_q = nb::none(),
+                    nb::handle cu_k = nb::none(), int64_t max_seqlen_q = -1, int64_t max_seqlen_k = -1) {
   if (layout != 0 && layout != 1) fail_value("layout: unknown code " + std::to_string(layout));
   ForwardCall call;
   const Framework fw = framework_of("q", q);
+  call.packed = !cu_q.is_none() || !cu_k.is_none();
+  int64_t packed_batch = 0;
+  const int32_t* cu_q_data = nullptr;
+  const int32_t* cu_k_data = nullptr;
+  if (call.packed) {
+    if (cu_q.is_none() || cu_k.is_none()) fail_value("cu_seqlens_q, cu_seqlens_k: give both or neither");
+    int64_t batch_k = 0;
+    cu_q_data = read_cu_seqlens("cu_seqlens_q", cu_q, fw, access, packed_batch, call.cu_q);
+    cu_k_data = read_cu_seqlens("cu_seqlens_k", cu_k, fw, access, batch_k, call.cu_k);
+    if (batch_k != packed_batch) {
+      fail_value("cu_seqlens_k: " + std::to_string(batch_k + 1) + " entries but cu_seqlens_q has " +
+                 std::to_string(packed_batch + 1));
+    }
+    // A given max_seqlen (FlashAttention-2 requires one and sizes its work from it; the
+    // kernel reads the lengths from cu_seqlens) must be at least the longest sequence.
+    const std::pair<const char*, std::pair<const int32_t*, int64_t>> maxima[2] = {
+        {"max_seqlen_q", {cu_q_data, max_seqlen_q}}, {"max_seqlen_k", {cu_k_data, max_seqlen_k}}};
+    for (const auto& [name, given] : maxima) {
+      const auto [cu, value] = given;
+      if (value < 0 || cu == nullptr) continue;
+      int64_t longest = 0;
+      for (int64_t b = 0; b < packed_batch; ++b) longest = std::max<int64_t>(longest, int64_t(cu[b + 1]) - cu[b]);
+      if (value < longest) {
+        fail_value(std::string(name) + ": " + std::to_string(value) + " is less than the longest sequence (" +
+                   std::to_string(longest) + ")");
+      }
+    }
+    if (!mask.is_none()) {
+      throw NotSupported("attn_mask: not supported with cu_seqlens (packed varlen batches take "
+                         "is_causal, window, softcap and alibi_slopes)");
+    }
+    layout = 1;  // [1, total, H, D] views
+  }
   for (auto [name, x] : {std::pair{"k", k}, std::pair{"v", v}}) {
     const Framework fx = framework_of(name, x);
     if (fx != fw) {
@@ -98,9 +176,9 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
                 framework_name(fw) + "; pass all of q, k, v from one framework");
     }
   }
-  const ArrayView qa = read_qkv("q", q, access, layout);
-  const ArrayView ka = read_qkv("k", k, access, layout);
-  const ArrayView va = read_qkv("v", v, access, layout);
+  const ArrayView qa = read_qkv("q", q, access, layout, call.packed);
+  const ArrayView ka = read_qkv("k", k, access, layout, call.packed);
+  const ArrayView va = read_qkv("v", v, access, layout, call.packed);
   const DType dtype = attention_dtype("q", q, qa);
   check_dtype_like_q("k", k, ka, q, qa);
   check_dtype_like_q("v", v, va, q, qa);
@@ -121,7 +199,9 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
 
   ForwardArgs& a = call.args;
   a.dtype = dtype;
-  a.shape = AttentionShape{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]};
+  a.shape = AttentionShape{call.packed ? packed_batch : qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]};
+  a.cu_seqlens_q = cu_q_data;
+  a.cu_seqlens_k = cu_k_data;
   a.q = InputView{qa.data, kernel_order(qa.stride, layout)};
   a.k = InputView{ka.data, kernel_order(ka.stride, layout)};
   a.v = InputView{va.data, kernel_order(va.stride, layout)};
@@ -132,7 +212,7 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   a.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(qs[3])));
   a.dropout_p = static_cast<float>(dropout_p);
   a.softcap = static_cast<float>(softcap);  // checked by Python (parse_softcap) and validate()
-  read_alibi_slopes(alibi, access, qs[0], qs[1], a.alibi_slopes, a.alibi_batch_stride);
+  read_alibi_slopes(alibi, access, a.shape.batch, qs[1], a.alibi_slopes, a.alibi_batch_stride);
   call.alibi = nb::borrow(alibi);
   a.sinks = read_sinks(sinks, access, qs[1]);
   call.sinks = nb::borrow(sinks);
@@ -157,7 +237,37 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   }
   call.framework = fw;
   call.q = qa;
+  call.layout = layout;
+  if (call.packed) {  // what the caller gave: [total, H, D]
+    call.q.rank = 3;
+    call.q.shape = {qa.shape[1], qa.shape[2], qa.shape[3]};
+    call.q.stride = {qa.stride[1], qa.stride[2], qa.stride[3]};
+  }
   return call;
+}
+
+// The attention probabilities of a checked call (backward.hpp's
+// attention_probabilities): float32 [B, H, max Nq, max Nk] in the call's
+// framework, entries outside the mask 0, dropout applied (dropped 0, kept
+// scaled by 1 / (1 - p)). For small shapes: the library refuses more than
+// 2^28 entries.
+nb::object probabilities(const ForwardCall& call) {
+  const ForwardArgs& a = call.args;
+  const AttentionShape& s = a.shape;
+  auto longest = [&](const int32_t* cu, int64_t rows) {
+    if (!cu) return rows;
+    int64_t m = 0;
+    for (int64_t b = 0; b < s.batch; ++b) m = std::max<int64_t>(m, int64_t(cu[b + 1]) - cu[b]);
+    return m;
+  };
+  const int64_t nq = longest(a.cu_seqlens_q, s.seqlen_q), nk = longest(a.cu_seqlens_k, s.seqlen_k);
+  const nb::object probs = new_float32(call.framework, {s.batch, s.heads, nq, nk});
+  const ArrayView pv = read_array("probs", probs, Access::allocated);
+  {
+    nb::gil_scoped_release release;
+    attention_probabilities(a, static_cast<float*>(pv.data), {pv.stride[0], pv.stride[1], pv.stride[2], pv.stride[3]});
+  }
+  return probs;
 }
 
 // flash_attention on arrays. o (q's shape, dtype and framework, contiguous)
@@ -168,32 +278,40 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
                           bool causal, int64_t window_left, int64_t window_right,
                           std::optional<double> scale, double dropout_p, uint64_t seed, int threads,
                           bool with_lse, nb::handle o, nb::handle lse, bool eager_only, double softcap,
-                          nb::handle alibi_slopes, nb::handle sinks) {
+                          nb::handle alibi_slopes, nb::handle sinks, nb::handle cu_seqlens_q,
+                          nb::handle cu_seqlens_k, bool with_probs, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   if (eager_only && is_array(q) && framework_of("q", q) == Framework::torch &&
-      !torch_call_is_plain_eager({q, k, v, mask, o, lse, alibi_slopes, sinks})) {
+      !torch_call_is_plain_eager({q, k, v, mask, o, lse, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k})) {
     return nb::none();
   }
   ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                             dropout_p, softcap, alibi_slopes, sinks, Access::read);
+                             dropout_p, softcap, alibi_slopes, sinks, Access::read, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_q, max_seqlen_k);
   ForwardArgs& a = call.args;
   const AttentionShape& s = a.shape;
+  // lse: [B, H, Nq]; packed: [H, total_q] (the kernel's [1, H, total_q] with batch stride 0).
   const int64_t lse_shape[3] = {s.batch, s.heads, s.seqlen_q};
+  const int64_t* lse_expected = call.packed ? lse_shape + 1 : lse_shape;
+  const int lse_rank = call.packed ? 2 : 3;
   const nb::object o_obj = o.is_none() ? new_array_like(q, call.q) : nb::borrow(o);
   nb::object lse_obj = nb::borrow(lse);
   if (lse.is_none() && with_lse) {
-    lse_obj = new_float32(call.framework, {s.batch, s.heads, s.seqlen_q});
+    lse_obj = call.packed ? new_float32(call.framework, {s.heads, s.seqlen_q})
+                          : new_float32(call.framework, {s.batch, s.heads, s.seqlen_q});
   }
   // A given output is the public functions' `out=`.
-  const ArrayView ov = o.is_none() ? read_array("o", o_obj, Access::allocated)
-                                   : read_output("out", o_obj, call.framework, call.q.type, q,
-                                                 call.q.shape.data(), 4);
-  a.o = OutputView{ov.data, kernel_order(ov.stride, layout)};
+  ArrayView ov = o.is_none() ? read_array("o", o_obj, Access::allocated)
+                             : read_output("out", o_obj, call.framework, call.q.type, q,
+                                           call.q.shape.data(), call.q.rank);
+  if (call.packed) ov = as_packed_4d(ov);
+  a.o = OutputView{ov.data, kernel_order(ov.stride, call.layout)};
   if (!lse_obj.is_none()) {
     const ArrayView lv = lse.is_none() ? read_array("lse", lse_obj, Access::allocated)
                                        : read_output("lse", lse_obj, call.framework, ElementType::f32,
-                                                     nb::handle(), lse_shape, 3);
+                                                     nb::handle(), lse_expected, lse_rank);
     a.lse = static_cast<float*>(lv.data);
-    a.lse_stride = {lv.stride[0], lv.stride[1], lv.stride[2]};
+    a.lse_stride = call.packed ? std::array<int64_t, 3>{0, lv.stride[0], lv.stride[1]}
+                               : std::array<int64_t, 3>{lv.stride[0], lv.stride[1], lv.stride[2]};
   }
   a.seed = seed;
   a.threads = threads;
@@ -205,7 +323,8 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
     if (!o.is_none()) fail_for_out(e, false);
     throw;
   }
-  return nb::make_tuple(o_obj, lse_obj);
+  if (!with_probs) return nb::make_tuple(o_obj, lse_obj);
+  return nb::make_tuple(o_obj, lse_obj, probabilities(call));
 }
 
 // The checks of forward_arrays on metadata alone (shapes, dtypes, devices:
@@ -214,9 +333,11 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
 nb::tuple check_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, int layout,
                         bool causal, int64_t window_left, int64_t window_right,
                         std::optional<double> scale, double dropout_p, double softcap,
-                        nb::handle alibi_slopes, nb::handle sinks) {
+                        nb::handle alibi_slopes, nb::handle sinks, nb::handle cu_seqlens_q,
+                        nb::handle cu_seqlens_k) {
   ForwardCall call = prepare(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                             dropout_p, softcap, alibi_slopes, sinks, Access::metadata);
+                             dropout_p, softcap, alibi_slopes, sinks, Access::metadata, cu_seqlens_q,
+                             cu_seqlens_k);
   const double used = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(call.args.shape.head_dim));
   return nb::make_tuple(call.mask, used);
 }
@@ -229,12 +350,16 @@ void bind_forward_arrays(nb::module_& m) {
         "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a, "seed"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "lse"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
-        "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None), "
+        "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "with_probs"_a = false,
+        "max_seqlen_q"_a = -1, "max_seqlen_k"_a = -1,
+        "flash_attention on NumPy arrays or torch CPU tensors, checked; returns (o, lse or None) "
+        "(with_probs: (o, lse or None, probabilities)), "
         "or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.flash_attention (a tensor subclass, autograd, a tracer or mode)");
   m.def("check_forward", &check_forward, "q"_a.none(), "k"_a.none(), "v"_a.none(),
         "attn_mask"_a.none(), "layout"_a, "causal"_a, "window_left"_a, "window_right"_a, "scale"_a.none(), "dropout_p"_a,
         "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
+        "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
         "forward_arrays' checks on metadata only; returns (mask as the kernel reads it, scale)");
   m.def("dlpack_exchange_available", &dlpack_exchange_available, "array"_a,
         "test hook: whether torch tensors of this type are read through the DLPack C exchange API");

@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nanobind/stl/optional.h>
@@ -30,13 +31,21 @@ namespace {
 
 using namespace nb::literals;
 
+// A 4-D view in [outer, head, row, dim] order (what KvCacheArgs takes): FlashAttention-2's
+// [outer, row, head, dim] arrays (`token_major`) have their dims 1 and 2 swapped, no copy.
+ArrayView swap_rows_and_heads(ArrayView a) {
+  std::swap(a.shape[1], a.shape[2]);
+  std::swap(a.stride[1], a.stride[2]);
+  return a;
+}
+
 ArrayView read_rank4(const char* name, nb::handle obj, const char* what,
-                     Access access = Access::read) {
+                     Access access = Access::read, bool token_major = false) {
   ArrayView a = read_array(name, obj, access);
   if (a.rank != 4) {
     fail_value(std::string(name) + ": expected a 4-D array " + what + ", got shape " + shape_text(a));
   }
-  return a;
+  return token_major ? swap_rows_and_heads(a) : a;
 }
 
 // Row-major without gaps (the strides of size-1 dims do not matter).
@@ -179,17 +188,20 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
                          nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                          std::optional<double> scale, bool causal, int64_t window_left,
                          int64_t window_right, int threads, bool with_lse, nb::handle o_given,
-                         bool eager_only, double softcap, nb::handle alibi_slopes, nb::handle sinks) {
+                         bool eager_only, double softcap, nb::handle alibi_slopes, nb::handle sinks,
+                         nb::handle cache_batch_idx, nb::handle cache_leftpad, bool rotary_fa2_positions,
+                         bool token_major) {
   const Framework fw = framework_of("q", q);
   if (eager_only && fw == Framework::torch &&
       !torch_call_is_plain_eager(
           {q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, o_given,
-           alibi_slopes, sinks})) {
+           alibi_slopes, sinks, cache_batch_idx, cache_leftpad})) {
     return nb::none();
   }
   const std::pair<const char*, nb::handle> others[] = {
       {"k_cache", k_cache}, {"v_cache", v_cache}, {"k", k}, {"v", v}, {"block_table", block_table},
-      {"rotary_cos", rotary_cos}, {"rotary_sin", rotary_sin}};
+      {"rotary_cos", rotary_cos}, {"rotary_sin", rotary_sin}, {"cache_batch_idx", cache_batch_idx},
+      {"cache_leftpad", cache_leftpad}};
   for (const auto& [name, x] : others) {
     if (!x.is_none()) check_framework(name, x, fw);
   }
@@ -204,20 +216,24 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   const bool appending = !k.is_none();
   const char* cache_what = paged ? "[num_pages, Hkv, page_size, D]" : "[B, Hkv, capacity, D]";
 
-  const ArrayView qa = read_rank4("q", q, "[B, H, Nq, D]");
+  // token_major: FlashAttention-2's layouts (q, o [B, Nq, H, D], caches [B, S, Hkv, D] or
+  // [blocks, block_size, Hkv, D], k, v [B, Nnew, Hkv, D]) read in place; the shapes in the
+  // messages below are then in [B, H, N, D] order.
+  const bool tm = token_major;
+  const ArrayView qa = read_rank4("q", q, tm ? "[B, Nq, H, D]" : "[B, H, Nq, D]", Access::read, tm);
   KvCacheArgs a;
   a.dtype = attention_dtype("q", q, qa);
   // The cache is written only when k/v are appended; attending alone may read a read-only one.
   const Access cache_access = appending ? Access::write : Access::read;
-  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what, cache_access);
+  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what, cache_access, tm);
   check_dtype_like_q("k_cache", k_cache, kc, q, qa);
-  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what, cache_access);
+  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what, cache_access, tm);
   check_dtype_like_q("v_cache", v_cache, vc, q, qa);
   ArrayView ka, va;
   if (appending) {
-    ka = read_rank4("k", k, "[B, Hkv, Nnew, D]");
+    ka = read_rank4("k", k, "[B, Hkv, Nnew, D]", Access::read, tm);
     check_dtype_like_q("k", k, ka, q, qa);
-    va = read_rank4("v", v, "[B, Hkv, Nnew, D]");
+    va = read_rank4("v", v, "[B, Hkv, Nnew, D]", Access::read, tm);
     check_dtype_like_q("v", v, va, q, qa);
   }
   if (vc.shape != kc.shape) {
@@ -231,7 +247,8 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     fail_value("k_cache: " + std::to_string(hk) + " heads must divide q's " + std::to_string(h) +
                " heads (GQA/MQA)");
   }
-  if (!paged && kc.shape[0] != b) {
+  const bool indexed = !cache_batch_idx.is_none();
+  if (!paged && !indexed && kc.shape[0] != b) {
     fail_value("k_cache: batch " + std::to_string(kc.shape[0]) + " differs from q's " + std::to_string(b));
   }
   if (appending) {
@@ -291,6 +308,38 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     a.rotary_interleaved = rotary_interleaved;
   }
 
+  // cache_batch_idx / cache_leftpad: integer [B], int32 read in place when dense; the library
+  // checks the values (rows in range, distinct when appending, pads within the lengths).
+  nb::object index_kept, pad_kept;
+  const std::pair<const char*, nb::handle> per_sequence[2] = {{"cache_batch_idx", cache_batch_idx},
+                                                             {"cache_leftpad", cache_leftpad}};
+  nb::object* kept_per_sequence[2] = {&index_kept, &pad_kept};
+  const int32_t** targets[2] = {&a.cache_batch_idx, &a.cache_leftpad};
+  for (int i = 0; i < 2; ++i) {
+    const auto [name, x] = per_sequence[i];
+    if (x.is_none()) continue;
+    const ArrayView t0 = read_array(name, x, Access::read);
+    if (t0.type != ElementType::i32 && t0.type != ElementType::i64 && t0.type != ElementType::other_int) {
+      fail_type(std::string(name) + ": expected an integer " + kind_word(fw) + ", got dtype " + dtype_text(x));
+    }
+    if (t0.rank != 1 || t0.shape[0] != b) {
+      fail_value(std::string(name) + ": expected shape [B] = (" + std::to_string(b) + ",), got " + shape_text(t0));
+    }
+    if (t0.type != ElementType::i32) {  // checked before narrowing, as block_table is
+      nb::object wide = nb::borrow(x);
+      if (t0.type == ElementType::other_int) wide = fw == Framework::torch ? x.attr("long")() : x.attr("astype")("int64");
+      const ArrayView w = read_array(name, wide, Access::read);
+      for (int64_t j = 0; j < b; ++j) {
+        const int64_t entry = static_cast<const int64_t*>(w.data)[j * w.stride[0]];
+        if (entry < std::numeric_limits<int32_t>::min() || entry > std::numeric_limits<int32_t>::max())
+          fail_value(std::string(name) + "[" + std::to_string(j) + "] = " + std::to_string(entry) +
+                     " does not fit in int32");
+      }
+    }
+    *targets[i] = static_cast<const int32_t*>(dense_as(name, x, t0, ElementType::i32, *kept_per_sequence[i]).data);
+  }
+  if (indexed) a.cache_batch = kc.shape[0];
+  a.rotary_fa2_query_positions = rotary_fa2_positions;
   a.batch = b;
   a.heads = h;
   a.kv_heads = hk;
@@ -315,10 +364,11 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.window_right = window_right;
   a.threads = threads;
 
-  const nb::object o = o_given.is_none() ? new_array_like(q, qa) : nb::borrow(o_given);
-  const ArrayView ov = o_given.is_none()
-                           ? read_array("o", o, Access::allocated)
-                           : read_output("out", o, fw, qa.type, q, qa.shape.data(), 4);
+  const ArrayView q_given = tm ? swap_rows_and_heads(qa) : qa;  // q as the caller shaped it
+  const nb::object o = o_given.is_none() ? new_array_like(q, q_given) : nb::borrow(o_given);
+  ArrayView ov = o_given.is_none() ? read_array("o", o, Access::allocated)
+                                   : read_output("out", o, fw, qa.type, q, q_given.shape.data(), 4);
+  if (tm) ov = swap_rows_and_heads(ov);
   a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
   nb::object lse = nb::none();
   if (with_lse) {
@@ -350,7 +400,8 @@ void bind_kvcache_arrays(nb::module_& m) {
         "cache_seqlens"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(), "rotary_sin"_a.none(),
         "rotary_interleaved"_a, "scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a,
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
-        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
+        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(), "cache_batch_idx"_a.none() = nb::none(),
+        "cache_leftpad"_a.none() = nb::none(), "rotary_fa2_positions"_a = false, "token_major"_a = false,
         "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; writes o (q's shape "
         "and dtype) when given, else allocates it; returns (o, lse or None), or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.attention_with_kvcache (a tensor subclass, autograd, a tracer or mode)");

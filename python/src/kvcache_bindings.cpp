@@ -27,7 +27,8 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
                             const std::array<int64_t, 2>& rotary, bool rotary_interleaved,
                             float scale, bool causal, int64_t window_left, int64_t window_right,
                             int threads, float softcap, Address alibi_slopes, int64_t alibi_batch_stride,
-                            Address sinks) {
+                            Address sinks, Address cache_batch_idx, int64_t cache_batch, Address cache_leftpad,
+                            bool rotary_fa2_positions) {
   if (dtype < 0 || dtype > int(DType::bf16)) throw Error("dtype: unknown code");
   KvCacheArgs a;
   a.dtype = DType(dtype);
@@ -61,6 +62,10 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
   a.alibi_slopes = from_address<const float>(alibi_slopes);
   a.alibi_batch_stride = alibi_batch_stride;
   a.sinks = from_address<const float>(sinks);
+  a.cache_batch_idx = from_address<const int32_t>(cache_batch_idx);
+  a.cache_batch = cache_batch;
+  a.cache_leftpad = from_address<const int32_t>(cache_leftpad);
+  a.rotary_fa2_query_positions = rotary_fa2_positions;
   a.causal = causal;
   a.window_left = window_left;
   a.window_right = window_right;
@@ -85,6 +90,8 @@ void bind_kvcache(nb::module_& m) {
         nb::arg("rotary_interleaved"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("threads"), nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes") = Address(0),
         nb::arg("alibi_batch_stride") = int64_t(0), nb::arg("sinks") = Address(0),
+        nb::arg("cache_batch_idx") = Address(0), nb::arg("cache_batch") = int64_t(0),
+        nb::arg("cache_leftpad") = Address(0), nb::arg("rotary_fa2_positions") = false,
         "kv_cache.hpp attention_with_kvcache on raw addresses (element strides)");
 }
 

@@ -4,15 +4,19 @@
     o = tileattn.flash_attention(q, k, v, is_causal=True)
 
 Functions: flash_attention, attention_with_kvcache, merge_states, info,
-set_num_threads / get_num_threads. With PyTorch installed also the
+set_num_threads / get_num_threads; drop-ins with the originals' signatures:
+scaled_dot_product_attention (PyTorch's) and flash_attn_func, flash_attn_varlen_func,
+flash_attn_with_kvcache (FlashAttention-2's). With PyTorch installed also the
 FlashAttention module (a Llama-style attention layer), its configuration
 AttentionConfig, and load_huggingface_weights; they import torch on first use,
 so NumPy users never load it.
 """
+from ._flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from ._forward import flash_attention
 from ._kernel import get_num_threads, set_num_threads
 from ._kvcache import attention_with_kvcache
 from ._merge import merge_states
+from ._sdpa import scaled_dot_product_attention
 from ._tileattn import machine_info as _machine_info
 
 __version__ = "0.1.0"
@@ -21,6 +25,8 @@ _TORCH_NAMES = {"FlashAttention": "_module", "AttentionConfig": "_module",
                 "load_huggingface_weights": "_weights"}
 
 __all__ = ["flash_attention", "attention_with_kvcache", "merge_states", "info",
+           "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache",
            "set_num_threads", "get_num_threads", *_TORCH_NAMES]
 
 

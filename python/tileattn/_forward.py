@@ -17,7 +17,8 @@ def _bind_torch():
 
 def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, is_causal=False,
                     window=None, layout="bhsd", return_lse=False, out=None, softcap=0.0,
-                    alibi_slopes=None, sinks=None):
+                    alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                    max_seqlen_q=None, max_seqlen_k=None, return_attn_probs=False):
     """Exact attention ``softmax(softmax_scale * q @ k^T + mask) @ v``, FlashAttention-2 style on the CPU.
 
     Args:
@@ -73,9 +74,27 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             gpt-oss eager attention). A row that sees no key gets zeros and lse ``sinks[h]``.
             Read as float32; with torch, ``sinks.requires_grad`` gives ``sinks.grad``.
 
+        cu_seqlens_q, cu_seqlens_k: packed variable-length batch (FlashAttention-2's varlen):
+            integer ``[B + 1]`` prefix sums of the sequences' query / key lengths (int32 is read
+            in place, another integer type converted). q is then ``[total_q, H, D]``, k and v
+            ``[total_k, Hkv, D]``, o ``[total_q, H, D]`` and lse ``[H, total_q]``; sequence
+            ``b`` is rows ``cu[b] .. cu[b + 1] - 1``, and causal / window / ALiBi align
+            bottom-right per sequence. Both or neither; ``layout`` is ignored; no ``attn_mask``
+            (NotImplementedError). Autograd through the C++ backward kernel, which takes the
+            same packed rows.
+        max_seqlen_q, max_seqlen_k: optional ints (FlashAttention-2 requires them; the kernel
+            does not need them): when given they must be at least the longest sequence.
+        return_attn_probs: also return the attention probabilities, float32
+            ``[B, H, Nq, Nk]`` (varlen: ``[B, H, max Nq, max Nk]``, zero-padded): the weights the
+            forward multiplies V with, after dropout (dropped 0, kept scaled by ``1 / (1 - p)``),
+            0 outside the mask; recomputed in float64 by ``attention_probabilities`` (for small
+            shapes: at most 2^28 entries). No gradient flows through them.
+
     Returns:
         ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array, or
-        ``out``), or ``(o, lse)`` with ``return_lse=True``. Rows that see no key are zeros.
+        ``out``), ``(o, lse)`` with ``return_lse=True``, ``(o, probs)`` with
+        ``return_attn_probs=True`` and ``(o, lse, probs)`` with both. Rows that see no key are
+        zeros.
 
     With torch tensors the call goes through the custom op ``torch.ops.tileattn.flash_attention``
     (visible to torch.compile and tracing) and supports autograd for q, k and v (the mask gets no
@@ -87,6 +106,14 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     Errors: wrong shapes, dtypes, devices or layouts raise ValueError or TypeError naming the
     argument; features not built raise NotImplementedError.
     """
+    if (cu_seqlens_q is not None or cu_seqlens_k is not None or return_attn_probs is not False
+            or max_seqlen_q is not None or max_seqlen_k is not None):
+        if sinks is not None:
+            raise NotImplementedError("flash_attention: sinks together with cu_seqlens_q/cu_seqlens_k or "
+                                      "return_attn_probs are not supported")
+        return _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window,
+                                layout, return_lse, out, softcap, alibi_slopes, cu_seqlens_q,
+                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_attn_probs)
     # Python checks the scalar options; one C++ call checks the arrays (frameworks, ranks,
     # dtypes, devices, shapes, strides), allocates the outputs and runs the kernel.
     if (attn_mask is None and window is None and softmax_scale is None
@@ -136,3 +163,60 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
 _OUT_ON_OP_PATH = ("out: not supported when torch can observe the call (an input that requires grad "
                    "with grad mode on, dropout, a tensor subclass, tracing or torch.compile); call "
                    "without out, or under torch.no_grad()")
+
+
+def _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window, layout,
+                     return_lse, out, softcap, alibi_slopes, cu_q, cu_k, max_q, max_k, with_probs):
+    """flash_attention with cu_seqlens and/or return_attn_probs (kept off the common path)."""
+    mask, dropout_p, scale, causal, left, right, code = parse_options(
+        attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
+    return_lse = parse_bool("return_lse", return_lse)
+    with_probs = parse_bool("return_attn_probs", with_probs)
+    softcap = parse_softcap(softcap)
+    if (cu_q is None) != (cu_k is None):
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: give both or neither")
+    if cu_q is None and (max_q is not None or max_k is not None):
+        raise ValueError("max_seqlen_q, max_seqlen_k: only with cu_seqlens_q and cu_seqlens_k")
+    max_q, max_k = check_max_seqlen("max_seqlen_q", max_q), check_max_seqlen("max_seqlen_k", max_k)
+    if cu_q is not None:
+        code = 1  # the packed arrays are token-major; the binding reads them as [1, total, H, D]
+    alibi_slopes = as_alibi_slopes(alibi_slopes, q)
+    threads = _kernel._settings["threads"]
+    if _arrays.is_torch(q):
+        if _torch_tensor is None:
+            _bind_torch()
+        from . import _torch_ops
+        if out is not None:
+            result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, 0,
+                                       threads, return_lse, o=out, eager_only=True, softcap=softcap,
+                                       alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                       with_probs=with_probs, max_seqlen_q=max_q, max_seqlen_k=max_k
+                                       ) if dropout_p == 0.0 and not _is_compiling() else None
+            if result is None:
+                raise ValueError(_OUT_ON_OP_PATH)
+        else:
+            result = _torch_ops.flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right,
+                                                code, return_lse, softcap, alibi_slopes, None, cu_q, cu_k,
+                                                with_probs, max_q, max_k)
+    else:
+        seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
+        result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
+                                   threads, return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs,
+                                   max_seqlen_q=max_q, max_seqlen_k=max_k)
+    o, lse = result[0], result[1]
+    outputs = (o,) + ((lse,) if return_lse else ()) + ((result[2],) if with_probs else ())
+    return outputs if len(outputs) > 1 else o
+
+
+def check_max_seqlen(name, value):
+    """A given max_seqlen as an int >= 0 (-1: not given). FlashAttention-2 sizes its work from
+    it; tileattn reads the lengths from cu_seqlens and checks (in C++, on the values) that it is
+    at least the longest sequence."""
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name}: must be >= 0, got {value}")
+    return int(value)

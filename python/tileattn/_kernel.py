@@ -51,12 +51,37 @@ def merge_into(o_a, lse_a, o_b, lse_b, o_out, lse_out):
                     addr(o_out), es("o", o_out), addr(lse_out), es("lse", lse_out))
 
 
+def _packed(name, x):
+    """A packed varlen array [total, H, D] as the kernel's 4-D [1, H, total, D] view:
+    (shape in [batch, head, row, dim] order, element strides, batch stride 0)."""
+    s = _arrays.element_strides(name, x)
+    return (1, x.shape[1], x.shape[0], x.shape[2]), (0, s[1], s[0], s[2])
+
+
 def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left, window_right,
-                  scale, dropout_p, seed, layout, softcap=0.0, alibi_slopes=None, sinks=None, d_sinks=None):
+                  scale, dropout_p, seed, layout, softcap=0.0, alibi_slopes=None, sinks=None, d_sinks=None,
+                  cu_q=None, cu_k=None):
     """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) and d_sinks (float32
     [H], when given with sinks) for the forward call with these options (same mask, scale,
-    dropout_p, seed and sinks)."""
+    dropout_p, seed and sinks). With cu_q / cu_k (int32 contiguous [B + 1]): packed varlen
+    arrays [total, H, D], lse [H, total_q] (no sinks)."""
     addr, es = _arrays.address, _arrays.element_strides
+    if cu_q is not None:
+        views = {name: _packed(name, x) for name, x in
+                 (("q", q), ("k", k), ("v", v), ("o", o), ("grad_o", grad_o), ("dq", dq), ("dk", dk), ("dv", dv))}
+        (_, h, nq, d), (_, hk, nk, _) = views["q"][0], views["k"][0]
+        ls = es("lse", lse)
+        alibi_addr, alibi_stride = alibi_address(alibi_slopes)
+        _C.backward(dtype_code(q), (cu_q.shape[0] - 1, h, hk, nq, nk, d),
+                    *(x for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("grad_o", grad_o))
+                      for x in (addr(t), views[name][1])),
+                    addr(lse), (0, ls[0], ls[1]),
+                    *(x for name, t in (("dq", dq), ("dk", dk), ("dv", dv)) for x in (addr(t), views[name][1])),
+                    MASK_NONE, 0, (0, 0, 0, 1), bool(causal), int(window_left), int(window_right),
+                    float(scale), float(dropout_p), int(seed), _settings["threads"], softcap=float(softcap),
+                    alibi_slopes=alibi_addr, alibi_batch_stride=alibi_stride, cu_seqlens_q=addr(cu_q),
+                    cu_seqlens_k=addr(cu_k))
+        return
     b, h, nq, d = heads_rows(tuple(q.shape), layout)
     _, hk, nk, _ = heads_rows(tuple(k.shape), layout)
     kind = mask_kind(mask)

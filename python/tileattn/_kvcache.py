@@ -20,7 +20,8 @@ def _bind_torch():
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            softmax_scale=None, is_causal=True, window=None, return_lse=False,
-                           out=None, softcap=0.0, alibi_slopes=None, sinks=None):
+                           out=None, softcap=0.0, alibi_slopes=None, sinks=None, cache_batch_idx=None,
+                           cache_leftpad=None, *, _rotary_fa2=False, _token_major=False):
     """Append ``k``/``v`` into a KV cache in place and attend ``q`` to everything cached.
 
     Modeled on FlashAttention-2's ``flash_attn_with_kvcache``, with tileattn's ``[B, H, N, D]``
@@ -57,6 +58,18 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         sinks: None, or ``[H]`` attention-sink logits (gpt-oss): ``exp(sinks[h])`` joins each
             row's softmax denominator with no value (not scaled, not capped); the lse includes
             it (see flash_attention). Added once per row, also when the keys are split.
+        cache_batch_idx: None, or integer ``[B]`` (FlashAttention-2's): sequence ``b`` reads and
+            appends cache row ``cache_batch_idx[b]`` of a contiguous cache of any number of rows
+            ``[B_cache, Hkv, capacity, D]``; cache_seqlens, q, k, v stay indexed by ``b``. Rows
+            out of range, or two appending sequences naming one row, raise ValueError before
+            anything is written (FlashAttention-2 leaves which write wins unspecified). Not with
+            ``block_table`` (NotImplementedError, as FlashAttention-2 refuses it).
+        cache_leftpad: None, or integer ``[B]`` (FlashAttention-2's): sequence ``b``'s keys start at
+            cache row ``cache_leftpad[b]`` (0 .. cache_seqlens[b]); the rows before are ignored.
+            ``cache_seqlens`` stays the end row (the pad included), so appends land at
+            cache_seqlens[b] and rotary positions are cache rows; causal, window and ALiBi align
+            to the sequence's own length ``cache_seqlens[b] - cache_leftpad[b]`` (+ appended).
+            Contiguous caches only. Both are read in place when int32, else converted.
         is_causal: query ``t`` of sequence ``b`` sits at position ``L_b - Nq + t`` (``L_b`` the
             length after the append) and sees keys up to its own position (bottom-right
             alignment).
@@ -108,17 +121,28 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             result = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                        rotary_cos, rotary_sin, interleaved, scale, is_causal, left,
                                        right, threads, return_lse, o=out, eager_only=True,
-                                       softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+                                       softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                       cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                                       rotary_fa2_positions=_rotary_fa2, token_major=_token_major)
         if result is None and out is not None:
             raise ValueError(_OUT_ON_OP_PATH)
-        o, lse = result if result is not None else _torch_attention_with_kvcache(
-            q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
-            interleaved, scale, is_causal, left, right, softcap, alibi_slopes, sinks)
+        if result is not None:
+            o, lse = result
+        else:
+            # The op takes [B, H, N, D] views; FlashAttention-2's token-major arrays are swapped.
+            views = [None if x is None or not _token_major else x.transpose(1, 2) for x in (q, k_cache, v_cache, k, v)]
+            o, lse = _torch_attention_with_kvcache(
+                *(x if not _token_major else view for x, view in zip((q, k_cache, v_cache, k, v), views)),
+                cache_seqlens, block_table, rotary_cos, rotary_sin, interleaved, scale, is_causal, left, right,
+                softcap, alibi_slopes, sinks, cache_batch_idx, cache_leftpad, _rotary_fa2)
+            if _token_major:
+                o = o.transpose(1, 2)
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
                                    return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
-                                   sinks=sinks)
+                                   sinks=sinks, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                                   rotary_fa2_positions=_rotary_fa2, token_major=_token_major)
     return (o, lse) if return_lse else o
 
 
@@ -135,7 +159,7 @@ def inference_cache_message(name):
 
 
 def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
-                 softmax_scale):
+                 softmax_scale, cache_batch_idx=None, cache_leftpad=None):
     """The arguments of the custom op torch.ops.tileattn.attention_with_kvcache, checked in
     Python on the tensors' metadata (this path runs under tracing, with fake tensors):
     (cache_seqlens as a private int32 tensor [B], block_table an integer tensor [B, max_pages] or None,
@@ -144,7 +168,8 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
     torch = _arrays.torch_module()
     fw = _arrays.framework("q", q)
     arrays = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "block_table": block_table,
-              "rotary_cos": rotary_cos, "rotary_sin": rotary_sin}
+              "rotary_cos": rotary_cos, "rotary_sin": rotary_sin, "cache_batch_idx": cache_batch_idx,
+              "cache_leftpad": cache_leftpad}
     if not isinstance(cache_seqlens, (int, np.integer)) and cache_seqlens is not None:
         arrays["cache_seqlens"] = cache_seqlens
     for name, x in arrays.items():
@@ -178,7 +203,7 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
         raise ValueError(f"k_cache: head_dim {k_cache.shape[3]} differs from q's {d}")
     if hk < 1 or h % hk:
         raise ValueError(f"k_cache: {hk} heads must divide q's {h} heads (GQA/MQA)")
-    if not paged and k_cache.shape[0] != b:
+    if not paged and cache_batch_idx is None and k_cache.shape[0] != b:
         raise ValueError(f"k_cache: batch {k_cache.shape[0]} differs from q's {b}")
     if k is not None:
         if tuple(v.shape) != tuple(k.shape):
@@ -199,7 +224,37 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
     if cos is not None and tuple(cos.shape) != tuple(sin.shape):
         raise ValueError(f"rotary_sin: shape {tuple(sin.shape)} must equal rotary_cos's {tuple(cos.shape)}")
     scale = parse_scale(softmax_scale, d)
-    return (seqlens, _as_torch(table), _as_torch(cos), _as_torch(sin), scale)
+    per_sequence = tuple(None if x is None else _as_torch(_integer_vector(name, x, b))
+                         for name, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)))
+    return (seqlens, _as_torch(table), _as_torch(cos), _as_torch(sin), scale) + per_sequence
+
+
+def _integer_vector(name, x, batch):
+    """Checks an integer [B] array on its metadata (traceable); the op narrows it to int32."""
+    if _arrays.is_torch(x):
+        torch = _arrays.torch_module()
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
+    elif x.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array, got dtype {x.dtype}")
+    if tuple(x.shape) != (batch,):
+        raise ValueError(f"{name}: expected shape [B] = ({batch},), got {tuple(x.shape)}")
+    return x
+
+
+def op_int32_vector(name, x):
+    """The torch op's [B] integer tensor as int32 contiguous, values checked to fit."""
+    if x is None:
+        return None
+    torch = _arrays.torch_module()
+    if x.dtype == torch.int32:
+        return x.contiguous()
+    values = x.detach().numpy().astype(np.int64)
+    info = np.iinfo(np.int32)
+    bad = np.flatnonzero((values < info.min) | (values > info.max))
+    if bad.size:
+        raise ValueError(f"{name}[{bad[0]}] = {values[bad[0]]} does not fit in int32")
+    return torch.from_numpy(values.astype(np.int32))
 
 
 def _as_torch(x):
@@ -304,7 +359,8 @@ def _float32_table(name, x):
 
 
 def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, interleaved, scale,
-                 causal, window_left, window_right, o, lse, softcap=0.0, alibi_slopes=None, sinks=None):
+                 causal, window_left, window_right, o, lse, softcap=0.0, alibi_slopes=None, sinks=None,
+                 cache_batch_idx=None, cache_leftpad=None, rotary_fa2=False):
     """Runs the C++ attention_with_kvcache; seqlens (int32 [B]) is advanced in place."""
     addr, es = _arrays.address, _arrays.element_strides
     b, h, nq, d = q.shape
@@ -331,4 +387,7 @@ def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, inte
         v_strides, cos_addr, sin_addr, rotary, interleaved, scale, causal, window_left,
         window_right, _kernel._settings["threads"], softcap=float(softcap),
         alibi_slopes=alibi_address(alibi_slopes)[0], alibi_batch_stride=alibi_address(alibi_slopes)[1],
-        sinks=sinks_address(sinks))
+        sinks=sinks_address(sinks),
+        cache_batch_idx=0 if cache_batch_idx is None else addr(cache_batch_idx),
+        cache_batch=0 if cache_batch_idx is None else k_cache.shape[0],
+        cache_leftpad=0 if cache_leftpad is None else addr(cache_leftpad), rotary_fa2_positions=rotary_fa2)

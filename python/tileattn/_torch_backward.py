@@ -109,3 +109,22 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     if layout == 1:
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
     return dq, dk, dv, d_sinks
+
+
+def varlen_backward_math(q, k, v, o, lse, grad_o, grad_lse, scale, causal, window_left,
+                         window_right, softcap, alibi_slopes, cu_q, cu_k):
+    """attention_backward_math for a packed varlen batch (q, k, v, o [total, H, D], lse
+    [H, total_q]), one sequence at a time through the [1, N, H, D] ("bshd") form; no sinks."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        rq, rk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[i] if alibi_slopes.dim() == 2 else alibi_slopes
+        parts = attention_backward_math(
+            q[rq].unsqueeze(0), k[rk].unsqueeze(0), v[rk].unsqueeze(0), o[rq].unsqueeze(0),
+            lse[:, rq].unsqueeze(0), grad_o[rq].unsqueeze(0), grad_lse[:, rq].unsqueeze(0), None,
+            scale, causal, window_left, window_right, 1, softcap, slopes)
+        dq[rq], dk[rk], dv[rk] = (t[0] for t in parts[:3])
+    return dq, dk, dv

@@ -23,7 +23,9 @@ is_compiling = torch.compiler.is_compiling
 dynamo_is_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
-def _output_shapes(q, layout):
+def _output_shapes(q, layout, packed=False):
+    if packed:  # q [total_q, H, D] -> lse [H, total_q]
+        return (q.shape[1], q.shape[0])
     b, h, nq, _ = heads_rows(tuple(q.shape), layout)
     return (b, h, nq)
 
@@ -34,26 +36,34 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        is_causal: bool, window_left: int, window_right: int, layout: int,
                        seed: int, softcap: float = 0.0,
                        alibi_slopes: Optional[torch.Tensor] = None,
-                       sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                       sinks: Optional[torch.Tensor] = None,
+                       cu_seqlens_q: Optional[torch.Tensor] = None,
+                       cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = -1,
+                       max_seqlen_k: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd.
     softcap > 0: each scaled score x becomes softcap * tanh(x / softcap) (0: off). sinks:
-    float32 [H] attention-sink logits (None: off)."""
+    float32 [H] attention-sink logits (None: off). With cu_seqlens (packed varlen): q, k, v,
+    o [total, H, D], lse [H, total_q]; a given max_seqlen (>= 0) is checked against the lengths."""
     return _C.forward_arrays(q, k, v, attn_mask, layout, is_causal, window_left, window_right,
                              softmax_scale, dropout_p, seed, _kernel._settings["threads"], True,
-                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 @flash_attention_op.register_fake
 def _(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-      softcap=0.0, alibi_slopes=None, sinks=None):
-    return q.new_empty(q.shape), q.new_empty(_output_shapes(q, layout), dtype=torch.float32)
+      softcap=0.0, alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=-1,
+      max_seqlen_k=-1):
+    lse_shape = _output_shapes(q, layout, cu_seqlens_q is not None)
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-     softcap, alibi_slopes, sinks) = inputs
+     softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, _, _) = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes, sinks)
+    ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k)
     ctx.options = (dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed, softcap)
 
 
@@ -64,22 +74,31 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 softmax_scale: float, is_causal: bool, window_left: int,
                                 window_right: int, layout: int, seed: int,
                                 softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-                                sinks: Optional[torch.Tensor] = None
+                                sinks: Optional[torch.Tensor] = None,
+                                cu_seqlens_q: Optional[torch.Tensor] = None,
+                                cu_seqlens_k: Optional[torch.Tensor] = None
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, d_sinks) of flash_attention, given the forward's inputs, options and
     (o, lse); d_sinks is float32 [H] with sinks, else an empty [0] tensor."""
     if not bool(grad_lse.any()):
-        # The C++ kernel (backward.hpp): P recomputed tile by tile from lse, dropout included.
+        # The C++ kernel (backward.hpp): P recomputed tile by tile from lse, dropout included,
+        # packed varlen rows too.
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
         d_sinks = torch.empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
         _kernel.backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, attn_mask, is_causal,
                               window_left, window_right, softmax_scale, dropout_p, seed, layout,
-                              softcap, alibi_slopes, sinks, d_sinks if sinks is not None else None)
+                              softcap, alibi_slopes, sinks, d_sinks if sinks is not None else None,
+                              cu_seqlens_q, cu_seqlens_k)
         return dq, dk, dv, d_sinks
     # A loss that uses lse adds P * dlse to dS, which the kernel does not take: PyTorch math.
     if dropout_p > 0:
         raise NotImplementedError("flash_attention: gradients through lse together with dropout "
                                   "are not supported")
+    if cu_seqlens_q is not None:
+        dq, dk, dv = _torch_backward.varlen_backward_math(
+            q, k, v, o, lse, grad_o, grad_lse, softmax_scale, is_causal, window_left,
+            window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+        return dq, dk, dv, torch.empty((0,), dtype=torch.float32)
     return _torch_backward.attention_backward_math(
         q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
         window_right, layout, softcap, alibi_slopes, sinks)
@@ -87,28 +106,31 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 @flash_attention_backward_op.register_fake
 def _(q, k, v, o, lse, grad_o, grad_lse, attn_mask, dropout_p, softmax_scale, is_causal,
-      window_left, window_right, layout, seed, softcap=0.0, alibi_slopes=None, sinks=None):
+      window_left, window_right, layout, seed, softcap=0.0, alibi_slopes=None, sinks=None,
+      cu_seqlens_q=None, cu_seqlens_k=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
 
 
 def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse, attn_mask, alibi_slopes, sinks = ctx.saved_tensors
+    q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
     if grad_lse is None:
         grad_lse = torch.zeros_like(lse)
     dq, dk, dv, d_sinks = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask,
-                                                      *ctx.options, alibi_slopes, sinks)
-    # One gradient per input: q, k, v, then attn_mask .. alibi_slopes (none), then sinks.
-    return (dq, dk, dv) + (None,) * 10 + (d_sinks if sinks is not None else None,)
+                                                      *ctx.options, alibi_slopes, sinks, cu_seqlens_q,
+                                                      cu_seqlens_k)
+    # One gradient per input: q, k, v, then attn_mask .. alibi_slopes (none), sinks, then the
+    # varlen inputs (none).
+    return (dq, dk, dv) + (None,) * 10 + (d_sinks if sinks is not None else None,) + (None,) * 4
 
 
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p,
-                  softcap, alibi_slopes=None, sinks=None):
+                  softcap, alibi_slopes=None, sinks=None, cu_q=None, cu_k=None):
     """(mask, scale) as the op takes them: the scale as a float, the mask as the kernel reads
     it (float32 if it was another float type), which is also what autograd saves.
 
@@ -118,29 +140,49 @@ def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scal
     """
     if not torch.compiler.is_compiling():
         return _C.check_forward(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                                dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+                                dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     if mask is not None and mask.dtype not in (torch.bool, torch.float32) and mask.is_floating_point():
         mask = mask.float()
     return mask, (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
 
 def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window_right, layout,
-                    return_lse, softcap=0.0, alibi_slopes=None, sinks=None):
+                    return_lse, softcap=0.0, alibi_slopes=None, sinks=None, cu_q=None, cu_k=None,
+                    with_probs=False, max_q=-1, max_k=-1):
     """flash_attention for torch tensors, given its checked scalar options (scale None:
-    1/sqrt(D)); the arrays are checked in C++."""
+    1/sqrt(D)); the arrays are checked in C++. Returns (o, lse), or (o, lse, probs) with
+    with_probs."""
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
-    if not is_compiling():
+    compiling = is_compiling()
+    if not compiling:
         # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, seed, _kernel._settings["threads"], return_lse,
-                                eager_only=True, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+                                eager_only=True, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs,
+                                max_seqlen_q=max_q, max_seqlen_k=max_k)
         if out is not None:
             return out
+    elif with_probs:
+        raise NotImplementedError("return_attn_probs: not supported under torch.compile")
+    if cu_q is not None:  # the op takes int32 tensors (what autograd saves)
+        cu_q, cu_k = (c if c.dtype == torch.int32 else c.to(torch.int32) for c in (cu_q, cu_k))
     mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale,
-                                dropout_p, softcap, alibi_slopes, sinks)
+                                dropout_p, softcap, alibi_slopes, sinks, cu_q, cu_k)
     o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
-                                window_right, layout, seed, softcap, alibi_slopes, sinks)
-    return o, lse
+                                window_right, layout, seed, softcap, alibi_slopes, sinks, cu_q, cu_k,
+                                max_q, max_k)
+    if not with_probs:
+        return o, lse
+    # The probabilities carry no gradient: computed from detached inputs, same seed (so the
+    # same dropout pattern), by a second call that also recomputes O (a debugging aid).
+    detached = [None if t is None else t.detach() for t in (q, k, v, mask, alibi_slopes)]
+    probs = _C.forward_arrays(*detached[:4], layout, causal, window_left, window_right, scale,
+                              dropout_p, seed, _kernel._settings["threads"], False, softcap=softcap,
+                              alibi_slopes=detached[4], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                              with_probs=True)[2]
+    return o, lse, probs
 
 
 @torch.library.custom_op("tileattn::merge_states", mutates_args=(), device_types="cpu")
@@ -167,7 +209,10 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               window_left: int, window_right: int,
                               softcap: float = 0.0,
                               alibi_slopes: Optional[torch.Tensor] = None,
-                              sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                              sinks: Optional[torch.Tensor] = None,
+                              cache_batch_idx: Optional[torch.Tensor] = None,
+                              cache_leftpad: Optional[torch.Tensor] = None,
+                              rotary_fa2_positions: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse); appends k/v into k_cache/v_cache. cache_seqlens (integer [B]) is not modified;
     block_table is an integer [B, max_pages] tensor (narrowed to int32 here, values checked)."""
     from . import _kvcache
@@ -182,26 +227,29 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     table = _kvcache.op_block_table(block_table)  # int32, its values checked
     _kvcache.kvcache_into(q, k_cache, v_cache, k, v, seqlens, table, rotary_cos, rotary_sin,
                           rotary_interleaved, softmax_scale, is_causal, window_left, window_right, o, lse,
-                          softcap, alibi_slopes, sinks)
+                          softcap, alibi_slopes, sinks, _kvcache.op_int32_vector("cache_batch_idx", cache_batch_idx),
+                          _kvcache.op_int32_vector("cache_leftpad", cache_leftpad), rotary_fa2_positions)
     return o, lse
 
 
 @attention_with_kvcache_op.register_fake
 def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
       rotary_interleaved, softmax_scale, is_causal, window_left, window_right, softcap=0.0,
-      alibi_slopes=None, sinks=None):
+      alibi_slopes=None, sinks=None, cache_batch_idx=None, cache_leftpad=None, rotary_fa2_positions=False):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                            rotary_sin, interleaved, scale, causal, window_left, window_right,
-                           softcap=0.0, alibi_slopes=None, sinks=None):
+                           softcap=0.0, alibi_slopes=None, sinks=None, cache_batch_idx=None, cache_leftpad=None,
+                           rotary_fa2=False):
     """attention_with_kvcache through the custom op (the path torch can observe: compile,
     tracing, dispatch modes), given its checked scalar options (scale None: 1/sqrt(D));
     the arrays are checked in Python on their metadata. Returns (o, lse)."""
     from . import _kvcache
-    seqlens, table, cos, sin, scale = _kvcache.op_arguments(
-        q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale)
+    seqlens, table, cos, sin, scale, batch_idx, leftpad = _kvcache.op_arguments(
+        q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale,
+        cache_batch_idx, cache_leftpad)
     return attention_with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, table, cos, sin,
                                      interleaved, scale, causal, window_left, window_right, softcap,
-                                     alibi_slopes, sinks)
+                                     alibi_slopes, sinks, batch_idx, leftpad, rotary_fa2)

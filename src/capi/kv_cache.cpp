@@ -52,6 +52,11 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
   a.sinks = c.sinks;
+  a.cache_batch_idx = c.cache_batch_idx;
+  a.cache_batch = c.cache_batch;
+  a.cache_leftpad = c.cache_leftpad;
+  if (c.reserved3 != 0) throw Error("args->reserved3 must be 0");
+  a.rotary_fa2_query_positions = c.rotary_fa2_query_positions != 0;
   a.threads = c.threads;
   a.isa = capi::to_isa(c.isa, "isa");
   return a;

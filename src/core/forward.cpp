@@ -78,7 +78,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   if (args.cu_seqlens_k || args.kv.seqlens) {
     max_nk = 0;
     for (int64_t b = 0; b < args.shape.batch; ++b)
-      max_nk = max64(max_nk, args.kv.seqlens ? args.kv.seqlens[b]
+      max_nk = max64(max_nk, args.kv.seqlens ? args.kv.seqlens[b] - (args.kv.row_start ? args.kv.row_start[b] : 0)
                                              : args.cu_seqlens_k[b + 1] - args.cu_seqlens_k[b]);
   }
   // Rounded up without max_nq + block_q - 1, which overflows for the row

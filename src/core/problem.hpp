@@ -111,6 +111,11 @@ static inline Sequence sequence_of(const Problem& p, int64_t b) {
     s.nk = a.shape.seqlen_k;
   }
   if (a.kv.seqlens) s.nk = a.kv.seqlens[b];
+  if (a.kv.batch_index) s.k_batch = a.kv.batch_index[b];
+  if (a.kv.row_start) {
+    s.k_row0 = a.kv.row_start[b];
+    s.nk -= s.k_row0;
+  }
   s.offset = s.nk - s.nq;
   return s;
 }

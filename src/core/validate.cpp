@@ -156,6 +156,10 @@ void validate(const ForwardArgs& a) {
     if (varlen_q) max_nq = std::max<int64_t>(max_nq, a.cu_seqlens_q[b + 1] - a.cu_seqlens_q[b]);
     if (varlen_k) max_nk = std::max<int64_t>(max_nk, a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b]);
   }
+  if ((a.kv.batch_index || a.kv.row_start) && (paged || !a.kv.seqlens))
+    throw NotSupported("kv batch_index / row_start (cache_batch_idx / cache_leftpad): only with a contiguous "
+                       "cache and kv seqlens, not with block_table");
+  if (a.kv.batch_index && a.kv.cache_batch < 0) fail("kv cache_batch must be >= 0, got " + str(a.kv.cache_batch));
   if (a.kv.seqlens) {
     max_nk = 0;
     for (int64_t b = 0; b < s.batch; ++b) {
@@ -164,7 +168,14 @@ void validate(const ForwardArgs& a) {
       if (!paged && n > s.seqlen_k)
         fail("kv seqlens[" + str(b) + "] = " + str(n) + " exceeds the cache capacity (" +
              str(s.seqlen_k) + ")");
-      max_nk = std::max(max_nk, n);
+      const int64_t start = a.kv.row_start ? a.kv.row_start[b] : 0;
+      if (start < 0 || start > n)
+        fail("kv row_start[" + str(b) + "] = " + str(start) + " must be in 0..kv seqlens[" + str(b) + "] (" +
+             str(n) + ")");
+      if (a.kv.batch_index && (a.kv.batch_index[b] < 0 || a.kv.batch_index[b] >= a.kv.cache_batch))
+        fail("kv batch_index[" + str(b) + "] = " + str(a.kv.batch_index[b]) + " is out of range 0.." +
+             str(a.kv.cache_batch - 1));
+      max_nk = std::max(max_nk, n - start);
     }
   }
   if (paged) {
@@ -189,7 +200,7 @@ void validate(const ForwardArgs& a) {
   const bool has_work = s.batch > 0 && max_nq > 0;
   const int64_t q_batches = varlen_q ? 1 : s.batch, k_batches = varlen_k ? 1 : s.batch;
   const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
-  int64_t k_sizes[4] = {k_batches, s.kv_heads, s.seqlen_k, s.head_dim};
+  int64_t k_sizes[4] = {a.kv.batch_index ? a.kv.cache_batch : k_batches, s.kv_heads, s.seqlen_k, s.head_dim};
   if (paged) {
     k_sizes[0] = a.kv.num_pages;
     k_sizes[2] = a.kv.page_size;

@@ -9,7 +9,7 @@ namespace {
 // Address of row `position` of sequence b, KV head h, in a cache view.
 char* cache_row(const KvCacheArgs& a, const OutputView& cache, int64_t b, int64_t h,
                 int64_t position) {
-  int64_t outer = b, row = position;
+  int64_t outer = a.cache_batch_idx ? a.cache_batch_idx[b] : b, row = position;
   if (a.block_table) {
     outer = a.block_table[b * a.block_table_stride + position / a.page_size];
     row = position % a.page_size;

@@ -26,6 +26,9 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   f.mask.window_left = a.window_left;
   f.mask.window_right = a.window_right;
   f.kv.seqlens = seqlens;
+  f.kv.batch_index = a.cache_batch_idx;
+  f.kv.cache_batch = a.cache_batch_idx && a.cache_batch == 0 ? a.batch : a.cache_batch;
+  f.kv.row_start = a.cache_leftpad;
   if (paged) {
     f.kv.block_table = a.block_table;
     f.kv.block_table_stride = a.block_table_stride;
@@ -60,7 +63,7 @@ class RotatedQueries {
     for (int64_t b = 0; b < a.batch; ++b)
       for (int64_t h = 0; h < a.heads; ++h)
         for (int64_t t = 0; t < a.seqlen_q; ++t) {
-          const int64_t position = int64_t(lengths[size_t(b)]) - a.seqlen_q + t;
+          const int64_t position = detail::rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], t);
           const detail::RopeRow rope{a.rotary_cos + position * half, a.rotary_sin + position * half,
                                      a.rotary_dim, a.rotary_interleaved};
           const char* src = q + (b * a.q.stride[0] + h * a.q.stride[1] + t * a.q.stride[2]) * esize;

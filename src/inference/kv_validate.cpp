@@ -16,6 +16,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 bool paged(const KvCacheArgs& a) { return a.block_table != nullptr; }
 
+// Sequences the contiguous cache holds: cache_batch with cache_batch_idx (0: batch), else batch.
+int64_t cache_rows(const KvCacheArgs& a) { return a.cache_batch_idx && a.cache_batch != 0 ? a.cache_batch : a.batch; }
+
 // tokens >= 0, page_size >= 1; no tokens + page_size - 1, which overflows
 // for page sizes near INT64_MAX.
 int64_t pages_for(int64_t tokens, int64_t page_size) { return tokens == 0 ? 0 : (tokens - 1) / page_size + 1; }
@@ -23,7 +26,45 @@ int64_t pages_for(int64_t tokens, int64_t page_size) { return tokens == 0 ? 0 : 
 // Sizes of the cache views in [outer, head, row, dim] order.
 std::array<int64_t, 4> cache_sizes_of(const KvCacheArgs& a) {
   if (paged(a)) return {a.num_pages, a.kv_heads, a.page_size, a.head_dim};
-  return {a.batch, a.kv_heads, a.capacity, a.head_dim};
+  return {cache_rows(a), a.kv_heads, a.capacity, a.head_dim};
+}
+
+// cache_batch_idx / cache_leftpad: contiguous caches only; every index in
+// range, every pad within its sequence.
+void check_batch_index_and_leftpad(const KvCacheArgs& a) {
+  if (!a.cache_batch_idx && !a.cache_leftpad) return;
+  if (paged(a))
+    throw NotSupported(std::string(a.cache_batch_idx ? "cache_batch_idx" : "cache_leftpad") +
+                       ": not supported with block_table (paged caches), as in FlashAttention-2");
+  if (a.cache_batch < 0) fail("cache_batch must be >= 0, got " + str(a.cache_batch));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (a.cache_batch_idx) {
+      const int64_t row = a.cache_batch_idx[b];
+      if (row < 0 || row >= cache_rows(a))
+        fail("cache_batch_idx[" + str(b) + "] = " + str(row) + " is out of range 0.." + str(cache_rows(a) - 1) +
+             " (the cache holds " + str(cache_rows(a)) + " sequences)");
+    }
+    if (a.cache_leftpad) {
+      const int64_t pad = a.cache_leftpad[b];
+      if (pad < 0 || pad > a.cache_seqlens[b])
+        fail("cache_leftpad[" + str(b) + "] = " + str(pad) + " must be in 0..cache_seqlens[" + str(b) + "] (" +
+             str(a.cache_seqlens[b]) + ")");
+    }
+  }
+}
+
+// Appending: two sequences writing one cache row would race (FlashAttention-2
+// leaves the winner unspecified); refused before anything is written.
+void check_distinct_written_rows(const KvCacheArgs& a, const AppendPlan& plan) {
+  if (!a.cache_batch_idx) return;
+  std::vector<std::pair<int32_t, int64_t>> written;  // (cache row, sequence)
+  for (int64_t b = 0; b < a.batch; ++b)
+    if (plan.counts[size_t(b)] > 0) written.emplace_back(a.cache_batch_idx[b], b);
+  std::sort(written.begin(), written.end());
+  for (size_t i = 1; i < written.size(); ++i)
+    if (written[i].first == written[i - 1].first)
+      fail("cache_batch_idx: sequences " + str(written[i - 1].second) + " and " + str(written[i].second) +
+           " both append to cache row " + str(written[i].first));
 }
 
 // Paged: the table entries covering `lengths` exist and name real pages.
@@ -150,6 +191,7 @@ void validate_cache(const KvCacheArgs& a) {
     lengths[size_t(b)] = int32_t(n);
   }
   if (paged(a)) check_table_coverage(a, lengths, lengths);
+  check_batch_index_and_leftpad(a);
 
   const std::array<int64_t, 4> sizes = cache_sizes_of(a);
   const int64_t esize = int64_t(dtype_size(a.dtype));
@@ -196,6 +238,7 @@ AppendPlan validate_append(const KvCacheArgs& a) {
     check_table_coverage(a, old_lengths, plan.new_lengths);
     check_write_conflicts(a, plan, old_lengths);
   }
+  check_distinct_written_rows(a, plan);
 
   const std::array<int64_t, 4> sizes = cache_sizes_of(a);
   const int64_t esize = int64_t(dtype_size(a.dtype));
@@ -246,12 +289,13 @@ void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& len
   check_rotary_tables(a);
   if (a.seqlen_q == 0) return;
   for (int64_t b = 0; b < a.batch; ++b) {
-    const int64_t first = int64_t(lengths[size_t(b)]) - a.seqlen_q;
+    const int64_t first = rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], 0);
+    const int64_t last = rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], a.seqlen_q - 1);
     if (first < 0)
       fail("q: with rotary tables, the " + str(a.seqlen_q) + " queries of sequence " + str(b) +
-           " need positions " + str(first) + ".." + str(lengths[size_t(b)] - 1) +
+           " need positions " + str(first) + ".." + str(last) +
            "; a query position must be >= 0 (sequence length " + str(lengths[size_t(b)]) + ")");
-    check_rotary_position(a, "queries", b, int64_t(lengths[size_t(b)]) - 1);
+    check_rotary_position(a, "queries", b, last);
   }
 }
 

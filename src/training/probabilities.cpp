@@ -4,6 +4,7 @@
 // same generator the main loops use, so the mask matches what the forward and
 // the backward saw.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -95,7 +96,14 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
           for (int64_t c = 0; c < s.head_dim; ++c)
             dot += double(detail::load_element(args.q.data, dt, q_off + c * args.q.stride[3])) *
                    detail::load_element(args.k.data, dt, k_off + c * args.k.stride[3]);
-          scores[size_t(j)] = dot * scale + bias;
+          // The forward's score modifiers in its order: soft cap, ALiBi, then the mask.
+          double score = dot * scale;
+          if (args.softcap > 0.0f) score = double(args.softcap) * std::tanh(score / double(args.softcap));
+          if (args.alibi_slopes) {
+            const double slope = args.alibi_slopes[b * args.alibi_batch_stride + h];
+            score -= slope * double(std::llabs(i + seq.offset - j));
+          }
+          scores[size_t(j)] = score + bias;
           if (!(scores[size_t(j)] <= max_score)) max_score = scores[size_t(j)];  // NaN propagates
         }
         if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no visible key

@@ -116,6 +116,10 @@ tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
   c.alibi_slopes = a.alibi_slopes;
   c.alibi_batch_stride = a.alibi_batch_stride;
   c.sinks = a.sinks;
+  c.cache_batch_idx = a.cache_batch_idx;
+  c.cache_batch = a.cache_batch;
+  c.cache_leftpad = a.cache_leftpad;
+  c.rotary_fa2_query_positions = a.rotary_fa2_query_positions;
   c.threads = a.threads;
   return c;
 }
@@ -176,6 +180,38 @@ TEST(CApiKvCache, SoftcapBitwiseEqualToCpp) {
   const tileattn_kv_cache_args c = to_c(a);
   EXPECT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tileattn_last_error()).find("softcap"), std::string::npos) << tileattn_last_error();
+}
+
+// cache_batch_idx and cache_leftpad reach the kernel through the C struct:
+// same bits as C++, and not the result without them; a bad index is refused.
+TEST(CApiKvCache, BatchIndexAndLeftpadBitwiseEqualToCpp) {
+  Decode cpp(false), via_c(false), plain(false);
+  const std::vector<int32_t> rows{1, 0}, pad{3, 5};
+  for (Decode* d : {&cpp, &via_c}) {
+    KvCacheArgs a = d->cpp_args();
+    a.cache_batch_idx = rows.data();
+    a.cache_leftpad = pad.data();
+    if (d == &cpp) {
+      attention_with_kvcache(a);
+    } else {
+      const tileattn_kv_cache_args c = to_c(a);
+      ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+    }
+  }
+  attention_with_kvcache(plain.cpp_args());
+  EXPECT_EQ(via_c.o, cpp.o);
+  EXPECT_EQ(via_c.lse, cpp.lse);
+  EXPECT_EQ(via_c.k_cache, cpp.k_cache);
+  EXPECT_NE(cpp.o, plain.o);
+  Decode bad(false);
+  const std::vector<int32_t> same{0, 0};
+  KvCacheArgs a = bad.cpp_args();
+  a.cache_batch_idx = same.data();
+  const std::vector<float> k_before = bad.k_cache;
+  const tileattn_kv_cache_args c = to_c(a);
+  EXPECT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("cache_batch_idx"), std::string::npos) << tileattn_last_error();
+  EXPECT_EQ(bad.k_cache, k_before);
 }
 
 TEST(CApiKvCache, AppendOnlyThenAttend) {

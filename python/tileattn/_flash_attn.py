@@ -1,0 +1,106 @@
+"""FlashAttention-2's Python entry points (flash_attn.flash_attn_interface) on tileattn's kernels:
+flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache, with FlashAttention-2's
+argument names, order, defaults, layouts ([B, N, H, D]; packed [total, H, D]; caches
+[B_cache, S, Hkv, D] and pages [num_blocks, block_size, Hkv, D]) and return conventions. Thin
+layers: every array is read in place by flash_attention / attention_with_kvcache (as a strided
+view), never copied. docs/python.md lists where they differ from FlashAttention-2 and from the native API."""
+from ._forward import flash_attention
+from ._kvcache import attention_with_kvcache
+
+
+def _window(window_size):
+    """FlashAttention-2's window_size: (-1, -1) (the default) is no window; negative sides unbounded."""
+    if window_size is None or tuple(window_size) == (-1, -1):
+        return None
+    left, right = window_size
+    return (-1 if left is not None and left < 0 else left, -1 if right is not None and right < 0 else right)
+
+
+def _fa2_probs(q, k, v, dropout_p, probs_kept, **options):
+    """FlashAttention-2's S_dmask from tileattn's probabilities: the softmax, with the entries
+    dropout removed negated (FlashAttention-2: "negative means that location was dropped").
+    probs_kept: the probabilities after dropout (0 where dropped), from the forward's own seed."""
+    if dropout_p == 0.0:
+        return probs_kept
+    probs = flash_attention(q, k, v, return_attn_probs=True, **options)[1]
+    dropped = (probs_kept == 0) & (probs > 0)
+    return -probs * dropped + probs * ~dropped
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """FlashAttention-2's ``flash_attn_func``: q ``[B, Nq, H, D]``, k, v ``[B, Nk, Hkv, D]``.
+
+    causal aligns bottom-right; window_size ``(left, right)`` is inclusive, -1 unbounded; softcap
+    and alibi_slopes (``[H]`` or ``[B, H]`` fp32) as in FlashAttention-2. deterministic is accepted
+    and has no effect: tileattn's backward is always deterministic. Returns ``out [B, Nq, H, D]``,
+    or ``(out, softmax_lse [B, H, Nq], S_dmask [B, H, Nq, Nk])`` with return_attn_probs
+    (S_dmask: float32 probabilities, dropped entries negated). Autograd for q, k, v.
+    """
+    window = None if window_size == (-1, -1) else _window(window_size)
+    if not return_attn_probs:
+        return flash_attention(q, k, v, None, dropout_p, softmax_scale, causal, window, "bshd", False, None,
+                               softcap=softcap, alibi_slopes=alibi_slopes)
+    options = dict(softmax_scale=softmax_scale, is_causal=causal, window=window, layout="bshd",
+                   softcap=softcap, alibi_slopes=alibi_slopes)
+    out, lse, probs = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, return_attn_probs=True,
+                                      **options)
+    return out, lse, _fa2_probs(q, k, v, dropout_p, probs, **options)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+    """FlashAttention-2's ``flash_attn_varlen_func``: packed q ``[total_q, H, D]``, k, v
+    ``[total_k, Hkv, D]``, cu_seqlens ``[B + 1]`` int32. max_seqlen_q / max_seqlen_k are checked to
+    be at least the longest sequence. Returns ``out [total_q, H, D]``, or ``(out, softmax_lse
+    [H, total_q], S_dmask [B, H, longest q, longest k])`` (FlashAttention-2 pads S_dmask to
+    multiples of 128). Autograd for q, k, v.
+    block_table (paged k/v) is not supported here (NotImplementedError): use
+    flash_attn_with_kvcache for paged caches.
+    """
+    if block_table is not None:
+        raise NotImplementedError("block_table: not supported by tileattn's flash_attn_varlen_func "
+                                  "(paged keys are read by flash_attn_with_kvcache)")
+    window = None if window_size == (-1, -1) else _window(window_size)
+    if not return_attn_probs:
+        # Keywords from softcap on: the native signature grows there (sinks go after alibi_slopes).
+        return flash_attention(q, k, v, None, dropout_p, softmax_scale, causal, window, "bhsd", False, None,
+                               softcap=softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    options = dict(softmax_scale=softmax_scale, is_causal=causal, window=window, softcap=softcap,
+                   alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    out, lse, probs = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, return_attn_probs=True,
+                                      **options)
+    return out, lse, _fa2_probs(q, k, v, dropout_p, probs, **options)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """FlashAttention-2's ``flash_attn_with_kvcache``: q ``[B, Nq, H, D]``; the cache
+    ``[B_cache, S, Hkv, D]`` or, with block_table, pages ``[num_blocks, block_size, Hkv, D]``
+    (read and appended in place, any block_size); k, v ``[B, Nnew, Hkv, D]``
+    appended at cache_seqlens (which is not modified). Rotary tables rotate the new keys at
+    positions cache_seqlens + t and the queries at cache_seqlens + t when causal or windowed,
+    else all at cache_seqlens (FlashAttention-2's convention); they need k and v, as there.
+    cache_batch_idx / cache_leftpad as in FlashAttention-2 (two appending sequences naming one
+    cache row raise ValueError). num_splits is accepted and has no effect (tileattn splits the
+    keys of a long cache by itself). Returns ``out [B, Nq, H, D]``, or ``(out, softmax_lse
+    [B, H, Nq])``. No autograd (FlashAttention-2 has none either).
+    """
+    if rotary_cos is not None and k is None:
+        raise ValueError("rotary_cos: rotary embedding needs new keys and values k, v to append "
+                         "(as in FlashAttention-2)")
+    if isinstance(cache_seqlens, bool):
+        raise TypeError("cache_seqlens: expected an int or an integer array, got bool")
+    # FlashAttention-2's token-major arrays are read in place (the binding swaps the head and
+    # row strides), and the output is allocated [B, Nq, H, D], contiguous.
+    return attention_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved,
+        softmax_scale, causal, None if window_size == (-1, -1) else _window(window_size),
+        return_softmax_lse, None, softcap=softcap, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, _rotary_fa2=True, _token_major=True)

@@ -1,0 +1,85 @@
+"""tileattn.scaled_dot_product_attention: PyTorch's torch.nn.functional.scaled_dot_product_attention,
+name for name, default for default, on tileattn's kernel (a thin layer over flash_attention)."""
+import numpy as np
+
+from ._forward import flash_attention
+
+
+class SdpaArgumentError(ValueError, RuntimeError):
+    """Bad arguments to scaled_dot_product_attention: a ValueError, as every tileattn argument
+    error, and a RuntimeError, which is what torch's scaled_dot_product_attention raises."""
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """PyTorch's ``scaled_dot_product_attention`` on tileattn's kernel, for CPU tensors (and NumPy arrays).
+
+    Same arguments, defaults and semantics as ``torch.nn.functional.scaled_dot_product_attention``:
+
+    * query ``(..., Hq, L, E)``, key / value ``(..., Hk, S, E)`` (tileattn needs ``Ev == E``); 3-D
+      and 4-D inputs are read in place, more leading dims are flattened into the batch.
+    * ``attn_mask``: bool (True = takes part) or float (added to the scores), broadcastable to
+      ``(..., Hq, L, S)``; read in place with stride-0 broadcasting.
+    * ``is_causal=True`` aligns the causal mask to the TOP-LEFT (key ``j`` visible to query ``i``
+      iff ``j <= i``), as PyTorch does; giving it with ``attn_mask`` is an error, as in PyTorch.
+    * ``scale``: None means ``1 / sqrt(E)``. ``enable_gqa``: key/value may have fewer heads, which
+      must divide query's; without it the head counts must be equal. Argument errors are
+      SdpaArgumentError, both a ValueError (tileattn's convention) and a RuntimeError (what
+      PyTorch raises).
+    * Autograd for query, key and value through the C++ backward kernel.
+
+    Differences (docs/python.md has the table): dropout draws its pattern from tileattn's counter-based
+    generator (seeded from ``torch.randint``), not PyTorch's; the top-left causal mask with
+    ``S > L`` is passed to the kernel as a ``[L, S]`` boolean mask (one ``L x S`` bool tensor).
+    """
+    qs, ks = query.shape, key.shape
+    rank = len(qs)
+    if rank < 3 or len(ks) != rank or len(value.shape) != rank:
+        raise SdpaArgumentError(f"query, key, value: expected tensors of one rank >= 3 (..., H, L, E), got shapes "
+                         f"{tuple(qs)}, {tuple(ks)}, {tuple(value.shape)}")
+    if qs[-3] != ks[-3] and not enable_gqa:
+        raise SdpaArgumentError(f"key: {ks[-3]} heads differ from query's {qs[-3]}; pass enable_gqa=True for "
+                         "grouped-query attention (as torch's scaled_dot_product_attention requires)")
+    if value.shape[-1] != qs[-1]:
+        raise NotImplementedError(f"value: head dim {value.shape[-1]} differs from query's {qs[-1]} "
+                                  "(tileattn needs Ev == E)")
+    if rank != 4:
+        return _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    causal = False
+    if is_causal is True or (is_causal is not False and bool(is_causal)):
+        if attn_mask is not None:
+            raise SdpaArgumentError("attn_mask: must be None when is_causal=True (as in torch's "
+                             "scaled_dot_product_attention)")
+        nq, nk = qs[-2], ks[-2]
+        if nq == nk:
+            causal = True  # top-left and bottom-right agree
+        else:
+            attn_mask = _top_left_causal(query, nq, nk)
+    return flash_attention(query, key, value, attn_mask, dropout_p, scale, causal)
+
+
+def _top_left_causal(query, nq, nk):
+    """Bool [L, S]: key j visible to query i iff j <= i (PyTorch's is_causal)."""
+    if type(query).__module__.startswith("torch"):
+        import torch
+        return torch.ones(nq, nk, dtype=torch.bool).tril_()
+    return np.tri(nq, nk, dtype=bool)
+
+
+def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """3-D or 5-D+ inputs as 4-D views [B, H, N, E] (3-D: B = 1), the output reshaped back."""
+    lead = tuple(query.shape[:-3])
+    def as4(x):
+        return x.reshape((-1,) + tuple(x.shape[-3:])) if len(lead) else x[None]
+    mask = attn_mask
+    if mask is not None and len(lead) > 1:
+        # The mask's leading dims broadcast to the inputs' before they are flattened into one
+        # batch dim (a copy only when a broadcast leading dim cannot be flattened as a view).
+        shape = (1,) * (len(query.shape) - len(mask.shape)) + tuple(mask.shape)
+        target = lead + shape[-3:]
+        mask = mask.reshape(shape)
+        mask = np.broadcast_to(mask, target) if isinstance(mask, np.ndarray) else mask.expand(target)
+        mask = mask.reshape((-1,) + shape[-3:])
+    o = scaled_dot_product_attention(as4(query), as4(key), as4(value), mask, dropout_p, is_causal, scale,
+                                     enable_gqa)
+    return o.reshape(tuple(query.shape))
