@@ -129,7 +129,8 @@ def test_dynamic_rope_past_the_original_context_matches_transformers(generation)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     source = config if generation == "5.x object" else as_4x_dict(config)
-    c = tileattn.AttentionConfig.from_hf(source) if generation == "5.x object" else tileattn.AttentionConfig.from_dict(source)
+    read = tileattn.AttentionConfig.from_hf if generation == "5.x object" else tileattn.AttentionConfig.from_dict
+    c = read(source)
     c.max_cache_len = 40
     layer = tileattn.FlashAttention(c).eval()
     attn = model.model.layers[0].self_attn
