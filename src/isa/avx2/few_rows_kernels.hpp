@@ -19,15 +19,33 @@
 namespace few_rows {
 
 template <DType kType>
-constexpr int64_t kElementSize = kType == DType::f32 ? 4 : 2;
+constexpr int64_t kElementSize = kType == DType::f32 ? 4 : kType == DType::i8 || kType == DType::f8_e4m3 ? 1 : 2;
 
-// 8 contiguous elements of kType at src as fp32.
+// 8 fp8 e4m3 values (16-bit lanes holding one byte each) as the fp16 bits of
+// value / 2^8: sign to bit 15, exponent and mantissa shifted into fp16's
+// fields (e4m3's bias 7 against fp16's 15, so the value comes out 2^-8 of
+// itself, subnormals included); S.1111.111 (NaN) gets an all-ones exponent.
+// Scaled by 2^8 after the conversion to fp32 (exact), this gives
+// f8e4m3_to_float's bits (half.hpp), NaN payload included.
+static inline __m128i fp8_as_scaled_f16(__m128i x) {
+  const __m128i magnitude = _mm_and_si128(x, _mm_set1_epi16(0x7f));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8);
+  const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
+  return _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16(magnitude, 7)), nan);
+}
+
+// 8 contiguous elements of kType at src as fp32 (int8 and fp8 without their scale).
 template <DType kType>
 static inline __m256 load8(const char* src) {
   if constexpr (kType == DType::f32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(src));
   } else if constexpr (kType == DType::f16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  } else if constexpr (kType == DType::i8) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(fp8_as_scaled_f16(bytes)), _mm256_set1_ps(256.0f));
   } else {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -285,6 +303,8 @@ static inline void with_type_and_rows(DType dtype, int64_t m, F&& f) {
     case DType::f32: with_rows<DType::f32>(m, f); break;
     case DType::f16: with_rows<DType::f16>(m, f); break;
     case DType::bf16: with_rows<DType::bf16>(m, f); break;
+    case DType::i8: with_rows<DType::i8>(m, f); break;
+    case DType::f8_e4m3: with_rows<DType::f8_e4m3>(m, f); break;
   }
 }
 

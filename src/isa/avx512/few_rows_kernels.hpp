@@ -31,13 +31,25 @@
 namespace few_rows16 {
 
 template <DType kType>
-constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+constexpr int64_t kSize = few_rows::kElementSize<kType>;
 
-// 16 contiguous elements of kType at src as fp32, in order.
+// 16 fp8 e4m3 bytes as fp32 (few_rows::fp8_as_scaled_f16, per 8-lane half).
+static inline __m512 fp8x16_to_ps(__m128i bytes) {
+  const __m128i lo = few_rows::fp8_as_scaled_f16(_mm_cvtepu8_epi16(bytes));
+  const __m128i hi = few_rows::fp8_as_scaled_f16(_mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set_m128i(hi, lo)), _mm512_set1_ps(256.0f));
+}
+
+// 16 contiguous elements of kType at src as fp32, in order (int8 and fp8
+// without their scale).
 template <DType kType>
 static inline __m512 load16(const char* src) {
   if constexpr (kType == DType::f32) {
     return _mm512_loadu_ps(src);
+  } else if constexpr (kType == DType::i8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    return fp8x16_to_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
     if constexpr (kType == DType::f16) return _mm512_cvtph_ps(h);
@@ -50,6 +62,10 @@ template <DType kType>
 static inline __m512 load16_masked(const char* src, __mmask16 mask) {
   if constexpr (kType == DType::f32) {
     return _mm512_maskz_loadu_ps(mask, src);
+  } else if constexpr (kType == DType::i8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, src)));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    return fp8x16_to_ps(_mm_maskz_loadu_epi8(mask, src));
   } else {
     const __m256i h = _mm256_maskz_loadu_epi16(mask, src);
     if constexpr (kType == DType::f16) return _mm512_cvtph_ps(h);
