@@ -262,6 +262,7 @@ class ForwardMainloop {
           if (ahead_filled) {
             fill_key_rows(a_.k, seq, w.batch, next_kv_head, next_begin, ahead_, k_ahead_);
             fill_key_rows(a_.v, seq, w.batch, next_kv_head, next_begin, ahead_, v_ahead_);
+            if (quantized_) prefetch_key_scales(seq, w.batch, next_kv_head, next_begin, ahead_);
           }
         } else {
           load_kv_tile(seq, w.batch, kv_head, j_begin, n);
@@ -333,6 +334,29 @@ class ForwardMainloop {
     for (int64_t t = 0; t < m; ++t) {
       float* row = s_tile_ + t * kv_pad_;
       for (int64_t c = 0; c < n; ++c) row[c] *= scales[c];
+    }
+  }
+
+  // The lines of the K and V scales of keys [j0, j0 + n) (one line per page
+  // run or per 16 keys), asked for a step ahead like the rows: a paged int8
+  // cache keeps each (page, head)'s scales in a line of their own, which
+  // the hardware prefetcher does not follow from page to page, and
+  // fill_key_scales would wait for each of them.
+  void prefetch_key_scales(const Sequence& seq, int64_t batch, int64_t kv_head, int64_t j0, int64_t n) const {
+    const std::array<int64_t, 3>* strides[2] = {&a_.kv.k_scale_stride, &a_.kv.v_scale_stride};
+    const float* bases[2] = {a_.kv.k_scale, a_.kv.v_scale};
+    for (int i = 0; i < 2; ++i) {
+      const std::array<int64_t, 3>& stride = *strides[i];
+      if (!a_.kv.block_table) {
+        const float* first = bases[i] + seq.k_batch * stride[0] + kv_head * stride[1] + (seq.k_row0 + j0) * stride[2];
+        for (int64_t c = 0; c < n; c += 16) prefetch_line<true>(first + c * stride[2]);
+        continue;
+      }
+      const int32_t* table = a_.kv.block_table + batch * a_.kv.block_table_stride;
+      const int64_t page_size = a_.kv.page_size;
+      for (int64_t j = j0; j < j0 + n; j = (j / page_size + 1) * page_size)
+        prefetch_line<true>(bases[i] + table[j / page_size] * stride[0] + kv_head * stride[1] +
+                            (j % page_size) * stride[2]);
     }
   }
 
