@@ -69,6 +69,20 @@ struct MaskSpec {
 // keys are rows row_start[b] .. seqlens[b] - 1 (0 <= row_start[b] <=
 // seqlens[b]), the rows before are ignored, and the causal / window / ALiBi
 // alignment uses the length seqlens[b] - row_start[b].
+//
+// Quantized K/V (quant != none): k and v hold int8 or fp8 e4m3 elements
+// (DType::i8 / DType::f8_e4m3) and the value of element c of key j is
+// element x scale(j), with scale(j) = k_scale (v_scale) at
+// outer * stride[0] + kv_head * stride[1] + row * stride[2] (outer, row: the
+// key's batch (page) and row, as for k itself). int8 caches keep one scale
+// per (token, KV head), fp8 caches one per KV head (strides {0, 1, 0}). The
+// products convert the elements in registers and apply the scales to the
+// scores (K) and to P (V), per key.
+enum class KvQuant : int { none = 0, int8 = 1, fp8_e4m3 = 2 };
+const char* kv_quant_name(KvQuant quant);  // "none", "int8", "fp8_e4m3"
+// The element type K and V are stored in: `dtype` itself without quantization.
+DType kv_storage_dtype(DType dtype, KvQuant quant);
+
 struct KvSource {
   const int32_t* seqlens = nullptr;      // [batch]
   const int32_t* block_table = nullptr;  // [batch, block_table_stride]
@@ -78,6 +92,11 @@ struct KvSource {
   const int32_t* batch_index = nullptr;  // [batch]; null: sequence b reads row b
   int64_t cache_batch = 0;               // rows of K / V with batch_index
   const int32_t* row_start = nullptr;    // [batch]; null: every sequence starts at row 0
+  KvQuant quant = KvQuant::none;
+  const float* k_scale = nullptr;  // quant != none: fp32 scales, see above
+  const float* v_scale = nullptr;
+  std::array<int64_t, 3> k_scale_stride{0, 0, 0};  // [outer, kv_head, row], elements
+  std::array<int64_t, 3> v_scale_stride{0, 0, 0};
 };
 
 struct ForwardArgs {

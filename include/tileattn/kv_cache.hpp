@@ -115,6 +115,30 @@ struct KvCacheArgs {
   // own position L_b - seqlen_q + t (the two agree for causal calls whose
   // queries are the appended tokens).
   bool rotary_fa2_query_positions = false;
+  // Quantized cache (docs/inference.md, "Quantized caches"). With kv_quant
+  // int8 or fp8_e4m3, k_cache and v_cache hold that type (dtype stays the
+  // type of q, o, k_new and v_new). An append quantizes each new row after
+  // rotating it (the row a `dtype` cache would store, quantized); attention
+  // converts the elements in registers and applies the scales per key.
+  //  - int8: symmetric, one scale per (token, KV head). k_scale / v_scale are
+  //    fp32 [batch, kv_heads, capacity] (paged: [num_pages, kv_heads,
+  //    page_size]) with element strides *_scale_stride in [outer, head, row]
+  //    order. An append writes scale = max|x| / 127 (fp32) and
+  //    round-to-nearest-even(x / scale) clamped to -127..127; a row of zeros
+  //    stores scale 0, a row with an inf or NaN stores scale NaN (its key
+  //    then gives NaN, as it would in an unquantized cache).
+  //  - fp8_e4m3 (torch.float8_e4m3fn): one scale per KV head, k_scale /
+  //    v_scale fp32 [kv_heads] (contiguous), set by the caller, finite and
+  //    > 0, read only; an append stores e4m3(clamp(x / scale, -448, 448))
+  //    (float_to_f8e4m3 in core/half.hpp: torch's rounding; NaN stays NaN).
+  // value = stored element x scale. Scales are validated like the cache
+  // (shapes, null, overlaps; fp8 values each call); int8 scales of cached
+  // rows are the cache's contents and are not re-read by validation.
+  KvQuant kv_quant = KvQuant::none;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  std::array<int64_t, 3> k_scale_stride{0, 0, 1};  // int8 only
+  std::array<int64_t, 3> v_scale_stride{0, 0, 1};
 };
 
 namespace detail {

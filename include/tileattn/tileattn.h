@@ -77,6 +77,13 @@ typedef enum tileattn_dtype {
   TILEATTN_BF16 = 2  /**< bfloat16, stored as uint16_t */
 } tileattn_dtype;
 
+/** Element type of a quantized KV cache (::tileattn_kv_cache_args::kv_quant). */
+typedef enum tileattn_kv_quant {
+  TILEATTN_KV_NONE = 0,     /**< the cache holds ::tileattn_kv_cache_args::dtype */
+  TILEATTN_KV_INT8 = 1,     /**< int8, one fp32 scale per (token, KV head) */
+  TILEATTN_KV_FP8_E4M3 = 2  /**< fp8 e4m3 (torch.float8_e4m3fn), one fp32 scale per KV head */
+} tileattn_kv_quant;
+
 /** Instruction-set path. */
 typedef enum tileattn_isa {
   TILEATTN_ISA_AUTO = 0,     /**< TILEATTN_ISA from the environment, else the best the CPU has */
@@ -310,6 +317,19 @@ typedef struct tileattn_kv_cache_args {
       tileattn::KvCacheArgs::rotary_fa2_query_positions); 0 (the default): L_b - seqlen_q + t. */
   int32_t rotary_fa2_query_positions;
   int32_t reserved3;  /**< must be 0 */
+
+  /** Quantized cache (tileattn::KvCacheArgs::kv_quant, docs/inference.md): with
+      ::TILEATTN_KV_INT8 the cache holds int8 and k_scale / v_scale are fp32
+      [batch, kv_heads, capacity] (paged: [num_pages, kv_heads, page_size]) with
+      strides k_scale_stride / v_scale_stride, written by appends; with
+      ::TILEATTN_KV_FP8_E4M3 the cache holds fp8 e4m3 bytes and k_scale / v_scale
+      are fp32 [kv_heads], finite and > 0. value = element x scale. */
+  int32_t kv_quant;       /**< ::tileattn_kv_quant; default ::TILEATTN_KV_NONE */
+  int32_t reserved4;      /**< must be 0 */
+  float* k_scale;
+  float* v_scale;
+  int64_t k_scale_stride[3];  /**< int8: [outer, kv_head, row] in elements; default {0, 0, 1} */
+  int64_t v_scale_stride[3];
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

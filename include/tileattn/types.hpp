@@ -9,11 +9,14 @@
 namespace tileattn {
 
 // Storage type of a tensor. Arithmetic is always fp32 (accumulators, softmax).
-enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+// i8 and f8_e4m3 are storage types of quantized KV caches only (KvQuant in
+// attention.hpp): never the dtype of q, o or a forward's inputs.
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2, i8 = 3, f8_e4m3 = 4 };
 
 const char* dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);
-// Parses "fp32"/"f32"/"float32", "fp16"/..., "bf16"/...; throws Error otherwise.
+// Parses "fp32"/"f32"/"float32", "fp16"/..., "bf16"/...; throws Error otherwise
+// (the KV-only storage types are parsed by parse_kv_dtype, attention.hpp).
 DType parse_dtype(const std::string& name);
 
 // Instruction-set path. `automatic` picks the best the CPU supports (or the

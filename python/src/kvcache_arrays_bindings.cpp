@@ -175,6 +175,50 @@ bool is_float(ElementType t) {
 
 const char* kind_word(Framework fw) { return fw == Framework::torch ? "tensor" : "array"; }
 
+// The quantization of a cache array given with k_scale / v_scale: int8
+// (torch.int8, NumPy int8) or fp8 e4m3 (torch.float8_e4m3fn); anything else
+// is a TypeError naming the array.
+KvQuant cache_quant(const char* name, nb::handle cache, Framework fw) {
+  const std::string dtype = dtype_text(cache);
+  if (dtype == "int8" || dtype == "torch.int8") return KvQuant::int8;
+  if (fw == Framework::torch && dtype == "torch.float8_e4m3fn") return KvQuant::fp8_e4m3;
+  fail_type(std::string(name) + ": with k_scale and v_scale the cache must be int8 (torch or NumPy) or "
+            "torch.float8_e4m3fn, got dtype " + dtype);
+}
+
+// A quantized cache array as bytes: fp8 tensors are read through a uint8
+// view of the same memory (their element strides are byte strides either way).
+ArrayView read_quantized_cache(const char* name, nb::handle cache, KvQuant quant, Access access, nb::object& kept) {
+  if (quant != KvQuant::fp8_e4m3) return read_array(name, cache, access);
+  static nb::handle uint8 = nb::object(nb::module_::import_("torch").attr("uint8")).release();
+  kept = cache.attr("view")(uint8);
+  return read_array(name, kept, access);
+}
+
+// k_scale / v_scale: float32; int8: [B, Hkv, capacity] (paged: [num_pages,
+// Hkv, page_size]) with any strides, written by appends; fp8: [Hkv], dense.
+void read_scales(const char* name, nb::handle scales, Framework fw, KvQuant quant, const int64_t* cache_shape,
+                 Access access, float*& data, std::array<int64_t, 3>& stride) {
+  check_framework(name, scales, fw);
+  const bool int8 = quant == KvQuant::int8;
+  const ArrayView s = read_array(name, scales, int8 ? access : Access::read);
+  if (s.type != ElementType::f32) {
+    fail_type(std::string(name) + ": expected float32 scales, got dtype " + dtype_text(scales));
+  }
+  if (int8) {
+    if (s.rank != 3 || s.shape[0] != cache_shape[0] || s.shape[1] != cache_shape[1] || s.shape[2] != cache_shape[2]) {
+      fail_value(std::string(name) + ": an int8 cache takes one scale per (token, KV head), shape (" +
+                 std::to_string(cache_shape[0]) + ", " + std::to_string(cache_shape[1]) + ", " +
+                 std::to_string(cache_shape[2]) + ") (the cache's first three dims), got " + shape_text(s));
+    }
+    stride = {s.stride[0], s.stride[1], s.stride[2]};
+  } else if (s.rank != 1 || s.shape[0] != cache_shape[1] || (s.shape[0] > 1 && s.stride[0] != 1)) {
+    fail_value(std::string(name) + ": an fp8_e4m3 cache takes one scale per KV head, a contiguous (" +
+               std::to_string(cache_shape[1]) + ",) array, got shape " + shape_text(s));
+  }
+  data = static_cast<float*>(const_cast<void*>(s.data));
+}
+
 // torch bumps the version counter of a tensor written in place (so autograd
 // can tell a saved tensor changed); the binding writes the caches itself.
 void increment_versions(nb::handle k_cache, nb::handle v_cache) {
@@ -190,12 +234,12 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
                          int64_t window_right, int threads, bool with_lse, nb::handle o_given,
                          bool eager_only, double softcap, nb::handle alibi_slopes, nb::handle sinks,
                          nb::handle cache_batch_idx, nb::handle cache_leftpad, bool rotary_fa2_positions,
-                         bool token_major) {
+                         bool token_major, nb::handle k_scale, nb::handle v_scale) {
   const Framework fw = framework_of("q", q);
   if (eager_only && fw == Framework::torch &&
       !torch_call_is_plain_eager(
           {q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, o_given,
-           alibi_slopes, sinks, cache_batch_idx, cache_leftpad})) {
+           alibi_slopes, sinks, cache_batch_idx, cache_leftpad, k_scale, v_scale})) {
     return nb::none();
   }
   const std::pair<const char*, nb::handle> others[] = {
@@ -225,10 +269,33 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.dtype = attention_dtype("q", q, qa);
   // The cache is written only when k/v are appended; attending alone may read a read-only one.
   const Access cache_access = appending ? Access::write : Access::read;
-  const ArrayView kc = read_rank4("k_cache", k_cache, cache_what, cache_access, tm);
-  check_dtype_like_q("k_cache", k_cache, kc, q, qa);
-  const ArrayView vc = read_rank4("v_cache", v_cache, cache_what, cache_access, tm);
-  check_dtype_like_q("v_cache", v_cache, vc, q, qa);
+  // A quantized cache (int8 / fp8 e4m3) comes with its scales.
+  if (k_scale.is_none() != v_scale.is_none()) fail_value("k_scale, v_scale: give both scales or neither");
+  const bool quantized = !k_scale.is_none();
+  nb::object k_bytes, v_bytes;
+  ArrayView kc, vc;
+  if (quantized && tm)
+    throw NotSupported("k_scale, v_scale: quantized caches are not supported in FlashAttention-2's token-major "
+                       "cache layout (flash_attn_with_kvcache); use attention_with_kvcache");
+  if (quantized) {
+    check_framework("k_cache", k_cache, fw);
+    check_framework("v_cache", v_cache, fw);
+    a.kv_quant = cache_quant("k_cache", k_cache, fw);
+    if (cache_quant("v_cache", v_cache, fw) != a.kv_quant) {
+      fail_type("v_cache: dtype " + dtype_text(v_cache) + " differs from k_cache's " + dtype_text(k_cache));
+    }
+    kc = read_quantized_cache("k_cache", k_cache, a.kv_quant, cache_access, k_bytes);
+    vc = read_quantized_cache("v_cache", v_cache, a.kv_quant, cache_access, v_bytes);
+    if (kc.rank != 4) fail_value(std::string("k_cache: expected a 4-D array ") + cache_what + ", got shape " + shape_text(kc));
+    if (vc.rank != 4) fail_value(std::string("v_cache: expected a 4-D array ") + cache_what + ", got shape " + shape_text(vc));
+    read_scales("k_scale", k_scale, fw, a.kv_quant, kc.shape.data(), cache_access, a.k_scale, a.k_scale_stride);
+    read_scales("v_scale", v_scale, fw, a.kv_quant, kc.shape.data(), cache_access, a.v_scale, a.v_scale_stride);
+  } else {
+    kc = read_rank4("k_cache", k_cache, cache_what, cache_access, tm);
+    check_dtype_like_q("k_cache", k_cache, kc, q, qa);
+    vc = read_rank4("v_cache", v_cache, cache_what, cache_access, tm);
+    check_dtype_like_q("v_cache", v_cache, vc, q, qa);
+  }
   ArrayView ka, va;
   if (appending) {
     ka = read_rank4("k", k, "[B, Hkv, Nnew, D]", Access::read, tm);
@@ -402,6 +469,7 @@ void bind_kvcache_arrays(nb::module_& m) {
         "threads"_a, "with_lse"_a, "o"_a.none() = nb::none(), "eager_only"_a = false, "softcap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(), "cache_batch_idx"_a.none() = nb::none(),
         "cache_leftpad"_a.none() = nb::none(), "rotary_fa2_positions"_a = false, "token_major"_a = false,
+        "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
         "attention_with_kvcache on NumPy arrays or torch CPU tensors, checked; writes o (q's shape "
         "and dtype) when given, else allocates it; returns (o, lse or None), or None (nothing done) with eager_only when torch could observe the custom op "
         "torch.ops.tileattn.attention_with_kvcache (a tensor subclass, autograd, a tracer or mode)");

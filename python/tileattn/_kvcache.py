@@ -21,7 +21,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            softmax_scale=None, is_causal=True, window=None, return_lse=False,
                            out=None, softcap=0.0, alibi_slopes=None, sinks=None, cache_batch_idx=None,
-                           cache_leftpad=None, *, _rotary_fa2=False, _token_major=False):
+                           cache_leftpad=None, k_scale=None, v_scale=None, *, _rotary_fa2=False,
+                           _token_major=False):
     """Append ``k``/``v`` into a KV cache in place and attend ``q`` to everything cached.
 
     Modeled on FlashAttention-2's ``flash_attn_with_kvcache``, with tileattn's ``[B, H, N, D]``
@@ -70,6 +71,15 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             cache_seqlens[b] and rotary positions are cache rows; causal, window and ALiBi align
             to the sequence's own length ``cache_seqlens[b] - cache_leftpad[b]`` (+ appended).
             Contiguous caches only. Both are read in place when int32, else converted.
+        k_scale, v_scale: scales of a quantized cache (both or neither; docs/inference.md,
+            "Quantized caches"). An int8 cache (torch.int8 or NumPy int8 ``k_cache``/``v_cache``)
+            takes float32 ``[B, Hkv, capacity]`` (paged: ``[num_pages, Hkv, page_size]``), one
+            symmetric scale per (token, KV head), written in place by appends (``max|x| / 127``);
+            a torch.float8_e4m3fn cache takes float32 ``[Hkv]``, one scale per KV head, set by
+            the caller (finite, > 0). The value of a cached element is element x scale; appended
+            rows (after RoPE) are quantized on write and attention dequantizes in registers.
+            Quantized caches run on the eager path only (NotImplementedError under autograd,
+            tracing or torch.compile).
         is_causal: query ``t`` of sequence ``b`` sits at position ``L_b - Nq + t`` (``L_b`` the
             length after the append) and sees keys up to its own position (bottom-right
             alignment).
@@ -123,7 +133,10 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                                        right, threads, return_lse, o=out, eager_only=True,
                                        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                                        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                                       rotary_fa2_positions=_rotary_fa2, token_major=_token_major)
+                                       rotary_fa2_positions=_rotary_fa2, token_major=_token_major,
+                                       k_scale=k_scale, v_scale=v_scale)
+        if result is None and (k_scale is not None or v_scale is not None):
+            raise NotImplementedError(_QUANTIZED_ON_OP_PATH)
         if result is None and out is not None:
             raise ValueError(_OUT_ON_OP_PATH)
         if result is not None:
@@ -142,8 +155,14 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,
                                    return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
                                    sinks=sinks, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                                   rotary_fa2_positions=_rotary_fa2, token_major=_token_major)
+                                   rotary_fa2_positions=_rotary_fa2, token_major=_token_major,
+                                   k_scale=k_scale, v_scale=v_scale)
     return (o, lse) if return_lse else o
+
+
+_QUANTIZED_ON_OP_PATH = ("k_scale, v_scale: quantized KV caches are not supported when torch can observe "
+                         "the call (an input that requires grad with grad mode on, a tensor subclass, "
+                         "tracing or torch.compile); call eagerly")
 
 
 _OUT_ON_OP_PATH = ("out: not supported when torch can observe the call (an input that requires grad "

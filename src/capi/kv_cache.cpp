@@ -14,8 +14,8 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   tileattn_kv_cache_args c;
   tileattn_kv_cache_args_init(&c);
   capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_kv_cache_args, reserved1), c);
-  if (c.reserved0 != 0 || c.reserved1 != 0 || c.reserved2 != 0)
-    throw Error("args->reserved0, reserved1 and reserved2 must be 0");
+  if (c.reserved0 != 0 || c.reserved1 != 0 || c.reserved2 != 0 || c.reserved4 != 0)
+    throw Error("args->reserved0, reserved1, reserved2 and reserved4 must be 0");
   KvCacheArgs a;
   a.batch = c.batch;
   a.heads = c.heads;
@@ -59,6 +59,14 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.rotary_fa2_query_positions = c.rotary_fa2_query_positions != 0;
   a.threads = c.threads;
   a.isa = capi::to_isa(c.isa, "isa");
+  if (c.kv_quant < TILEATTN_KV_NONE || c.kv_quant > TILEATTN_KV_FP8_E4M3)
+    throw Error("kv_quant: expected TILEATTN_KV_NONE, TILEATTN_KV_INT8 or TILEATTN_KV_FP8_E4M3, got " +
+                std::to_string(c.kv_quant));
+  a.kv_quant = static_cast<KvQuant>(c.kv_quant);
+  a.k_scale = c.k_scale;
+  a.v_scale = c.v_scale;
+  a.k_scale_stride = capi::to_array(c.k_scale_stride);
+  a.v_scale_stride = capi::to_array(c.v_scale_stride);
   return a;
 }
 
@@ -82,6 +90,8 @@ tileattn_status tileattn_kv_cache_args_init(tileattn_kv_cache_args* args) {
     args->window_right = defaults.window_right;
     args->scale = defaults.scale;
     args->isa = TILEATTN_ISA_AUTO;
+    args->kv_quant = TILEATTN_KV_NONE;
+    args->k_scale_stride[2] = args->v_scale_stride[2] = 1;
   });
 }
 

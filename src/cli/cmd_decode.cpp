@@ -6,6 +6,7 @@
 // second next to the read bandwidth of a buffer of the same size measured
 // in the same run.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "cli/commands.hpp"
 #include "cli/report.hpp"
 #include "cli/timing.hpp"
+#include "core/half.hpp"
 #include "core/thread_pool.hpp"
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/machine.hpp"
@@ -30,7 +32,8 @@ namespace {
 const char* const kHelp =
     "usage: tileattn decode [--prompt P] [--steps S] [--batch B] [--heads H] [--kv-heads HKV]\n"
     "                       [--dim D] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
-    "                       [--page-size N] [--recompute-steps R] [--json]\n"
+    "                       [--page-size N] [--recompute-steps R]\n"
+    "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
     "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
     "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
@@ -48,7 +51,12 @@ const char* const kHelp =
     "ratio is the median over steps of the two times of that step.\n"
     "With a cache of 4 MiB or more, every step and every read pass starts cold: a read of\n"
     "twice the last-level cache (evict_bytes, untimed) comes before each, as a model's other\n"
-    "layers would.\n";
+    "layers would; the one before each read pass is timed: memory_read_gb_per_s (main memory's\n"
+    "read rate, a buffer larger than the last-level cache) and kv_vs_memory_read (median over\n"
+    "steps of the step's K/V rate over it).\n"
+    "--kv-dtype int8 | fp8_e4m3 quantizes the cache (int8: a scale per token and KV head,\n"
+    "counted in kv_bytes_per_step; fp8: a scale per KV head, the prompt's max |x| / 224);\n"
+    "a float --kv-dtype is the cache's and the queries' dtype (default: --dtype).\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
 constexpr double kLlama3RopeTheta = 500000.0;
@@ -56,7 +64,16 @@ constexpr double kLlama3RopeTheta = 500000.0;
 struct Shape {
   int64_t batch, heads, kv_heads, dim, prompt, steps;
   DType dtype;
+  KvQuant kv_quant = KvQuant::none;  // --kv-dtype int8 / fp8_e4m3
+  float fp8_scale = 1.0f;            // fp8: every KV head's scale (the prompt's max |x| / 224)
 };
+
+// Bytes a step reads per cached token: K and V of every sequence and KV
+// head, plus an int8 cache's two scales.
+int64_t token_bytes(const Shape& s) {
+  const int64_t element = int64_t(dtype_size(kv_storage_dtype(s.dtype, s.kv_quant)));
+  return 2 * s.batch * s.kv_heads * (s.dim * element + (s.kv_quant == KvQuant::int8 ? 4 : 0));
+}
 
 // A cache (contiguous or paged) holding the prompt, ready for decode steps.
 class DecodeLoop {
@@ -80,12 +97,11 @@ class DecodeLoop {
     seqlens_.assign(size_t(s.batch), 0);
     a.cache_seqlens = seqlens_.data();
     if (page_size == 0) {
-      k_cache_ = zeros(s.dtype, kv_rows);
-      v_cache_ = zeros(s.dtype, kv_rows);
+      allocate_cache(kv_rows, s.batch, capacity_);
       a.capacity = capacity_;
       const auto stride = dense_strides(Layout::bhsd, s.batch, s.kv_heads, capacity_, s.dim);
-      a.k_cache = {k_cache_.data(), stride};
-      a.v_cache = {v_cache_.data(), stride};
+      a.k_cache = {k_data_, stride};
+      a.v_cache = {v_data_, stride};
     } else {
       // Pages scattered in a fixed random order, as an allocator serving
       // many requests would leave them.
@@ -94,11 +110,10 @@ class DecodeLoop {
       block_table_.resize(size_t(pages));
       std::iota(block_table_.begin(), block_table_.end(), 0);
       std::shuffle(block_table_.begin(), block_table_.end(), std::mt19937_64(7));
-      k_cache_ = zeros(s.dtype, pages * s.kv_heads * page_size * s.dim);
-      v_cache_ = zeros(s.dtype, pages * s.kv_heads * page_size * s.dim);
+      allocate_cache(pages * s.kv_heads * page_size * s.dim, pages, page_size);
       const auto stride = dense_strides(Layout::bhsd, pages, s.kv_heads, page_size, s.dim);
-      a.k_cache = {k_cache_.data(), stride};
-      a.v_cache = {v_cache_.data(), stride};
+      a.k_cache = {k_data_, stride};
+      a.v_cache = {v_data_, stride};
       a.block_table = block_table_.data();
       a.block_table_stride = per_sequence;
       a.page_size = page_size;
@@ -148,13 +163,53 @@ class DecodeLoop {
   }
 
   int64_t length() const { return seqlens_[0]; }
+  // The cache (elements and scales) as a forward call's K/V source.
+  void set_kv_source(ForwardArgs& f) const {
+    const ForwardArgs view = kvcache_forward_args(args_, seqlens_.data());
+    f.kv.quant = view.kv.quant;
+    f.kv.k_scale = view.kv.k_scale;
+    f.kv.v_scale = view.kv.v_scale;
+    f.kv.k_scale_stride = view.kv.k_scale_stride;
+    f.kv.v_scale_stride = view.kv.v_scale_stride;
+  }
   // The contiguous cache as keys/values of an ordinary forward call.
   const KvCacheArgs& args() const { return args_; }
 
  private:
+  // K and V storage of `elements` each (dtype, or int8 / fp8 bytes), and the
+  // scales of a quantized cache: int8 [outer, kv_heads, rows], fp8 [kv_heads].
+  void allocate_cache(int64_t elements, int64_t outer, int64_t rows) {
+    if (s_.kv_quant == KvQuant::none) {
+      k_cache_ = zeros(s_.dtype, elements);
+      v_cache_ = zeros(s_.dtype, elements);
+      k_data_ = k_cache_.data();
+      v_data_ = v_cache_.data();
+      return;
+    }
+    k_bytes_.assign(size_t(elements), 0);
+    v_bytes_.assign(size_t(elements), 0);
+    k_data_ = k_bytes_.data();
+    v_data_ = v_bytes_.data();
+    KvCacheArgs& a = args_;
+    a.kv_quant = s_.kv_quant;
+    if (s_.kv_quant == KvQuant::int8) {
+      k_scale_.assign(size_t(outer * s_.kv_heads * rows), 0.0f);
+      a.k_scale_stride = a.v_scale_stride = {s_.kv_heads * rows, rows, 1};
+    } else {
+      k_scale_.assign(size_t(s_.kv_heads), s_.fp8_scale);
+    }
+    v_scale_ = k_scale_;
+    a.k_scale = k_scale_.data();
+    a.v_scale = v_scale_.data();
+  }
+
   Shape s_;
   int64_t capacity_;
-  TypedBuffer k_cache_, v_cache_;
+  TypedBuffer k_cache_, v_cache_;          // unquantized caches
+  std::vector<uint8_t> k_bytes_, v_bytes_;  // int8 / fp8 caches
+  std::vector<float> k_scale_, v_scale_;
+  void* k_data_ = nullptr;
+  void* v_data_ = nullptr;
   std::vector<int32_t> seqlens_, block_table_;
   KvCacheArgs args_;
 };
@@ -196,6 +251,12 @@ class ReadBandwidth {
   // Reads the eviction buffer (nothing without one).
   void evict() {
     if (!evict_.empty()) read(evict_, threads_);
+  }
+  // The same, timed: the main-memory read rate in GB/s, the buffer (twice
+  // the last-level cache) being larger than any cache (0 without one).
+  double evict_pass() {
+    if (evict_.empty()) return 0.0;
+    return double(evict_.size() * 8) / (read(evict_, threads_) * 1e-3) * 1e-9;
   }
   int64_t evict_bytes() const { return int64_t(evict_.size()) * 8; }
   int threads() const { return threads_; }
@@ -244,6 +305,10 @@ struct LoopResult {
   // With more than one reader thread: one-thread passes right after those,
   // and the median over steps of the two passes' rate ratio.
   double read1_gb_per_s = 0, read_thread_speedup = 0;
+  // A read of the eviction buffer (larger than the last-level cache) before
+  // each of those passes: main memory's read rate, and the median over steps
+  // of the step's K/V rate over it.
+  double memory_read_gb_per_s = 0, kv_vs_memory_read = 0;
   std::vector<double> step_ms;
 };
 
@@ -283,10 +348,10 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
     loops.back()->prefill(t.prompt_k, t.prompt_v);
   }
   TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim);
-  const int64_t row_bytes = 2 * s.batch * s.kv_heads * s.dim * int64_t(dtype_size(s.dtype));
+  const int64_t row_bytes = token_bytes(s);
   const size_t n = variants.size();
   std::vector<LoopResult> r(n);
-  std::vector<double> gb_per_s, read_gb, fraction, read1_gb, read_ratio;
+  std::vector<double> gb_per_s, read_gb, fraction, read1_gb, read_ratio, memory_gb, memory_fraction;
   for (int64_t i = 0; i < s.steps; ++i) {
     for (size_t k = 0; k < n; ++k) {
       const size_t v = (size_t(i) + k) % n;
@@ -305,7 +370,10 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
       }
       gb_per_s.push_back(double(r[v].kv_bytes_last) / (ms * 1e-3) * 1e-9);
       if (reader) {
-        reader->evict();
+        if (reader->evict_bytes() > 0) {
+          memory_gb.push_back(reader->evict_pass());
+          memory_fraction.push_back(gb_per_s.back() / memory_gb.back());
+        }
         read_gb.push_back(reader->pass());
         fraction.push_back(gb_per_s.back() / read_gb.back());
         if (reader->threads() > 1) {
@@ -322,6 +390,10 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
   if (reader) {
     r[0].read_gb_per_s = median(read_gb);
     r[0].fraction_of_bandwidth = median(fraction);
+    if (!memory_gb.empty()) {
+      r[0].memory_read_gb_per_s = median(memory_gb);
+      r[0].kv_vs_memory_read = median(memory_fraction);
+    }
     if (!read1_gb.empty()) {
       r[0].read1_gb_per_s = median(read1_gb);
       r[0].read_thread_speedup = median(read_ratio);
@@ -357,6 +429,7 @@ double time_recompute(const Shape& s, const Tokens& t, int threads, const RopeTa
     f.o = {o.data(), f.q.stride};
     f.k = {loop.args().k_cache.data, loop.args().k_cache.stride};
     f.v = {loop.args().v_cache.data, loop.args().v_cache.stride};
+    loop.set_kv_source(f);
     f.shape.seqlen_k = n;
     f.mask.causal = true;
     f.threads = threads;
@@ -371,7 +444,8 @@ int cmd_decode(int argc, char** argv) {
   Args args(argc, argv,
             {{"--prompt", true}, {"--steps", true}, {"--batch", true}, {"--heads", true},
              {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
-             {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false}});
+             {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false},
+             {"--kv-dtype", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   Shape s;
@@ -382,6 +456,25 @@ int cmd_decode(int argc, char** argv) {
   s.kv_heads = args.integer("--kv-heads", 8, 1, 1 << 16);
   s.dim = args.integer("--dim", 128, 2, 256);
   s.dtype = parse_dtype(args.text("--dtype", "bf16"));
+  // --kv-dtype: int8 / fp8_e4m3 quantize the cache; a float type is the
+  // cache's (and so the queries') dtype: an unquantized cache holds q's dtype.
+  const std::string kv_dtype = args.text("--kv-dtype", "");
+  if (kv_dtype == "int8") {
+    s.kv_quant = KvQuant::int8;
+  } else if (kv_dtype == "fp8_e4m3") {
+    s.kv_quant = KvQuant::fp8_e4m3;
+  } else if (!kv_dtype.empty()) {
+    DType cache_dtype;
+    try {
+      cache_dtype = parse_dtype(kv_dtype);
+    } catch (const Error&) {
+      throw UsageError("--kv-dtype: expected int8, fp8_e4m3, bf16, fp16 or fp32, got '" + kv_dtype + "'");
+    }
+    if (args.has("--dtype") && cache_dtype != s.dtype)
+      throw UsageError("--kv-dtype " + kv_dtype + " differs from --dtype " + dtype_name(s.dtype) +
+                       ": an unquantized cache holds the queries' dtype");
+    s.dtype = cache_dtype;
+  }
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const bool paged = args.has("--paged");
   const int64_t page_size = args.integer("--page-size", 16, 1, kMaxSize);
@@ -416,8 +509,15 @@ int cmd_decode(int argc, char** argv) {
   // more are evicted before every step and read pass by reading twice the
   // last-level cache (at least 64 MiB); smaller ones are what tests and tiny
   // models use, and stay as they are.
-  const int64_t kv_bytes = 2 * s.batch * s.kv_heads * (s.prompt + s.steps / 2) * s.dim *
-                           int64_t(dtype_size(s.dtype));
+  const int64_t kv_bytes = token_bytes(s) * (s.prompt + s.steps / 2);
+  if (s.kv_quant == KvQuant::fp8_e4m3) {
+    // One scale per KV head that maps the prompt's largest |x| to 224, half of e4m3's 448.
+    float amax = 0.0f;
+    for (const TypedBuffer* b : {&t.prompt_k, &t.prompt_v})
+      for (int64_t i = 0; i < s.batch * s.kv_heads * s.prompt * s.dim; ++i)
+        amax = std::max(amax, std::fabs(detail::load_element(b->data(), int(s.dtype), i)));
+    s.fp8_scale = amax > 0.0f ? amax / 224.0f : 1.0f;
+  }
   const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
   ReadBandwidth reader(kv_bytes, threads, kv_bytes >= (int64_t{4} << 20) ? 2 * l3 : 0);
   reader.evict();  // page the eviction buffer in
@@ -436,6 +536,7 @@ int cmd_decode(int argc, char** argv) {
   rep.integer("kv_heads", s.kv_heads);
   rep.integer("dim", s.dim);
   rep.text("dtype", dtype_name(s.dtype));
+  rep.text("kv_dtype", dtype_name(kv_storage_dtype(s.dtype, s.kv_quant)));
   rep.integer("prompt", s.prompt);
   rep.integer("steps", s.steps);
   rep.integer("threads", threads);
@@ -450,6 +551,13 @@ int cmd_decode(int argc, char** argv) {
   rep.number("kv_gb_per_s", main.kv_gb_per_s);
   rep.number("read_gb_per_s", read_gb);
   rep.number("fraction_of_bandwidth", main.fraction_of_bandwidth);
+  if (reader.evict_bytes() > 0) {
+    rep.number("memory_read_gb_per_s", main.memory_read_gb_per_s);
+    rep.number("kv_vs_memory_read", main.kv_vs_memory_read);
+  } else {
+    rep.null("memory_read_gb_per_s");
+    rep.null("kv_vs_memory_read");
+  }
   rep.integer("evict_bytes", reader.evict_bytes());
   if (paged) {
     const LoopResult& contiguous = loops[1];

@@ -41,7 +41,9 @@ int effective_threads(int requested) {
 
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   Problem p = describe(args);
-  p.product = tile_product(isa, args.dtype);
+  // A quantized cache takes the fp32 products (its packed tiles convert
+  // int8 / fp8 to fp32; decode reads them in place either way).
+  p.product = args.kv.quant == KvQuant::none ? tile_product(isa, args.dtype) : TileProduct::fp32_fma;
   TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
   p.block_kv = args.block_kv > 0 ? args.block_kv : tiles.block_kv;
@@ -117,7 +119,8 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   }
   // One head's run of a page: page_size * head_dim * element bytes (divided,
   // not multiplied: page sizes near INT64_MAX are valid).
-  const int64_t row_bytes = max64(1, args.shape.head_dim * int64_t(dtype_size(args.dtype)));
+  const int64_t row_bytes =
+      max64(1, args.shape.head_dim * int64_t(dtype_size(kv_storage_dtype(args.dtype, args.kv.quant))));
   if (args.kv.block_table && args.kv.page_size <= kMaxWalkedRunBytes / row_bytes)
     p.kv_heads_per_item = walk;
   const int64_t base_items = args.shape.batch * ((args.shape.kv_heads + walk - 1) / walk) * q_tiles *

@@ -99,14 +99,56 @@ static inline uint16_t double_to_bf16(double value) {
   return float_to_bf16(tie ? double_to_float_round_to_odd(value) : nearest);
 }
 
+// fp8 e4m3 ("fn": no infinities; torch.float8_e4m3fn): sign, 4 exponent
+// bits (bias 7), 3 mantissa bits; S.1111.111 is NaN, 448 the largest finite
+// value, 2^-9 the smallest subnormal. Both directions give torch's bits
+// (c10::Float8_e4m3fn): to float, NaN is sign | 0x7ff00000; from float, round
+// to nearest even, and |f| >= 480 (which would round past 448), inf and NaN
+// all give NaN (sign | 0x7f) -- torch does not saturate. The quantizing
+// append clamps to +-448 before converting (kv_append.cpp), so only a NaN
+// input stores a NaN.
+static inline float f8e4m3_to_float(uint8_t x) {
+  const uint32_t sign = static_cast<uint32_t>(x & 0x80u) << 24;
+  const uint32_t exponent = (x >> 3) & 0xfu, mantissa = x & 0x7u;
+  if (exponent == 0xfu && mantissa == 0x7u) return bits_to_float(sign | 0x7ff00000u);
+  if (exponent == 0) {  // subnormal: mantissa * 2^-9 (exact in fp32)
+    const float value = static_cast<float>(mantissa) * bits_to_float(0x3b000000u);  // 2^-9
+    return sign ? -value : value;
+  }
+  return bits_to_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+static inline uint8_t float_to_f8e4m3(float f) {
+  uint32_t bits = float_to_bits(f);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint8_t result;
+  if (bits >= 0x43f00000u) {  // >= 480, inf, NaN
+    result = 0x7fu;
+  } else if (bits < (121u << 23)) {  // below 2^-6: a subnormal (or zero) of e4m3
+    // Adding 2^14 leaves the value in units of 2^-9 in the low mantissa bits,
+    // rounded to nearest even by the addition itself.
+    const float shifted = bits_to_float(bits) + bits_to_float(141u << 23);
+    result = static_cast<uint8_t>(float_to_bits(shifted) - (141u << 23));
+  } else {
+    const uint32_t odd = (bits >> 20) & 1u;
+    bits += (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu + odd;
+    result = static_cast<uint8_t>(bits >> 20);
+  }
+  return static_cast<uint8_t>(result | (sign >> 24));
+}
+
 }  // namespace tileattn::detail
 
 namespace tileattn::detail {
 
-// One element of a tensor of storage type `dtype` (0 = f32, 1 = f16, 2 = bf16),
-// `index` elements from `base`, as float.
+// One element of a tensor of storage type `dtype` (0 = f32, 1 = f16, 2 = bf16,
+// 3 = int8, 4 = fp8 e4m3: DType's values), `index` elements from `base`, as
+// float (int8 and fp8 without their scale).
 static inline float load_element(const void* base, int dtype, int64_t index) {
   if (dtype == 0) return static_cast<const float*>(base)[index];
+  if (dtype == 3) return static_cast<float>(static_cast<const int8_t*>(base)[index]);
+  if (dtype == 4) return f8e4m3_to_float(static_cast<const uint8_t*>(base)[index]);
   const uint16_t bits = static_cast<const uint16_t*>(base)[index];
   return dtype == 1 ? f16_to_float(bits) : bf16_to_float(bits);
 }

@@ -45,8 +45,8 @@ class Fp32Operands {
  public:
   static constexpr bool kDeferredScale = false;  // scores() leaves them in log2 units
   Fp32Operands(const Problem& p, const ForwardScratchLayout& l, float* scratch)
-      : p_(p), kv_pad_(l.kv_pad), q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile),
-        v_tile_(scratch + l.v_tile) {}
+      : p_(p), kv_dtype_(kv_storage_dtype(p.args.dtype, p.args.kv.quant)), kv_pad_(l.kv_pad),
+        q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile), v_tile_(scratch + l.v_tile) {}
 
   void begin_item() {}
   void end_item() {}
@@ -63,13 +63,15 @@ class Fp32Operands {
   // L1's 64 sets; the panel then evicts itself and P V ran 13% slower than
   // Q K^T (58k against 52k cycles per 128x64 tile, D = 128); panel-major,
   // both run at 52k.
+  // (A quantized cache's rows convert from int8 / fp8; their scales are
+  // applied by the main loop to the scores and to P.)
   void pack_k(const void* const* rows, int64_t n, int64_t stride) {
     const int64_t d = p_.args.shape.head_dim;
-    K::pack_transposed(rows, n, p_.args.dtype, d, stride, k_t_, kPanelWidth, kPanelWidth * d);
+    K::pack_transposed(rows, n, kv_dtype_, d, stride, k_t_, kPanelWidth, kPanelWidth * d);
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
     for (int64_t c = 0; c < n; ++c)
-      K::load_row(rows[c], p_.args.dtype, p_.args.shape.head_dim, stride, 1.0f, v_tile_ + c * kPanelWidth,
+      K::load_row(rows[c], kv_dtype_, p_.args.shape.head_dim, stride, 1.0f, v_tile_ + c * kPanelWidth,
                   kPanelWidth * n);
   }
 
@@ -97,6 +99,7 @@ class Fp32Operands {
 
  private:
   const Problem& p_;
+  DType kv_dtype_;  // K/V storage (the inputs' dtype, or int8 / fp8 for a quantized cache)
   int64_t kv_pad_;
   float* q_tile_;
   float* k_t_;
@@ -256,8 +259,11 @@ template <class K, class Operands>
 class ForwardMainloop {
  public:
   ForwardMainloop(const Problem& p, float* scratch)
-      : p_(p), a_(p.args), layout_(forward_scratch_layout(p)), operands_(p, layout_, scratch) {
+      : p_(p), a_(p.args), layout_(forward_scratch_layout(p)), operands_(p, layout_, scratch),
+        kv_dtype_(kv_storage_dtype(p.args.dtype, p.args.kv.quant)), quantized_(p.args.kv.quant != KvQuant::none) {
     kv_pad_ = layout_.kv_pad;
+    k_scales_ = scratch + layout_.kv_scales;  // quantized_: (kv_pad) K scales, then (kv_pad) V scales
+    v_scales_ = k_scales_ + kv_pad_;
     acc_ = scratch + layout_.acc;          // (heads * rows, D_pad), un-normalized O
     row_max_ = scratch + layout_.row_max;  // (heads * rows), log2 units
     row_sum_ = scratch + layout_.row_sum;  // (heads * rows)
@@ -289,7 +295,8 @@ class ForwardMainloop {
     const int64_t stacked = w.head_count * rows_;
     if (!direct_) operands_.begin_item();
     // Dropout scales P in place, and the few-rows products read it there.
-    p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f;
+    // (Quantized caches scale P by the V scales there too.)
+    p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f && !quantized_;
     load_q_tiles(seq, w);
     std::memset(acc_, 0, sizeof(float) * stacked * dp);
     for (int64_t s = 0; s < stacked; ++s) {
@@ -347,9 +354,14 @@ class ForwardMainloop {
           if (ahead_filled) {
             fill_key_rows(a_.k, seq, w.batch, next_kv_head, next_begin, ahead_, k_ahead_);
             fill_key_rows(a_.v, seq, w.batch, next_kv_head, next_begin, ahead_, v_ahead_);
+            if (quantized_) prefetch_key_scales(seq, w.batch, next_kv_head, next_begin, ahead_);
           }
         } else {
           load_kv_tile(seq, w.batch, kv_head, j_begin, n);
+        }
+        if (quantized_) {
+          fill_key_scales(a_.kv.k_scale, a_.kv.k_scale_stride, seq, w.batch, kv_head, j_begin, n, k_scales_);
+          fill_key_scales(a_.kv.v_scale, a_.kv.v_scale_stride, seq, w.batch, kv_head, j_begin, n, v_scales_);
         }
         prefetch_.reset(nullptr, 0, 0);
         if (next_n > 0 && !direct_) queue_next_tile(seq, w.batch, next_kv_head, next_begin, next_n);
@@ -412,21 +424,77 @@ class ForwardMainloop {
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
                                    this_steps_v ? n : ahead_};
-        K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, a_.dtype, a_.k.stride[3],
+        K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, kv_dtype_, a_.k.stride[3],
                            s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
+        if (quantized_) scale_columns(m, n, k_scales_, t0);
         return;
       }
     }
     (void)dp, (void)d;
     operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
+    if (quantized_) scale_columns(m, n, k_scales_, t0);
+  }
+
+  // Quantized K/V: s_tile rows [t0, t0 + m), column c *= scales[c] (the K
+  // scales on the scores, the V scales on P after the softmax has summed it).
+  // Quantized caches take the fp32 operands (plan_forward), whose products
+  // run where they are called, so the scores are there to scale.
+  void scale_columns(int64_t m, int64_t n, const float* scales, int64_t t0) {
+    for (int64_t t = 0; t < m; ++t) {
+      float* row = s_tile_ + (t0 + t) * kv_pad_;
+      for (int64_t c = 0; c < n; ++c) row[c] *= scales[c];
+    }
+  }
+
+  // The lines of the K and V scales of keys [j0, j0 + n) (one line per page
+  // run or per 16 keys), asked for a step ahead like the rows: a paged int8
+  // cache keeps each (page, head)'s scales in a line of their own, which
+  // the hardware prefetcher does not follow from page to page, and
+  // fill_key_scales would wait for each of them.
+  void prefetch_key_scales(const Sequence& seq, int64_t batch, int64_t kv_head, int64_t j0, int64_t n) const {
+    const std::array<int64_t, 3>* strides[2] = {&a_.kv.k_scale_stride, &a_.kv.v_scale_stride};
+    const float* bases[2] = {a_.kv.k_scale, a_.kv.v_scale};
+    for (int i = 0; i < 2; ++i) {
+      const std::array<int64_t, 3>& stride = *strides[i];
+      if (!a_.kv.block_table) {
+        const float* first = bases[i] + seq.k_batch * stride[0] + kv_head * stride[1] + (seq.k_row0 + j0) * stride[2];
+        for (int64_t c = 0; c < n; c += 16) prefetch_line<true>(first + c * stride[2]);
+        continue;
+      }
+      const int32_t* table = a_.kv.block_table + batch * a_.kv.block_table_stride;
+      const int64_t page_size = a_.kv.page_size;
+      for (int64_t j = j0; j < j0 + n; j = (j / page_size + 1) * page_size)
+        prefetch_line<true>(bases[i] + table[j / page_size] * stride[0] + kv_head * stride[1] +
+                            (j % page_size) * stride[2]);
+    }
+  }
+
+  // scales[c] = the scale of key j0 + c of `batch`, `kv_head` (KvSource):
+  // one table lookup per page, as fill_key_rows.
+  void fill_key_scales(const float* base, const std::array<int64_t, 3>& stride, const Sequence& seq,
+                       int64_t batch, int64_t kv_head, int64_t j0, int64_t n, float* scales) const {
+    if (!a_.kv.block_table) {
+      const float* first = base + seq.k_batch * stride[0] + kv_head * stride[1] + (seq.k_row0 + j0) * stride[2];
+      for (int64_t c = 0; c < n; ++c) scales[c] = first[c * stride[2]];
+      return;
+    }
+    const int32_t* table = a_.kv.block_table + batch * a_.kv.block_table_stride;
+    const int64_t page_size = a_.kv.page_size;
+    int64_t page_index = j0 / page_size, in_page = j0 % page_size;
+    for (int64_t c = 0; c < n; ++page_index, in_page = 0) {
+      const float* page = base + table[page_index] * stride[0] + kv_head * stride[1];
+      const int64_t take = min64(page_size - in_page, n - c);
+      for (int64_t t = 0; t < take; ++t, ++c) scales[c] = page[(in_page + t) * stride[2]];
+    }
   }
 
   // acc (stacked rows [s0, s0 + m)) += P V.
   void accumulate(int64_t s0, int64_t m, int64_t n, int64_t t0) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    if (quantized_) scale_columns(m, n, v_scales_, t0);
     if constexpr (kHasFewRows) {
       if (direct_) {
-        K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, a_.dtype, a_.v.stride[3],
+        K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_, a_.v.stride[3],
                                acc_ + s0 * dp, dp);
         return;
       }
@@ -457,7 +525,7 @@ class ForwardMainloop {
   // lookup per page, not a division per row.
   void fill_key_rows(const InputView& view, const Sequence& seq, int64_t batch, int64_t kv_head,
                      int64_t j0, int64_t n, const void** rows) const {
-    const int64_t esize = int64_t(dtype_size(a_.dtype));
+    const int64_t esize = int64_t(dtype_size(kv_dtype_));
     const char* base = static_cast<const char*>(view.data);
     // The row step is formed only where a second row exists: a dimension of
     // size 1 may have any stride (validate.cpp), and stride * esize can then
@@ -498,7 +566,7 @@ class ForwardMainloop {
     if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
     fill_key_rows(a_.k, seq, batch, kv_head, j0, n, key_rows_);
     fill_key_rows(a_.v, seq, batch, kv_head, j0, n, key_rows_ + n);
-    prefetch_.reset(key_rows_, 2 * n, a_.shape.head_dim * int64_t(dtype_size(a_.dtype)));
+    prefetch_.reset(key_rows_, 2 * n, a_.shape.head_dim * int64_t(dtype_size(kv_dtype_)));
   }
 
   // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
@@ -614,6 +682,10 @@ class ForwardMainloop {
   const ForwardArgs& a_;
   const ForwardScratchLayout layout_;
   Operands operands_;
+  const DType kv_dtype_;  // K/V storage: a_.dtype, or int8 / fp8 e4m3 for a quantized cache
+  const bool quantized_;
+  float* k_scales_ = nullptr;  // quantized_: this step's per-key K scales
+  float* v_scales_ = nullptr;  // quantized_: this step's per-key V scales
   int64_t kv_pad_ = 0;
   int64_t rows_ = 0;  // query rows of the current item
   float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) pre-scaled fp32 Q

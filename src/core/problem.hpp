@@ -187,6 +187,7 @@ struct ForwardScratchLayout {
   int64_t p_hi = 0;           // bf16_dot: P as bf16 hi, (stacked rows + 16, bf16_kv_pad)
   int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape
   int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)
+  int64_t kv_scales = 0;      // quantized K/V: this tile's K scales, then its V scales (2 x kv_pad)
   int64_t total = 0;          // floats in all
 };
 ForwardScratchLayout forward_scratch_layout(const Problem& p);

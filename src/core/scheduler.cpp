@@ -80,6 +80,7 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   l.p_hi = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.p_lo = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));
+  l.kv_scales = take(p.args.kv.quant != KvQuant::none ? 2 * l.kv_pad : 0);
   return l;
 }
 

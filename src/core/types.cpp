@@ -10,17 +10,43 @@ const char* dtype_name(DType dtype) {
     case DType::f32: return "fp32";
     case DType::f16: return "fp16";
     case DType::bf16: return "bf16";
+    case DType::i8: return "int8";
+    case DType::f8_e4m3: return "fp8_e4m3";
   }
   return "unknown";
 }
 
-std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::i8:
+    case DType::f8_e4m3: return 1;
+    default: return 2;
+  }
+}
 
 DType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::f32;
   if (name == "fp16" || name == "f16" || name == "float16" || name == "half") return DType::f16;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   throw Error("dtype: expected fp32, fp16 or bf16, got '" + name + "'");
+}
+
+const char* kv_quant_name(KvQuant quant) {
+  switch (quant) {
+    case KvQuant::none: return "none";
+    case KvQuant::int8: return "int8";
+    case KvQuant::fp8_e4m3: return "fp8_e4m3";
+  }
+  return "unknown";
+}
+
+DType kv_storage_dtype(DType dtype, KvQuant quant) {
+  switch (quant) {
+    case KvQuant::int8: return DType::i8;
+    case KvQuant::fp8_e4m3: return DType::f8_e4m3;
+    default: return dtype;
+  }
 }
 
 const char* isa_name(Isa isa) {

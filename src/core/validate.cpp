@@ -1,6 +1,7 @@
 // One validation layer for the forward call: every pointer, size, stride and
 // option is checked before anything is allocated or written. Errors name the
 // argument and what was expected.
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -97,6 +98,29 @@ void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int
          " exceeds the packed rows of the tensor (" + str(total_rows) + ")");
 }
 
+// The scales of a quantized K or V (KvSource): present, inside the address
+// space for every (outer, head, row) of the cache's sizes; an fp8 cache's are
+// one per KV head (strides {0, stride, 0}) and each finite and > 0 (int8
+// scales are per token, written by the append like the cache's elements, and
+// not read here: a NaN scale gives NaN scores like a NaN key).
+static ByteRange validate_kv_scales(const char* name, const ForwardArgs& a, const float* scales,
+                             const std::array<int64_t, 3>& stride, const int64_t* kv_sizes) {
+  if (!scales) fail(std::string(name) + ": data is null (the cache is " + kv_quant_name(a.kv.quant) + ")");
+  const int64_t sizes[3] = {kv_sizes[0], kv_sizes[1], kv_sizes[2]};
+  const ByteRange range = view_range(name, scales, 4, sizes, stride.data(), 3);
+  if (a.kv.quant == KvQuant::fp8_e4m3) {
+    if (stride[0] != 0 || stride[2] != 0)
+      fail(std::string(name) + ": an fp8_e4m3 cache takes one scale per KV head (strides {0, s, 0}), got strides {" +
+           str(stride[0]) + ", " + str(stride[1]) + ", " + str(stride[2]) + "}");
+    for (int64_t h = 0; h < a.shape.kv_heads; ++h) {
+      const float value = scales[h * stride[1]];
+      if (!(value > 0.0f) || !std::isfinite(value))
+        fail(std::string(name) + "[" + str(h) + "] must be finite and > 0, got " + std::to_string(value));
+    }
+  }
+  return range;
+}
+
 void validate(const ForwardArgs& a) {
   const AttentionShape& s = a.shape;
   if (s.batch < 0) fail("batch must be >= 0, got " + str(s.batch));
@@ -110,6 +134,8 @@ void validate(const ForwardArgs& a) {
   if (s.seqlen_k < 0) fail("seqlen_k must be >= 0, got " + str(s.seqlen_k));
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
     fail("dtype: expected fp32, fp16 or bf16");
+  if (a.kv.quant != KvQuant::none && a.kv.quant != KvQuant::int8 && a.kv.quant != KvQuant::fp8_e4m3)
+    fail("kv quant: expected none, int8 or fp8_e4m3");
   if (!std::isnan(a.scale) && !std::isfinite(a.scale))
     fail("scale must be finite (or NaN for 1/sqrt(head_dim))");
   if (!(a.softcap >= 0.0f && std::isfinite(a.softcap)))
@@ -219,10 +245,15 @@ void validate(const ForwardArgs& a) {
   ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
   check_injective("o", q_sizes, a.o.stride.data(), 4);
-  ByteRange k, v;
+  ByteRange k, v, k_scale, v_scale;
   if (keys_needed) {
-    k = view_range("k", a.k.data, esize, k_sizes, a.k.stride.data(), 4);
-    v = view_range("v", a.v.data, esize, k_sizes, a.v.stride.data(), 4);
+    const int64_t kv_esize = int64_t(dtype_size(kv_storage_dtype(a.dtype, a.kv.quant)));
+    k = view_range("k", a.k.data, kv_esize, k_sizes, a.k.stride.data(), 4);
+    v = view_range("v", a.v.data, kv_esize, k_sizes, a.v.stride.data(), 4);
+    if (a.kv.quant != KvQuant::none) {
+      k_scale = validate_kv_scales("k_scale", a, a.kv.k_scale, a.kv.k_scale_stride, k_sizes);
+      v_scale = validate_kv_scales("v_scale", a, a.kv.v_scale, a.kv.v_scale_stride, k_sizes);
+    }
   }
   ByteRange mask;
   if (a.mask.kind != MaskSpec::Kind::none) {
@@ -237,6 +268,8 @@ void validate(const ForwardArgs& a) {
   if (ranges_overlap(o, k)) fail("o: output overlaps input k");
   if (ranges_overlap(o, v)) fail("o: output overlaps input v");
   if (ranges_overlap(o, mask)) fail("o: output overlaps the mask");
+  if (ranges_overlap(o, k_scale)) fail("o: output overlaps input k_scale");
+  if (ranges_overlap(o, v_scale)) fail("o: output overlaps input v_scale");
   if (a.lse) {
     const int64_t l_sizes[3] = {q_batches, s.heads, s.seqlen_q};
     ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
@@ -245,6 +278,7 @@ void validate(const ForwardArgs& a) {
     if (ranges_overlap(lse, q) || ranges_overlap(lse, k) || ranges_overlap(lse, v))
       fail("lse: overlaps an input");
     if (ranges_overlap(lse, mask)) fail("lse: overlaps the mask");
+    if (ranges_overlap(lse, k_scale) || ranges_overlap(lse, v_scale)) fail("lse: overlaps an input");
   }
 }
 

@@ -42,6 +42,16 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   f.sinks = a.sinks;
   f.threads = a.threads;
   f.isa = a.isa;
+  f.kv.quant = a.kv_quant;
+  f.kv.k_scale = a.k_scale;
+  f.kv.v_scale = a.v_scale;
+  if (a.kv_quant == KvQuant::int8) {
+    f.kv.k_scale_stride = a.k_scale_stride;
+    f.kv.v_scale_stride = a.v_scale_stride;
+  } else if (a.kv_quant == KvQuant::fp8_e4m3) {
+    f.kv.k_scale_stride = {0, 1, 0};  // one scale per KV head
+    f.kv.v_scale_stride = {0, 1, 0};
+  }
   return f;
 }
 

@@ -1,5 +1,6 @@
 // Every check a KV-cache call makes before it writes anything.
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -134,6 +135,58 @@ void fail_if_overlapping(const char* what, const ByteRange& range, std::initiali
     if (ranges_overlap(range, other.range)) fail(std::string(what) + " " + other.name + why);
 }
 
+int64_t storage_size(const KvCacheArgs& a) { return int64_t(dtype_size(kv_storage_dtype(a.dtype, a.kv_quant))); }
+
+// The byte ranges of k_scale and v_scale (empty without quantization).
+struct ScaleRanges {
+  ByteRange k, v;
+};
+ScaleRanges scale_ranges(const KvCacheArgs& a) {
+  ScaleRanges r;
+  if (a.kv_quant == KvQuant::none) return r;
+  if (a.kv_quant == KvQuant::fp8_e4m3) {
+    const int64_t sizes[1] = {a.kv_heads}, strides[1] = {1};
+    r.k = view_range("k_scale", a.k_scale, 4, sizes, strides, 1);
+    r.v = view_range("v_scale", a.v_scale, 4, sizes, strides, 1);
+    return r;
+  }
+  const std::array<int64_t, 4> cache = cache_sizes_of(a);
+  const int64_t sizes[3] = {cache[0], cache[1], cache[2]};
+  r.k = view_range("k_scale", a.k_scale, 4, sizes, a.k_scale_stride.data(), 3);
+  r.v = view_range("v_scale", a.v_scale, 4, sizes, a.v_scale_stride.data(), 3);
+  return r;
+}
+
+// kv_quant, and the scales it needs: present, in range, int8 scales
+// writable without overlapping each other or the cache, fp8 scales finite
+// and > 0. Without quantization no scale may be given.
+void check_scales(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
+  if (a.kv_quant == KvQuant::none) {
+    if (a.k_scale) fail("k_scale: given, but kv_quant is none (the cache holds " + std::string(dtype_name(a.dtype)) + ")");
+    if (a.v_scale) fail("v_scale: given, but kv_quant is none (the cache holds " + std::string(dtype_name(a.dtype)) + ")");
+    return;
+  }
+  const std::string kind = kv_quant_name(a.kv_quant);
+  if (!a.k_scale) fail("k_scale: data is null (the cache is " + kind + ")");
+  if (!a.v_scale) fail("v_scale: data is null (the cache is " + kind + ")");
+  const ScaleRanges r = scale_ranges(a);
+  if (a.kv_quant == KvQuant::fp8_e4m3) {
+    for (int64_t h = 0; h < a.kv_heads; ++h) {
+      if (!(a.k_scale[h] > 0.0f) || !std::isfinite(a.k_scale[h]))
+        fail("k_scale[" + str(h) + "] must be finite and > 0, got " + std::to_string(a.k_scale[h]));
+      if (!(a.v_scale[h] > 0.0f) || !std::isfinite(a.v_scale[h]))
+        fail("v_scale[" + str(h) + "] must be finite and > 0, got " + std::to_string(a.v_scale[h]));
+    }
+    return;
+  }
+  const std::array<int64_t, 4> cache = cache_sizes_of(a);
+  const int64_t sizes[3] = {cache[0], cache[1], cache[2]};
+  check_injective("k_scale", sizes, a.k_scale_stride.data(), 3);
+  check_injective("v_scale", sizes, a.v_scale_stride.data(), 3);
+  fail_if_overlapping("k_scale: overlaps", r.k, {{"k_cache", k_cache}, {"v_cache", v_cache}, {"v_scale", r.v}});
+  fail_if_overlapping("v_scale: overlaps", r.v, {{"k_cache", k_cache}, {"v_cache", v_cache}});
+}
+
 void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
@@ -141,8 +194,11 @@ void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRa
   if (!a.v_new.data) fail("v_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
   const ByteRange k = view_range("k_new", a.k_new.data, esize, sizes, a.k_new.stride.data(), 4);
   const ByteRange v = view_range("v_new", a.v_new.data, esize, sizes, a.v_new.stride.data(), 4);
-  fail_if_overlapping("k_new: overlaps", k, {{"k_cache", k_cache}, {"v_cache", v_cache}});
-  fail_if_overlapping("v_new: overlaps", v, {{"k_cache", k_cache}, {"v_cache", v_cache}});
+  const ScaleRanges scales = scale_ranges(a);
+  fail_if_overlapping("k_new: overlaps", k,
+                      {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}});
+  fail_if_overlapping("v_new: overlaps", v,
+                      {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}});
 }
 
 void check_rotary_tables(const KvCacheArgs& a) {
@@ -171,7 +227,9 @@ void validate_cache(const KvCacheArgs& a) {
   if (a.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(a.kv_heads));
   if (a.head_dim < 1 || a.head_dim > 256) fail("head_dim must be in 1..256, got " + str(a.head_dim));
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
-    fail("dtype: expected fp32, fp16 or bf16");
+    fail("dtype: expected fp32, fp16 or bf16 (a quantized cache sets kv_quant)");
+  if (a.kv_quant != KvQuant::none && a.kv_quant != KvQuant::int8 && a.kv_quant != KvQuant::fp8_e4m3)
+    fail("kv_quant: expected none, int8 or fp8_e4m3");
   if (a.batch == 0) return;
   if (!a.cache_seqlens) fail("cache_seqlens: data is null");
   if (paged(a)) {
@@ -194,7 +252,7 @@ void validate_cache(const KvCacheArgs& a) {
   check_batch_index_and_leftpad(a);
 
   const std::array<int64_t, 4> sizes = cache_sizes_of(a);
-  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const int64_t esize = storage_size(a);
   const bool has_rows = sizes[0] > 0 && sizes[2] > 0;
   if (has_rows && !a.k_cache.data) fail("k_cache: data is null");
   if (has_rows && !a.v_cache.data) fail("v_cache: data is null");
@@ -203,6 +261,7 @@ void validate_cache(const KvCacheArgs& a) {
   check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
   check_injective("v_cache", sizes.data(), a.v_cache.stride.data(), 4);
   if (ranges_overlap(k, v)) fail("v_cache: overlaps k_cache");
+  check_scales(a, k, v);
 }
 
 AppendPlan validate_append(const KvCacheArgs& a) {
@@ -241,9 +300,9 @@ AppendPlan validate_append(const KvCacheArgs& a) {
   check_distinct_written_rows(a, plan);
 
   const std::array<int64_t, 4> sizes = cache_sizes_of(a);
-  const int64_t esize = int64_t(dtype_size(a.dtype));
-  const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const int64_t cache_esize = storage_size(a);
+  const ByteRange k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, sizes.data(), a.v_cache.stride.data(), 4);
   check_new_rows(a, k, v);
 
   if (a.rotary_cos || a.rotary_sin) {
@@ -260,18 +319,25 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   if (!a.q.data || !a.o.data) return;  // the forward's validation, next, names them
   const std::array<int64_t, 4> sizes = cache_sizes_of(a);
   const int64_t esize = int64_t(dtype_size(a.dtype));
-  const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const int64_t cache_esize = storage_size(a);
+  const ByteRange k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const ScaleRanges scales = scale_ranges(a);
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
   const ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
-  fail_if_overlapping("o: output overlaps input", o, {{"k_cache", k}, {"v_cache", v}});
+  fail_if_overlapping("o: output overlaps input", o,
+                      {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
   // lse, when asked for: its range, computed once for both checks below.
   const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
   const ByteRange lse = a.lse ? view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3) : ByteRange{};
-  if (a.lse) fail_if_overlapping("lse: output overlaps input", lse, {{"k_cache", k}, {"v_cache", v}});
+  if (a.lse)
+    fail_if_overlapping("lse: output overlaps input", lse,
+                        {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
   const bool appends = std::any_of(plan.counts.begin(), plan.counts.end(), [](int32_t n) { return n > 0; });
   const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
-  if (appends) fail_if_overlapping("q: overlaps", q, {{"k_cache", k}, {"v_cache", v}}, ", which this call appends to");
+  if (appends)
+    fail_if_overlapping("q: overlaps", q, {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}},
+                        ", which this call appends to");
   // The new keys and values are inputs too: o and lse must not alias them
   // (the append happens to read them before O is written, but the contract
   // is that no output aliases an input).

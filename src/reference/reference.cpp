@@ -22,6 +22,19 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
   const detail::Problem p = detail::describe(a);
   const AttentionShape& s = a.shape;
   const int dt = static_cast<int>(a.dtype);
+  // K/V: a quantized cache's elements times their key's scale (the
+  // dequantized cache; Real(element) * Real(scale), exact in float64).
+  const int kv_dt = static_cast<int>(kv_storage_dtype(a.dtype, a.kv.quant));
+  const bool quantized = a.kv.quant != KvQuant::none;
+  const auto key_scale = [&](const float* scales, const std::array<int64_t, 3>& stride, int64_t b,
+                             const detail::Sequence& seq, int64_t kvh, int64_t j) -> Real {
+    if (!quantized) return Real(1);
+    if (a.kv.block_table) {
+      const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + j / a.kv.page_size];
+      return Real(scales[page * stride[0] + kvh * stride[1] + (j % a.kv.page_size) * stride[2]]);
+    }
+    return Real(scales[seq.k_batch * stride[0] + kvh * stride[1] + (seq.k_row0 + j) * stride[2]]);
+  };
   const int64_t q_batches = a.cu_seqlens_q ? 1 : s.batch;
   const int64_t d = s.head_dim;
   const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale);
@@ -68,8 +81,9 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
             k_off = seq.k_batch * a.k.stride[0] + kvh * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
           }
           Real dot = 0;
+          const Real k_scale = key_scale(a.kv.k_scale, a.kv.k_scale_stride, b, seq, kvh, j);
           for (int64_t c = 0; c < d; ++c)
-            dot += qrow[c] * Real(load_element(a.k.data, dt, k_off + c * a.k.stride[3]));
+            dot += qrow[c] * (Real(load_element(a.k.data, kv_dt, k_off + c * a.k.stride[3])) * k_scale);
           Real score = dot * Real(scale);
           // Soft cap, then masks and bias (FlashAttention-2's order).
           if (a.softcap > 0.0f) score = Real(a.softcap) * std::tanh(score / Real(a.softcap));
@@ -111,8 +125,9 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
           } else {
             v_off = seq.k_batch * a.v.stride[0] + kvh * a.v.stride[1] + (seq.k_row0 + j) * a.v.stride[2];
           }
+          const Real v_scale = key_scale(a.kv.v_scale, a.kv.v_scale_stride, b, seq, kvh, j);
           for (int64_t c = 0; c < d; ++c)
-            acc[c] += prob * Real(load_element(a.v.data, dt, v_off + c * a.v.stride[3]));
+            acc[c] += prob * (Real(load_element(a.v.data, kv_dt, v_off + c * a.v.stride[3])) * v_scale);
         }
         for (int64_t c = 0; c < d; ++c) {
           double value = double(acc[c]);

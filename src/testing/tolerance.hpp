@@ -36,6 +36,8 @@ inline double unit_roundoff(DType dtype) {
     case DType::f32: return std::ldexp(1.0, -24);
     case DType::f16: return std::ldexp(1.0, -11);
     case DType::bf16: return std::ldexp(1.0, -8);
+    case DType::i8: return 0.5;            // KV storage only (never an output's dtype);
+    case DType::f8_e4m3: return std::ldexp(1.0, -4);  // listed for completeness
   }
   return 0;
 }

@@ -17,6 +17,9 @@ namespace {
 
 void validate(const BackwardArgs& b) {
   const ForwardArgs& a = b.forward;
+  if (a.kv.quant != KvQuant::none)
+    throw NotSupported("backward: quantized K/V (kv.quant " + std::string(kv_quant_name(a.kv.quant)) +
+                       ") has no backward");
   if (a.kv.seqlens || a.kv.block_table)
     throw NotSupported("backward: KV-cache sources (kv.seqlens, kv.block_table) have no backward");
   // The forward's checks on the shared inputs, with O standing in as the

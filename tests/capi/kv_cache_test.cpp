@@ -121,8 +121,34 @@ tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
   c.cache_leftpad = a.cache_leftpad;
   c.rotary_fa2_query_positions = a.rotary_fa2_query_positions;
   c.threads = a.threads;
+  c.kv_quant = int32_t(a.kv_quant);
+  c.k_scale = a.k_scale;
+  c.v_scale = a.v_scale;
+  for (int i = 0; i < 3; ++i) c.k_scale_stride[i] = a.k_scale_stride[i], c.v_scale_stride[i] = a.v_scale_stride[i];
   return c;
 }
+
+// A quantized copy of a Decode's cache storage: int8 or fp8 bytes (zero:
+// every cached value 0) and the scales (int8: zeros, written by appends;
+// fp8: one per KV head).
+struct QuantizedCache {
+  std::vector<int8_t> k, v;
+  std::vector<float> k_scale, v_scale;
+  void attach(KvCacheArgs& a, KvQuant quant, const Decode& d) {
+    k.assign(d.k_cache.size(), 0);
+    v.assign(d.v_cache.size(), 0);
+    const int64_t rows = d.paged ? d.page_size : d.capacity, outer = d.paged ? kBatch * d.pages_per_seq : kBatch;
+    const bool int8 = quant == KvQuant::int8;
+    k_scale.assign(size_t(int8 ? outer * kKvHeads * rows : kKvHeads), int8 ? 0.0f : 0.01f);
+    v_scale.assign(k_scale.size(), int8 ? 0.0f : 0.02f);
+    a.k_cache.data = k.data();
+    a.v_cache.data = v.data();
+    a.kv_quant = quant;
+    a.k_scale = k_scale.data();
+    a.v_scale = v_scale.data();
+    a.k_scale_stride = a.v_scale_stride = {kKvHeads * rows, rows, 1};
+  }
+};
 
 TEST(CApiKvCache, InitGivesTheCppDefaults) {
   tileattn_kv_cache_args c;
@@ -212,6 +238,34 @@ TEST(CApiKvCache, BatchIndexAndLeftpadBitwiseEqualToCpp) {
   EXPECT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tileattn_last_error()).find("cache_batch_idx"), std::string::npos) << tileattn_last_error();
   EXPECT_EQ(bad.k_cache, k_before);
+}
+
+// int8 and fp8 caches through the C struct's kv_quant / scale fields: the
+// same cache bytes, scales, O and LSE as C++.
+TEST(CApiKvCache, QuantizedCachesBitwiseEqualToCpp) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+    for (bool paged : {false, true}) {
+      SCOPED_TRACE(std::string(kv_quant_name(quant)) + (paged ? " paged" : " contiguous"));
+      Decode cpp(paged), via_c(paged);
+      QuantizedCache cpp_cache, c_cache;
+      KvCacheArgs a = cpp.cpp_args(), b = via_c.cpp_args();
+      cpp_cache.attach(a, quant, cpp);
+      c_cache.attach(b, quant, via_c);
+      attention_with_kvcache(a);
+      const tileattn_kv_cache_args c = to_c(b);
+      ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+      EXPECT_EQ(c_cache.k, cpp_cache.k);
+      EXPECT_EQ(c_cache.v, cpp_cache.v);
+      EXPECT_EQ(c_cache.k_scale, cpp_cache.k_scale);
+      EXPECT_EQ(via_c.o, cpp.o);
+      EXPECT_EQ(via_c.lse, cpp.lse);
+      EXPECT_NE(cpp_cache.k, std::vector<int8_t>(cpp_cache.k.size(), 0)) << "nothing was appended";
+    }
+  Decode bad(false);
+  tileattn_kv_cache_args c = to_c(bad.cpp_args());
+  c.kv_quant = 5;
+  EXPECT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("kv_quant"), std::string::npos) << tileattn_last_error();
 }
 
 TEST(CApiKvCache, AppendOnlyThenAttend) {

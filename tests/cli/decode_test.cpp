@@ -60,6 +60,9 @@ TEST(cliDecode, LargeCachesAreEvictedBetweenSteps) {
   const double l3 = double(std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20));
   EXPECT_EQ(number(j, "evict_bytes"), 2 * l3);
   EXPECT_GT(number(j, "fraction_of_bandwidth"), 0);
+  // The eviction read before each read pass is timed: main memory's read rate.
+  EXPECT_GT(number(j, "memory_read_gb_per_s"), 0);
+  EXPECT_GT(number(j, "kv_vs_memory_read"), 0);
 }
 
 TEST(cliDecode, ContiguousOneThreadHasNoPairedRatios) {
@@ -74,6 +77,25 @@ TEST(cliDecode, ContiguousOneThreadHasNoPairedRatios) {
   EXPECT_GT(number(j, "fraction_of_bandwidth"), 0);
 }
 
+// --kv-dtype: a quantized cache's bytes (int8: elements and the two scales
+// per token and KV head; fp8: elements), and a float one sets the dtype.
+TEST(cliDecode, KvDtypeQuantizesTheCache) {
+  Json j = decode_json("--threads 1 --kv-dtype int8");
+  EXPECT_EQ(j.get("kv_dtype")->str, "int8");
+  EXPECT_EQ(j.get("dtype")->str, "bf16");
+  EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 68 * (32 + 4));
+  j = decode_json("--threads 1 --kv-dtype fp8_e4m3 --paged");
+  EXPECT_EQ(j.get("kv_dtype")->str, "fp8_e4m3");
+  EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 68 * 32);
+  EXPECT_GT(number(j, "paged_vs_contiguous"), 0);
+  j = decode_json("--threads 1 --kv-dtype fp16");
+  EXPECT_EQ(j.get("kv_dtype")->str, "fp16");
+  EXPECT_EQ(j.get("dtype")->str, "fp16");
+  // A small cache is not evicted: no main-memory read is timed.
+  ASSERT_NE(j.get("memory_read_gb_per_s"), nullptr);
+  EXPECT_EQ(j.get("memory_read_gb_per_s")->type, Json::null);
+}
+
 TEST(cliDecode, UsageErrorsNameTheFlag) {
   TempDir dir;
   const struct {
@@ -85,6 +107,8 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
       {"--dim 33", "--dim"},             // RoPE needs an even head dim
       {"--steps 0", "--steps"},
       {"--dtype fp64", "fp64"},
+      {"--kv-dtype int4", "--kv-dtype"},
+      {"--dtype fp32 --kv-dtype bf16", "--kv-dtype bf16 differs from --dtype fp32"},
   };
   for (const auto& c : cases) {
     const Result r = run_cli(std::string("decode --prompt 16 --steps 2 --json ") + c.flags, dir);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "kv_test_support.hpp"
@@ -28,6 +29,7 @@ struct DecodeSpec {
   float softcap = 0.0f;
   std::vector<float> alibi_slopes;  // [heads], or [batch * heads] (then per sequence)
   std::vector<float> sinks;         // [heads] sink logits (ForwardArgs::sinks), empty: none
+  KvQuant kv_quant = KvQuant::none;  // int8 / fp8_e4m3: a quantized cache (scales made by make_cache)
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream s;
@@ -37,7 +39,8 @@ struct DecodeSpec {
       << window_right << " page " << page_size << " rotary " << rotary_dim
       << (rotary_interleaved ? " gptj" : "") << " threads " << threads << " isa " << isa_name(isa)
       << (cache_bshd ? " bshd cache" : "") << (softcap > 0.0f ? " softcap " + std::to_string(softcap) : "")
-      << (alibi_slopes.empty() ? "" : " alibi") << (sinks.empty() ? "" : " sinks");
+      << (alibi_slopes.empty() ? "" : " alibi") << (sinks.empty() ? "" : " sinks") << " kv "
+      << kv_quant_name(kv_quant);
     return s.str();
   }
 };
@@ -84,7 +87,9 @@ struct DecodeRun {
   Buffer q, q_expected;         // [batch, heads, new_tokens, D]
   Buffer k_new, v_new;          // [batch, new_tokens, kv_heads, D] (bshd strides)
   std::array<int64_t, 4> new_stride{};
-  Buffer k_cache, v_cache;
+  Buffer k_cache, v_cache;          // in kv_storage_dtype(dtype, kv_quant)
+  std::vector<float> k_scale, v_scale;  // quantized caches: int8 [outer, kv_heads, rows] (NaN
+                                        // until written), fp8 [kv_heads]
   std::vector<int32_t> seqlens, block_table;
   RopeTables rope;
   Buffer o;
@@ -170,12 +175,39 @@ struct DecodeRun {
     }
   }
 
+  // Quantized caches: the scales of [outer, kv_heads, rows] rows. int8 slots
+  // start as NaN, so a read of a row never written shows; fp8 takes one
+  // scale per KV head that keeps the uniform(-1, 1) values inside e4m3's
+  // range (|x| / scale <= 1 / 0.004 = 250 < 448).
+  void make_scales(int64_t outer, int64_t rows) {
+    const DecodeSpec& s = spec;
+    args.kv_quant = s.kv_quant;
+    if (s.kv_quant == KvQuant::none) return;
+    if (s.kv_quant == KvQuant::fp8_e4m3) {
+      k_scale.resize(size_t(s.kv_heads));
+      v_scale.resize(size_t(s.kv_heads));
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        k_scale[size_t(h)] = 0.004f + 0.001f * float(h);
+        v_scale[size_t(h)] = 0.005f + 0.0005f * float(h);
+      }
+    } else {
+      k_scale.assign(size_t(outer * s.kv_heads * rows), std::numeric_limits<float>::quiet_NaN());
+      v_scale = k_scale;
+      args.k_scale_stride = {s.kv_heads * rows, rows, 1};
+      args.v_scale_stride = args.k_scale_stride;
+    }
+    args.k_scale = k_scale.data();
+    args.v_scale = v_scale.data();
+  }
+
   void make_cache(std::mt19937_64& rng) {
     const DecodeSpec& s = spec;
+    const DType storage = kv_storage_dtype(s.dtype, s.kv_quant);
     seqlens.assign(size_t(batch), 0);
     if (s.page_size == 0) {
-      k_cache = Buffer(s.dtype, batch * s.kv_heads * capacity * s.head_dim);
-      v_cache = Buffer(s.dtype, k_cache.elements());
+      k_cache = Buffer(storage, batch * s.kv_heads * capacity * s.head_dim);
+      v_cache = Buffer(storage, k_cache.elements());
+      make_scales(batch, capacity);
       const auto stride = dense_strides(s.cache_bshd ? Layout::bshd : Layout::bhsd, batch, s.kv_heads,
                                         capacity, s.head_dim);
       args.k_cache = {k_cache.data(), stride};
@@ -190,8 +222,9 @@ struct DecodeRun {
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     block_table.assign(order.begin(), order.begin() + batch * per_sequence);
-    k_cache = Buffer(s.dtype, num_pages * s.kv_heads * s.page_size * s.head_dim);
-    v_cache = Buffer(s.dtype, k_cache.elements());
+    k_cache = Buffer(storage, num_pages * s.kv_heads * s.page_size * s.head_dim);
+    v_cache = Buffer(storage, k_cache.elements());
+    make_scales(num_pages, s.page_size);
     const auto page_stride = bhsd(num_pages, s.kv_heads, s.page_size, s.head_dim);
     args.k_cache = {k_cache.data(), page_stride};
     args.v_cache = {v_cache.data(), page_stride};

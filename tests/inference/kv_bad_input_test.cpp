@@ -12,11 +12,16 @@ namespace {
 
 // Everything a failed call must leave alone.
 struct Snapshot {
-  std::vector<uint8_t> k, v, o;
+  std::vector<uint8_t> k, v, o, scales;  // scales: the bytes of a quantized cache's k_scale, v_scale
   std::vector<int32_t> seqlens;
   std::vector<float> lse;
   explicit Snapshot(const DecodeRun& r)
-      : k(r.k_cache.bytes()), v(r.v_cache.bytes()), o(r.o.bytes()), seqlens(r.seqlens), lse(r.lse) {}
+      : k(r.k_cache.bytes()), v(r.v_cache.bytes()), o(r.o.bytes()), seqlens(r.seqlens), lse(r.lse) {
+    for (const std::vector<float>* s : {&r.k_scale, &r.v_scale}) {
+      const auto* p = reinterpret_cast<const uint8_t*>(s->data());
+      scales.insert(scales.end(), p, p + s->size() * sizeof(float));
+    }
+  }
   bool operator==(const Snapshot&) const = default;
 };
 
@@ -151,6 +156,74 @@ TEST(KvCacheBadInput, AttentionArgumentsCheckedBeforeTheAppend) {
                   "lse: output overlaps input v_cache");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.window_left = -7; }, "window_left");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.scale = INFINITY; }, "scale");
+}
+
+// Quantized caches (int8, fp8 e4m3): wrong or missing scales, a scale of 0,
+// NaN, inf or < 0 (fp8's per-head scales), scales that overlap the cache or
+// an output, and scales given to an unquantized cache.
+DecodeSpec quantized_spec(KvQuant quant, int64_t page_size = 0) {
+  DecodeSpec s = contiguous_spec();
+  s.kv_quant = quant;
+  s.page_size = page_size;
+  return s;
+}
+
+TEST(KvCacheBadInput, QuantizedCacheScales) {
+  for (int64_t page : {0, 4})
+    for (bool append_only : {false, true}) {
+      expect_rejected(quantized_spec(KvQuant::int8, page), [](KvCacheArgs& a, DecodeRun&) { a.k_scale = nullptr; },
+                      "k_scale: data is null (the cache is int8)", append_only);
+      expect_rejected(quantized_spec(KvQuant::fp8_e4m3, page), [](KvCacheArgs& a, DecodeRun&) { a.v_scale = nullptr; },
+                      "v_scale: data is null (the cache is fp8_e4m3)", append_only);
+      // Every token of a head writing the same scale slot.
+      expect_rejected(quantized_spec(KvQuant::int8, page), [](KvCacheArgs& a, DecodeRun&) { a.v_scale_stride[2] = 0; },
+                      "v_scale: output strides", append_only);
+      expect_rejected(quantized_spec(KvQuant::int8, page),
+                      [](KvCacheArgs& a, DecodeRun&) { a.k_scale = static_cast<float*>(a.k_cache.data); },
+                      "k_scale: overlaps k_cache", append_only);
+      expect_rejected(quantized_spec(KvQuant::int8, page), [](KvCacheArgs& a, DecodeRun&) { a.k_scale = a.v_scale; },
+                      "k_scale: overlaps v_scale", append_only);
+      for (float bad : {0.0f, -0.5f, NAN, INFINITY}) {
+        expect_rejected(quantized_spec(KvQuant::fp8_e4m3, page), [bad](KvCacheArgs&, DecodeRun& r) { r.k_scale[1] = bad; },
+                        "k_scale[1] must be finite and > 0", append_only);
+        expect_rejected(quantized_spec(KvQuant::fp8_e4m3, page), [bad](KvCacheArgs&, DecodeRun& r) { r.v_scale[0] = bad; },
+                        "v_scale[0] must be finite and > 0", append_only);
+      }
+      // A scale for a cache that holds dtype elements (an fp32 k_cache given scales).
+      std::vector<float> scales(64, 1.0f);
+      expect_rejected(quantized_spec(KvQuant::none, page),
+                      [&scales](KvCacheArgs& a, DecodeRun&) { a.k_scale = scales.data(); },
+                      "k_scale: given, but kv_quant is none (the cache holds fp32)", append_only);
+      expect_rejected(quantized_spec(KvQuant::int8, page), [](KvCacheArgs& a, DecodeRun&) { a.kv_quant = KvQuant(7); },
+                      "kv_quant: expected none, int8 or fp8_e4m3", append_only);
+    }
+  // The outputs, the queries and the new rows must not alias a scale the call writes.
+  expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.lse = a.v_scale; },
+                  "lse: output overlaps input v_scale");
+  expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.o = {a.k_scale, a.o.stride}; },
+                  "o: output overlaps input k_scale");
+  expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.k_new = {a.v_scale, a.k_new.stride}; },
+                  "k_new: overlaps v_scale", true);
+}
+
+// The forward operator's own view of a quantized source: an fp8 cache with
+// a scale per token is refused.
+TEST(KvCacheBadInput, ForwardQuantizedSource) {
+  DecodeRun run(quantized_spec(KvQuant::fp8_e4m3));
+  run.prefill();
+  ForwardArgs f = kvcache_forward_args(run.args, run.seqlens.data());
+  f.kv.k_scale_stride = {0, 1, 1};
+  EXPECT_THROW(
+      {
+        try {
+          validate(f);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("k_scale: an fp8_e4m3 cache takes one scale per KV head"),
+                    std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 }  // namespace

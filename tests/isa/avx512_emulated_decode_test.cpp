@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -18,10 +20,12 @@
 #include <vector>
 
 #include "core/forward_plan.hpp"
+#include "core/half.hpp"
 #include "isa/emulated_avx512_forward.hpp"
 #include "isa/native_few_rows_kernels.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/machine.hpp"
+#include "tileattn/reference.hpp"
 
 namespace tileattn::testing {
 namespace {
@@ -197,6 +201,75 @@ TEST_F(Avx512EmulatedDecode, PastTheRowLimitThePackedProductsRun) {
       CaseData data(decode_case(st, dtype, 59, 100));
       run_and_check(data, data.args, false, data.c.name());
     }
+}
+
+// K and V of a contiguous case quantized into int8 (a scale per key and KV
+// head: max|x| / 127) or fp8 e4m3 (a scale per KV head), with the
+// ForwardArgs that read them: the quantized-cache source of the main loop.
+struct QuantizedCopy {
+  std::vector<uint8_t> k, v;
+  std::vector<float> k_scale, v_scale;
+  ForwardArgs args;
+
+  QuantizedCopy(const CaseData& data, KvQuant quant) : args(data.args) {
+    const ForwardArgs& a = data.args;
+    const int64_t batch = a.shape.batch, kv_heads = a.shape.kv_heads, n = a.shape.seqlen_k;
+    const int64_t d = a.shape.head_dim;
+    const std::array<int64_t, 4> stride{kv_heads * n * d, n * d, d, 1};
+    k.resize(size_t(batch * stride[0]));
+    v.resize(k.size());
+    const bool int8 = quant == KvQuant::int8;
+    k_scale.assign(size_t(int8 ? batch * kv_heads * n : kv_heads), 0.02f);
+    v_scale.assign(k_scale.size(), 0.03f);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < kv_heads; ++h)
+        for (int64_t j = 0; j < n; ++j)
+          for (int which = 0; which < 2; ++which) {
+            const InputView& src = which == 0 ? a.k : a.v;
+            std::vector<uint8_t>& dst = which == 0 ? k : v;
+            std::vector<float>& scales = which == 0 ? k_scale : v_scale;
+            const int64_t from = b * src.stride[0] + h * src.stride[1] + j * src.stride[2];
+            float amax = 0.0f;
+            for (int64_t c = 0; c < d; ++c)
+              amax = std::max(amax, std::fabs(detail::load_element(src.data, int(a.dtype), from + c)));
+            float& scale = scales[size_t(int8 ? (b * kv_heads + h) * n + j : h)];
+            if (int8) scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+            for (int64_t c = 0; c < d; ++c) {
+              const float x = detail::load_element(src.data, int(a.dtype), from + c) / scale;
+              dst[size_t(b * stride[0] + h * stride[1] + j * stride[2] + c)] =
+                  int8 ? uint8_t(int8_t(std::nearbyint(x))) : detail::float_to_f8e4m3(x);
+            }
+          }
+    args.k = {k.data(), stride};
+    args.v = {v.data(), stride};
+    args.kv.quant = quant;
+    args.kv.k_scale = k_scale.data();
+    args.kv.v_scale = v_scale.data();
+    args.kv.k_scale_stride = int8 ? std::array<int64_t, 3>{kv_heads * n, n, 1} : std::array<int64_t, 3>{0, 1, 0};
+    args.kv.v_scale_stride = args.kv.k_scale_stride;
+  }
+};
+
+// Quantized K/V on the emulated AVX-512 main loop: the few-rows products
+// (with the scales applied per key) and, past the row limit, the packed ones
+// (the emulated Kernels' int8 / fp8 loads), against the float64 reference
+// over the dequantized K/V; split keys included.
+TEST_F(Avx512EmulatedDecode, QuantizedKeysAndValuesMatchFloat64) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+    for (DType dtype : kDTypes)
+      for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{9, 1}})
+        for (int64_t seqlen_k : {100, 1100}) {
+          CaseData data(decode_case(st, dtype, 59, seqlen_k));
+          const QuantizedCopy quantized(data, quant);
+          const std::string what = data.c.name() + " " + kv_quant_name(quant);
+          SCOPED_TRACE(what);
+          const bool few_rows = st.group * st.seqlen_q <= 8;
+          EXPECT_EQ(emulated_avx512_takes_few_rows_path(quantized.args), few_rows);
+          ASSERT_TRUE(emulated_avx512_forward(quantized.args));
+          const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
+                                                 naive_forward(quantized.args), dense_o(data), dense_lse(data));
+          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+        }
 }
 
 }  // namespace

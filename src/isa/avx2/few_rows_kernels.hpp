@@ -19,15 +19,35 @@
 namespace few_rows {
 
 template <DType kType>
-constexpr int64_t kElementSize = kType == DType::f32 ? 4 : 2;
+constexpr int64_t kElementSize = kType == DType::f32 ? 4 : kType == DType::i8 || kType == DType::f8_e4m3 ? 1 : 2;
 
-// 8 contiguous elements of kType at src as fp32.
+// 8 fp8 e4m3 values, sign-extended to 16-bit lanes, as the fp16 bits of
+// value / 2^8: shifted left by 7 the exponent and mantissa land in fp16's
+// fields (e4m3's bias 7 against fp16's 15: the value comes out 2^-8 of
+// itself, subnormals included) and the sign (replicated by the extension) in
+// bits 14 and 15, of which the and keeps 15; S.1111.111 (NaN) then gets an
+// all-ones exponent. Scaled by 2^8 after the conversion to fp32 (exact), this
+// gives f8e4m3_to_float's bits (half.hpp), NaN payload included. Three
+// operations and the NaN test (three more) per vector of 16-bit lanes.
+static inline __m128i fp8_as_scaled_f16(__m128i x) {
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(int16_t(0xbf80)));
+  const __m128i fields = _mm_set1_epi16(0x3f80);
+  const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, fields), fields);
+  return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
+}
+
+// 8 contiguous elements of kType at src as fp32 (int8 and fp8 without their scale).
 template <DType kType>
 static inline __m256 load8(const char* src) {
   if constexpr (kType == DType::f32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(src));
   } else if constexpr (kType == DType::f16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  } else if constexpr (kType == DType::i8) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    const __m128i bytes = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(fp8_as_scaled_f16(bytes)), _mm256_set1_ps(256.0f));
   } else {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -285,6 +305,8 @@ static inline void with_type_and_rows(DType dtype, int64_t m, F&& f) {
     case DType::f32: with_rows<DType::f32>(m, f); break;
     case DType::f16: with_rows<DType::f16>(m, f); break;
     case DType::bf16: with_rows<DType::bf16>(m, f); break;
+    case DType::i8: with_rows<DType::i8>(m, f); break;
+    case DType::f8_e4m3: with_rows<DType::f8_e4m3>(m, f); break;
   }
 }
 

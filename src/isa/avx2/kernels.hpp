@@ -275,6 +275,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
       case DType::f32: return load8<DType::f32>(src);
       case DType::f16: return load8<DType::f16>(src);
       case DType::bf16: return load8<DType::bf16>(src);
+      default: break;  // int8 / fp8: not loaded as vectors here (load_row, pack_transposed take them element-wise)
     }
     return _mm256_setzero_ps();
   }
@@ -310,6 +311,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
         case DType::f32: j = load_contiguous<DType::f32>(src, n, scale, dst, panel); break;
         case DType::f16: j = load_contiguous<DType::f16>(src, n, scale, dst, panel); break;
         case DType::bf16: j = load_contiguous<DType::bf16>(src, n, scale, dst, panel); break;
+        default: break;  // int8 / fp8 (quantized caches, prefill tiles): the element loop below
       }
     }
     for (; j < n; ++j) dst[j / 16 * panel + j % 16] = scale * load_element(src, int(dtype), j * stride);
@@ -350,6 +352,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
         case DType::f32: r0 = transpose_blocks<DType::f32>(rows, n_rows, d, dst, ld, panel); break;
         case DType::f16: r0 = transpose_blocks<DType::f16>(rows, n_rows, d, dst, ld, panel); break;
         case DType::bf16: r0 = transpose_blocks<DType::bf16>(rows, n_rows, d, dst, ld, panel); break;
+        default: break;  // int8 / fp8 (quantized caches, prefill tiles): the element loop below
       }
     }
     // Rows left over from the 8-row blocks (all rows when strided), and the

@@ -31,13 +31,39 @@
 namespace few_rows16 {
 
 template <DType kType>
-constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+constexpr int64_t kSize = few_rows::kElementSize<kType>;
 
-// 16 contiguous elements of kType at src as fp32, in order.
+// fp8 e4m3 values sign-extended to 16-bit lanes as the fp16 bits of value /
+// 2^8 (few_rows::fp8_as_scaled_f16 explains the bits), 16 and 32 lanes.
+static inline __m256i fp8_as_scaled_f16(__m256i x) {
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+  const __m256i fields = _mm256_set1_epi16(0x3f80);
+  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, fields), fields);
+  return _mm256_mask_blend_epi16(nan, h, _mm256_or_si256(h, _mm256_set1_epi16(0x7c00)));
+}
+static inline __m512i fp8_as_scaled_f16(__m512i x) {
+  const __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 7), _mm512_set1_epi16(int16_t(0xbf80)));
+  const __m512i fields = _mm512_set1_epi16(0x3f80);
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, fields), fields);
+  return _mm512_mask_blend_epi16(nan, h, _mm512_or_si512(h, _mm512_set1_epi16(0x7c00)));
+}
+
+// 16 fp8 e4m3 bytes as fp32.
+static inline __m512 fp8x16_to_ps(__m128i bytes) {
+  const __m256i h = fp8_as_scaled_f16(_mm256_cvtepi8_epi16(bytes));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+}
+
+// 16 contiguous elements of kType at src as fp32, in order (int8 and fp8
+// without their scale).
 template <DType kType>
 static inline __m512 load16(const char* src) {
   if constexpr (kType == DType::f32) {
     return _mm512_loadu_ps(src);
+  } else if constexpr (kType == DType::i8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    return fp8x16_to_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
     if constexpr (kType == DType::f16) return _mm512_cvtph_ps(h);
@@ -50,6 +76,10 @@ template <DType kType>
 static inline __m512 load16_masked(const char* src, __mmask16 mask) {
   if constexpr (kType == DType::f32) {
     return _mm512_maskz_loadu_ps(mask, src);
+  } else if constexpr (kType == DType::i8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, src)));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    return fp8x16_to_ps(_mm_maskz_loadu_epi8(mask, src));
   } else {
     const __m256i h = _mm256_maskz_loadu_epi16(mask, src);
     if constexpr (kType == DType::f16) return _mm512_cvtph_ps(h);
@@ -65,6 +95,13 @@ static inline void load32(const char* src, __m512& lo, __m512& hi) {
     const __m512i x = _mm512_loadu_si512(src);
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int(0xffff0000u))));
+  } else if constexpr (kType == DType::f8_e4m3) {
+    // 32 bytes in one: sign-extend to 16 bits, the fp16 bits, two conversions.
+    const __m512i h =
+        fp8_as_scaled_f16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+    const __m512 two8 = _mm512_set1_ps(256.0f);
+    lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), two8);
+    hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), two8);
   } else {
     lo = load16<kType>(src);
     hi = load16<kType>(src + 16 * kSize<kType>);

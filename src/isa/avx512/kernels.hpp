@@ -283,6 +283,15 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
         const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, src));
         return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
       }
+      case DType::i8:
+      case DType::f8_e4m3: {
+        // Quantized caches' prefill tiles (decode reads them in the few-rows
+        // products, vectorized): element by element, which also keeps this
+        // file within the intrinsics the emulation (tests/isa) provides.
+        alignas(64) float lanes[16];
+        for (int i = 0; i < 16; ++i) lanes[i] = (mask >> i) & 1u ? load_element(src, int(dtype), i) : 0.0f;
+        return _mm512_load_ps(lanes);
+      }
     }
     return _mm512_setzero_ps();
   }

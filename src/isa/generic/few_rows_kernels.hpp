@@ -76,6 +76,12 @@ struct FewRowsKernels {
       case DType::bf16:
         for (int64_t t = 0; t < d; ++t) dst[t] = bf16_to_float(static_cast<const uint16_t*>(src)[t * stride]);
         break;
+      case DType::i8:
+        for (int64_t t = 0; t < d; ++t) dst[t] = float(static_cast<const int8_t*>(src)[t * stride]);
+        break;
+      case DType::f8_e4m3:
+        for (int64_t t = 0; t < d; ++t) dst[t] = f8e4m3_to_float(static_cast<const uint8_t*>(src)[t * stride]);
+        break;
     }
   }
 };

@@ -92,6 +92,8 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
       case DType::f32: return static_cast<const float*>(src)[index];
       case DType::f16: return f16_to_float(static_cast<const uint16_t*>(src)[index]);
       case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(src)[index]);
+      case DType::i8: return float(static_cast<const int8_t*>(src)[index]);
+      case DType::f8_e4m3: return f8e4m3_to_float(static_cast<const uint8_t*>(src)[index]);
     }
     return 0.0f;
   }

@@ -1,0 +1,264 @@
+// Quantized KV caches (int8 with a scale per token and KV head, fp8 e4m3
+// with a scale per KV head): the fp8 conversion's bits, the appended bytes
+// and scales, every ISA's products converting each int8 / fp8 value exactly,
+// and decode / prefill against the float64 reference over the dequantized
+// cache (the tolerance rule), contiguous and paged (bitwise equal), GQA,
+// split-KV, RoPE.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "decode_fixture.hpp"
+#include "tileattn/machine.hpp"
+
+namespace tileattn::kvtest {
+namespace {
+
+using detail::f8e4m3_to_float;
+using detail::float_to_f8e4m3;
+
+std::vector<Isa> isa_paths() {
+  std::vector<Isa> paths;
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
+    if (isa_available(isa)) paths.push_back(isa);
+  return paths;
+}
+
+TEST(KvQuantFp8, DecodesTheE4m3Encoding) {
+  EXPECT_EQ(f8e4m3_to_float(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(f8e4m3_to_float(0x80)));
+  EXPECT_EQ(f8e4m3_to_float(0x01), std::ldexp(1.0f, -9));   // smallest subnormal
+  EXPECT_EQ(f8e4m3_to_float(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(f8e4m3_to_float(0x08), std::ldexp(1.0f, -6));   // smallest normal
+  EXPECT_EQ(f8e4m3_to_float(0x38), 1.0f);
+  EXPECT_EQ(f8e4m3_to_float(0xb9), -1.125f);
+  EXPECT_EQ(f8e4m3_to_float(0x7e), 448.0f);                 // largest finite
+  EXPECT_EQ(f8e4m3_to_float(0x78), 256.0f);                 // no infinity: exponent 15 is finite
+  EXPECT_TRUE(std::isnan(f8e4m3_to_float(0x7f)));
+  EXPECT_TRUE(std::isnan(f8e4m3_to_float(0xff)));
+  // torch's NaN bits (c10::Float8_e4m3fn): sign | 0x7ff00000.
+  uint32_t bits;
+  const float nan = f8e4m3_to_float(0xff);
+  std::memcpy(&bits, &nan, 4);
+  EXPECT_EQ(bits, 0xfff00000u);
+}
+
+TEST(KvQuantFp8, EncodesLikeTorch) {
+  // Every finite byte round-trips.
+  for (int x = 0; x < 256; ++x) {
+    if ((x & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(float_to_f8e4m3(f8e4m3_to_float(uint8_t(x))), x) << x;
+  }
+  // Ties go to the even neighbour, normals and subnormals.
+  EXPECT_EQ(float_to_f8e4m3(1.0625f), 0x38);   // between 1 (0x38) and 1.125 (0x39)
+  EXPECT_EQ(float_to_f8e4m3(1.1875f), 0x3a);   // between 1.125 and 1.25 (0x3a)
+  EXPECT_EQ(float_to_f8e4m3(std::ldexp(1.0f, -10)), 0x00);      // half the smallest subnormal
+  EXPECT_EQ(float_to_f8e4m3(3 * std::ldexp(1.0f, -10)), 0x02);  // 1.5 subnormal units
+  EXPECT_EQ(float_to_f8e4m3(std::nextafter(std::ldexp(1.0f, -10), 1.0f)), 0x01);
+  EXPECT_EQ(float_to_f8e4m3(464.0f), 0x7e);    // the tie above 448 goes down to even
+  // No saturation (torch's conversion): 480 and beyond, inf and NaN are NaN.
+  EXPECT_EQ(float_to_f8e4m3(std::nextafter(464.0f, 500.0f)), 0x7f);
+  EXPECT_EQ(float_to_f8e4m3(480.0f), 0x7f);
+  EXPECT_EQ(float_to_f8e4m3(-1e6f), 0xff);
+  EXPECT_EQ(float_to_f8e4m3(INFINITY), 0x7f);
+  EXPECT_EQ(float_to_f8e4m3(NAN), 0x7f);
+  EXPECT_EQ(float_to_f8e4m3(-0.0f), 0x80);
+}
+
+// One key whose V row holds byte c at column c: O = the dequantized V row,
+// exactly (P = 1, one product with the scale, rounded once). Every ISA's
+// few-rows product (1 row) and packed product (9 unmasked query rows of one
+// head: more than the few-rows limit), head dims with and without a tail.
+TEST(KvQuant, EveryIsaConvertsEveryValueExactly) {
+  for (Isa isa : isa_paths())
+    for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+      for (int64_t d : {256, 200, 13})
+        for (int64_t rows : {1, 9}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " " + kv_quant_name(quant) + " d " + std::to_string(d) +
+                       " rows " + std::to_string(rows));
+          std::vector<uint8_t> k(static_cast<size_t>(d), 0), v(static_cast<size_t>(d));
+          for (int64_t c = 0; c < d; ++c) v[size_t(c)] = uint8_t(c);
+          std::vector<float> q(size_t(rows * d), 0.5f), o(size_t(rows * d), -1.0f);
+          const float k_scale = 0.25f, v_scale = 0.0078125f * 3.0f;
+          ForwardArgs f;
+          f.shape = {1, 1, 1, rows, 1, d};
+          f.q = {q.data(), bhsd(1, 1, rows, d)};
+          f.o = {o.data(), bhsd(1, 1, rows, d)};
+          f.k = {k.data(), bhsd(1, 1, 1, d)};
+          f.v = {v.data(), bhsd(1, 1, 1, d)};
+          f.kv.quant = quant;
+          f.kv.k_scale = &k_scale;
+          f.kv.v_scale = &v_scale;
+          f.kv.k_scale_stride = {0, 1, 0};
+          f.kv.v_scale_stride = {0, 1, 0};
+          f.isa = isa;
+          f.threads = 1;
+          attention_forward(f);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d; ++c) {
+              const float element = quant == KvQuant::int8 ? float(int8_t(v[size_t(c)])) : f8e4m3_to_float(v[size_t(c)]);
+              const float want = element * v_scale, got = o[size_t(r * d + c)];
+              if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << "column " << c;
+              else EXPECT_EQ(got, want) << "row " << r << " column " << c;
+            }
+        }
+}
+
+// The decode step against float64 attention over the dequantized cache (the
+// cache as stored, element x scale), O and LSE; a paged run bitwise equal to
+// the contiguous one.
+void expect_quantized_step_correct(DecodeSpec spec) {
+  SCOPED_TRACE(spec.name());
+  DecodeRun run(spec);
+  run.prefill();
+  run.decode();
+  ForwardArgs f = kvcache_forward_args(run.args, run.seqlens.data());
+  f.q = {run.q_expected.data(), bhsd(run.batch, spec.heads, spec.new_tokens, spec.head_dim)};
+  Buffer unused(spec.dtype, run.q.elements());
+  f.o = {unused.data(), f.q.stride};
+  f.lse = nullptr;
+  const Check c = check_against_reference(f, run.o, f.q.stride, run.lse.data());
+  EXPECT_TRUE(c.ok()) << c.describe();
+  if (spec.page_size == 0) return;
+  spec.page_size = 0;
+  DecodeRun contiguous(spec);
+  contiguous.prefill();
+  contiguous.decode();
+  EXPECT_EQ(run.o.bytes(), contiguous.o.bytes()) << "paged output differs from contiguous";
+  EXPECT_EQ(run.lse, contiguous.lse);
+}
+
+TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
+  for (Isa isa : isa_paths())
+    for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        DecodeSpec s;
+        s.isa = isa;
+        s.kv_quant = quant;
+        s.dtype = dtype;
+        // Llama-like GQA group of 4, RoPE, 1100 cached keys: split-KV.
+        s.heads = 8;
+        s.kv_heads = 2;
+        s.head_dim = 128;
+        s.cached = {1100};
+        s.rotary_dim = 128;
+        expect_quantized_step_correct(s);
+        s.page_size = 16;
+        expect_quantized_step_correct(s);
+        // Sequences of different lengths, a head dim with tails, odd pages.
+        s.cached = {5, 40};
+        s.head_dim = 36;
+        s.rotary_dim = 16;
+        s.page_size = 3;
+        expect_quantized_step_correct(s);
+      }
+}
+
+// Prefill against a quantized cache: 2 x 20 stacked rows take the packed
+// tile products; a sliding window; MHA (1 row per item).
+TEST(KvQuant, PrefillAndOtherShapes) {
+  for (Isa isa : isa_paths())
+    for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3}) {
+      DecodeSpec s;
+      s.isa = isa;
+      s.kv_quant = quant;
+      s.dtype = DType::bf16;
+      s.cached = {30, 7};
+      s.new_tokens = 20;
+      s.head_dim = 64;
+      s.rotary_dim = 64;
+      expect_quantized_step_correct(s);
+      s.page_size = 8;
+      expect_quantized_step_correct(s);
+      s.new_tokens = 1;
+      s.window_left = 9;
+      s.heads = s.kv_heads = 3;
+      expect_quantized_step_correct(s);
+    }
+}
+
+// The test's own quantization of one row (KvCacheArgs::kv_quant's rules).
+void quantize_expected(KvQuant quant, const std::vector<float>& x, float fp8_scale, std::vector<uint8_t>& bytes,
+                       float& scale) {
+  bytes.assign(x.size(), 0);
+  if (quant == KvQuant::fp8_e4m3) {
+    scale = fp8_scale;
+    for (size_t c = 0; c < x.size(); ++c) {
+      const float y = x[c] / fp8_scale;  // clamped; a NaN stays NaN
+      bytes[c] = float_to_f8e4m3(y > 448.0f ? 448.0f : y < -448.0f ? -448.0f : y);
+    }
+    return;
+  }
+  float amax = 0.0f;
+  bool finite = true;
+  for (float e : x) finite = finite && std::isfinite(e), amax = std::fmax(amax, std::fabs(e));
+  scale = finite ? amax / 127.0f : NAN;
+  if (!finite || amax == 0.0f) return;
+  for (size_t c = 0; c < x.size(); ++c) {
+    const float r = std::fmax(-127.0f, std::fmin(127.0f, std::nearbyint(x[c] / scale)));
+    bytes[c] = uint8_t(int8_t(r));
+  }
+}
+
+// The appended bytes and scales are the quantized rotated rows (what a
+// `dtype` cache stores, quantized), including a row of zeros (int8 scale 0),
+// a row with a NaN (int8: scale NaN; fp8: NaN byte) and an element past
+// fp8's range (saturates to 448).
+TEST(KvQuant, AppendStoresTheQuantizedRows) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (int64_t page : {0, 5}) {
+        DecodeSpec s;
+        s.kv_quant = quant;
+        s.dtype = dtype;
+        s.cached = {12, 9};
+        s.new_tokens = 2;
+        s.head_dim = 24;
+        s.rotary_dim = 24;
+        s.page_size = page;
+        SCOPED_TRACE(s.name());
+        DecodeRun run(s);
+        const int64_t d = s.head_dim, len = run.max_len;
+        for (int64_t c = 0; c < d; ++c) {
+          run.v_full.set(((0 * s.kv_heads + 1) * len + 3) * d + c, 0.0f);  // a row of zeros
+        }
+        run.v_full.set(((1 * s.kv_heads + 0) * len + 4) * d + 5, NAN);
+        run.v_full.set(((1 * s.kv_heads + 0) * len + 6) * d + 2, 1e6f);
+        run.prefill();
+        run.decode();  // appends the last rows through attention_with_kvcache
+        for (int64_t b = 0; b < run.batch; ++b)
+          for (int64_t h = 0; h < s.kv_heads; ++h)
+            for (int64_t j = 0; j < run.seqlens[size_t(b)]; ++j)
+              for (bool is_k : {true, false}) {
+                const Buffer& src = is_k ? run.k_expected : run.v_full;
+                std::vector<float> x(static_cast<size_t>(d));
+                for (int64_t c = 0; c < d; ++c) x[size_t(c)] = src.get(((b * s.kv_heads + h) * len + j) * d + c);
+                const std::vector<float>& scales = is_k ? run.k_scale : run.v_scale;
+                std::vector<uint8_t> want;
+                float want_scale;
+                quantize_expected(quant, x, scales[size_t(h)], want, want_scale);
+                int64_t outer = b, row = j;
+                if (page > 0) outer = run.block_table[size_t(b * run.args.block_table_stride + j / page)], row = j % page;
+                const OutputView& view = is_k ? run.args.k_cache : run.args.v_cache;
+                const auto* bytes = static_cast<const uint8_t*>(view.data);
+                for (int64_t c = 0; c < d; ++c)
+                  ASSERT_EQ(bytes[outer * view.stride[0] + h * view.stride[1] + row * view.stride[2] + c], want[size_t(c)])
+                      << (is_k ? "k" : "v") << " b " << b << " h " << h << " j " << j << " c " << c;
+                if (quant == KvQuant::int8) {
+                  const auto& st = is_k ? run.args.k_scale_stride : run.args.v_scale_stride;
+                  const float got = scales[size_t(outer * st[0] + h * st[1] + row * st[2])];
+                  if (std::isnan(want_scale)) EXPECT_TRUE(std::isnan(got));
+                  else EXPECT_EQ(got, want_scale) << (is_k ? "k" : "v") << " b " << b << " h " << h << " j " << j;
+                }
+              }
+        // The special rows did what the rules say.
+        if (quant == KvQuant::fp8_e4m3) {
+          EXPECT_TRUE(std::isnan(run.cache_v(1, 0, 4, 5)));
+          EXPECT_EQ(run.cache_v(1, 0, 6, 2), 448.0f);
+        }
+      }
+}
+
+}  // namespace
+}  // namespace tileattn::kvtest
