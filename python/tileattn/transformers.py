@@ -52,9 +52,9 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     ``[B, Hkv, kv, D]``; returns ``(output [B, q, H, D], None)``."""
     if kwargs.get("output_attentions", False):
         raise _not_supported("output_attentions")
-    if s_aux is not None or sinks is not None:
-        raise _not_supported("attention sinks")
     extra = {}
+    if s_aux is not None or sinks is not None:  # gpt-oss: one sink logit per query head
+        extra["sinks"] = s_aux if s_aux is not None else sinks
     if softcap is not None and softcap != 0:
         if "softcap" not in _FLASH_ATTENTION_ARGS:
             raise _not_supported("softcap")

@@ -37,6 +37,12 @@ MODELS = {
                                                   num_key_value_heads=2, max_position_embeddings=128,
                                                   sliding_window=6, initializer_range=0.3),
 }
+if hasattr(transformers, "GptOssConfig"):
+    # gpt-oss: a sink logit per query head (s_aux), alternating sliding-window and full layers.
+    MODELS["gpt_oss"] = lambda: transformers.GptOssConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=6, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=128, initializer_range=0.3)
 
 
 def make(kind, impl):
@@ -76,7 +82,7 @@ def test_left_padded_batch_matches_eager(kind):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"] + (["gpt_oss"] if "gpt_oss" in MODELS else []))
 def test_greedy_generate_gives_eager_tokens(kind, cache):
     tileattn.transformers.register()
     ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
@@ -91,12 +97,14 @@ def test_greedy_generate_gives_eager_tokens(kind, cache):
     assert torch.equal(got, want)
 
 
-def test_gradients_match_eager():
+@pytest.mark.parametrize("kind", ["llama"] + (["gpt_oss"] if "gpt_oss" in MODELS else []))
+def test_gradients_match_eager(kind):
+    """Every parameter's gradient, gpt-oss's sink logits included."""
     tileattn.transformers.register()
     ids = torch.randint(0, 97, (2, 19), generator=torch.Generator().manual_seed(4))
     grads = {}
     for impl in ("eager", "tileattn"):
-        model = make("llama", impl)
+        model = make(kind, impl)
         loss = model(ids, labels=ids).loss
         loss.backward()
         grads[impl] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -110,8 +118,6 @@ def test_unsupported_features_say_so():
     q = torch.randn(1, 2, 4, 8)
     module = torch.nn.Module()
     module.is_causal = True
-    with pytest.raises(NotImplementedError, match="attention sinks"):
-        tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
     with pytest.raises(NotImplementedError, match="output_attentions"):
         tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, output_attentions=True)
 
@@ -202,11 +208,10 @@ def tiny_gpt_oss():  # attention sinks
 
 
 @pytest.mark.parametrize("config,feature", [("DeepseekV3Config", "value head_dim .16. other than the query/key "
-                                                                  "head_dim .24., as multi-head latent attention"),
-                                            ("GptOssConfig", "attention sinks")])
+                                                                  "head_dim .24., as multi-head latent attention")])
 def test_models_with_unsupported_attention_say_so(config, feature):
-    """DeepSeek-V3 (MLA) and gpt-oss (sinks) where this transformers has them: a forward raises
-    NotImplementedError naming the feature, never a silent fallback."""
+    """DeepSeek-V3 (MLA) where this transformers has it: a forward raises NotImplementedError
+    naming the feature, never a silent fallback. (gpt-oss's sinks run: see MODELS.)"""
     if not hasattr(transformers, config):
         pytest.skip(f"this transformers has no {config}")
     tileattn.transformers.register()
