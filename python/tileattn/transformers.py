@@ -26,7 +26,8 @@ Semantics, as transformers' "sdpa" implementation has them:
     model's reshape to ``[B, q, H * D]`` is a view, not a copy (sdpa copies it there).
 ``TileattnCache`` (tileattn/_hf_cache.py) is a DynamicCache whose full-attention layers append
 in place instead of concatenating the whole cache every token; pass it to generate().
-Features tileattn does not have yet (attention sinks, output of the attention weights, a
+gpt-oss's sink logits (``s_aux``) go to ``flash_attention(sinks=...)``, with their gradient.
+Features tileattn does not have yet (output of the attention weights, a
 position bias tensor, a value head_dim other than the query's as in DeepSeek's MLA) raise
 ``NotImplementedError`` naming the feature, never a silent fallback.
 """
