@@ -83,7 +83,7 @@ class Fp32Operands {
   }
 
   // Rows of each product step: the whole score tile.
-  static constexpr int64_t kProductRows = std::numeric_limits<int64_t>::max();
+  int64_t product_rows(int64_t m) const { return m; }
   // P = exp2(S - row_max) stays in the score tile (accumulate reads it).
   static constexpr bool kOwnExponentials = false;
 
@@ -166,11 +166,15 @@ class Bf16Operands {
       for (int64_t t = 0; t < m; ++t) K::scale(s + t * lds, n, p_.score_scale);
   }
 
-  // Rows of each product step (scores, softmax, P V): 32 rows keep the step's
-  // scores (16 KiB at 128 keys), P and accumulator rows in L1 between the
-  // tile products, where 256 rows sent them to L2: amx, bf16, H2 N2048 D128,
-  // 1 thread, min of 15 calls 9.5 ms against 10.0 (64 rows: 9.8).
-  static constexpr int64_t kProductRows = 32;
+  // Rows of each product step (scores, softmax, P V) with 128-key tiles or
+  // more: 32 rows keep the step's scores (16 KiB at 128 keys), P and
+  // accumulator rows in L1 between the tile products, where 256 rows sent
+  // them to L2: amx, bf16, D128, no mask, H2 N2048 1 thread min of 15 calls
+  // 9.5 ms against 10.0 (64 rows: 9.8); H8 N4096 2 threads 72-74 ms against
+  // 77-78. With 64-key tiles (masked calls) the whole tile: causal H8 N4096,
+  // 2 threads, 47.3 ms against 51 in 32-row steps.
+  static constexpr int64_t kBlockRows = 32;  // rows of a queued tile block
+  int64_t product_rows(int64_t m) const { return p_.block_kv >= 128 ? min64(m, kBlockRows) : m; }
   // The softmax can write P straight into the hi + lo rows P V reads
   // (exponentials()), without an fp32 P stored and read back.
   static constexpr bool kOwnExponentials = true;
@@ -231,7 +235,7 @@ class Bf16Operands {
                     const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
                     RowPrefetch* prefetch) {
     if constexpr (requires { K::kAsyncProducts; }) {
-      if (m != kProductRows || queued_ + (n + 31) / 32 > kMaxQueued) return false;
+      if (m != kBlockRows || queued_ + (n + 31) / 32 > kMaxQueued) return false;
       for (int64_t j = 0; j < n; j += 32)
         queue_[queued_++] = Bf16Block{a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, k,
                                       int(min64(32, n - j)), accumulate};
@@ -380,7 +384,7 @@ class ForwardMainloop {
           // P V after it, each band in its own rows of the score and P tiles:
           // tile products that run asynchronously (AMX) then overlap the
           // softmax of the band between them; others run where they are called.
-          const int64_t band_rows = direct_ ? m : min64(m, Operands::kProductRows);
+          const int64_t band_rows = direct_ ? m : operands_.product_rows(m);
           scores(s0, band_rows, n, n_pad, 0);
           operands_.finish_products();
           for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
