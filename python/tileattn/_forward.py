@@ -108,12 +108,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     """
     if (cu_seqlens_q is not None or cu_seqlens_k is not None or return_attn_probs is not False
             or max_seqlen_q is not None or max_seqlen_k is not None):
-        if sinks is not None:
-            raise NotImplementedError("flash_attention: sinks together with cu_seqlens_q/cu_seqlens_k or "
-                                      "return_attn_probs are not supported")
         return _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window,
                                 layout, return_lse, out, softcap, alibi_slopes, cu_seqlens_q,
-                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_attn_probs)
+                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_attn_probs, sinks)
     # Python checks the scalar options; one C++ call checks the arrays (frameworks, ranks,
     # dtypes, devices, shapes, strides), allocates the outputs and runs the kernel.
     if (attn_mask is None and window is None and softmax_scale is None
@@ -166,7 +163,7 @@ _OUT_ON_OP_PATH = ("out: not supported when torch can observe the call (an input
 
 
 def _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window, layout,
-                     return_lse, out, softcap, alibi_slopes, cu_q, cu_k, max_q, max_k, with_probs):
+                     return_lse, out, softcap, alibi_slopes, cu_q, cu_k, max_q, max_k, with_probs, sinks=None):
     """flash_attention with cu_seqlens and/or return_attn_probs (kept off the common path)."""
     mask, dropout_p, scale, causal, left, right, code = parse_options(
         attn_mask, dropout_p, softmax_scale, is_causal, window, layout)
@@ -181,6 +178,10 @@ def _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, wi
     if cu_q is not None:
         code = 1  # the packed arrays are token-major; the binding reads them as [1, total, H, D]
     alibi_slopes = as_alibi_slopes(alibi_slopes, q)
+    if sinks is not None:  # [H]: packed arrays are [total, H, D]
+        shape = getattr(q, "shape", ())
+        sinks = as_sinks(sinks, q, shape[1] if cu_q is not None and len(shape) == 3 else
+                         (shape[2 if code == 1 else 1] if len(shape) == 4 else None))
     threads = _kernel._settings["threads"]
     if _arrays.is_torch(q):
         if _torch_tensor is None:
@@ -189,20 +190,20 @@ def _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, wi
         if out is not None:
             result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, 0,
                                        threads, return_lse, o=out, eager_only=True, softcap=softcap,
-                                       alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                                       with_probs=with_probs, max_seqlen_q=max_q, max_seqlen_k=max_k
-                                       ) if dropout_p == 0.0 and not _is_compiling() else None
+                                       alibi_slopes=alibi_slopes, sinks=sinks, cu_seqlens_q=cu_q,
+                                       cu_seqlens_k=cu_k, with_probs=with_probs, max_seqlen_q=max_q,
+                                       max_seqlen_k=max_k) if dropout_p == 0.0 and not _is_compiling() else None
             if result is None:
                 raise ValueError(_OUT_ON_OP_PATH)
         else:
             result = _torch_ops.flash_attention(q, k, v, mask, dropout_p, scale, causal, left, right,
-                                                code, return_lse, softcap, alibi_slopes, None, cu_q, cu_k,
+                                                code, return_lse, softcap, alibi_slopes, sinks, cu_q, cu_k,
                                                 with_probs, max_q, max_k)
     else:
         seed = int(np.random.randint(0, 2**62)) if dropout_p > 0 else 0
         result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, dropout_p, seed,
                                    threads, return_lse, o=out, softcap=softcap, alibi_slopes=alibi_slopes,
-                                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs,
+                                   sinks=sinks, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=with_probs,
                                    max_seqlen_q=max_q, max_seqlen_k=max_k)
     o, lse = result[0], result[1]
     outputs = (o,) + ((lse,) if return_lse else ()) + ((result[2],) if with_probs else ())

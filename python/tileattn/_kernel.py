@@ -64,7 +64,7 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
     """Runs attention_backward: writes dq, dk, dv (layouts like q, k, v) and d_sinks (float32
     [H], when given with sinks) for the forward call with these options (same mask, scale,
     dropout_p, seed and sinks). With cu_q / cu_k (int32 contiguous [B + 1]): packed varlen
-    arrays [total, H, D], lse [H, total_q] (no sinks)."""
+    arrays [total, H, D], lse [H, total_q]."""
     addr, es = _arrays.address, _arrays.element_strides
     if cu_q is not None:
         views = {name: _packed(name, x) for name, x in
@@ -79,7 +79,8 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
                     *(x for name, t in (("dq", dq), ("dk", dk), ("dv", dv)) for x in (addr(t), views[name][1])),
                     MASK_NONE, 0, (0, 0, 0, 1), bool(causal), int(window_left), int(window_right),
                     float(scale), float(dropout_p), int(seed), _settings["threads"], softcap=float(softcap),
-                    alibi_slopes=alibi_addr, alibi_batch_stride=alibi_stride, cu_seqlens_q=addr(cu_q),
+                    alibi_slopes=alibi_addr, alibi_batch_stride=alibi_stride, sinks=sinks_address(sinks),
+                    d_sinks=sinks_address(d_sinks), cu_seqlens_q=addr(cu_q),
                     cu_seqlens_k=addr(cu_k))
         return
     b, h, nq, d = heads_rows(tuple(q.shape), layout)

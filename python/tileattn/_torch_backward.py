@@ -112,10 +112,12 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
 
 
 def varlen_backward_math(q, k, v, o, lse, grad_o, grad_lse, scale, causal, window_left,
-                         window_right, softcap, alibi_slopes, cu_q, cu_k):
+                         window_right, softcap, alibi_slopes, cu_q, cu_k, sinks=None):
     """attention_backward_math for a packed varlen batch (q, k, v, o [total, H, D], lse
-    [H, total_q]), one sequence at a time through the [1, N, H, D] ("bshd") form; no sinks."""
+    [H, total_q]), one sequence at a time through the [1, N, H, D] ("bshd") form; d_sinks
+    (float32 [H] with sinks, else empty) sums the sequences'."""
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_sinks = torch.zeros(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for i in range(len(cq) - 1):
         rq, rk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
@@ -125,6 +127,8 @@ def varlen_backward_math(q, k, v, o, lse, grad_o, grad_lse, scale, causal, windo
         parts = attention_backward_math(
             q[rq].unsqueeze(0), k[rk].unsqueeze(0), v[rk].unsqueeze(0), o[rq].unsqueeze(0),
             lse[:, rq].unsqueeze(0), grad_o[rq].unsqueeze(0), grad_lse[:, rq].unsqueeze(0), None,
-            scale, causal, window_left, window_right, 1, softcap, slopes)
+            scale, causal, window_left, window_right, 1, softcap, slopes, sinks)
         dq[rq], dk[rk], dv[rk] = (t[0] for t in parts[:3])
-    return dq, dk, dv
+        if sinks is not None:
+            d_sinks += parts[3]
+    return dq, dk, dv, d_sinks

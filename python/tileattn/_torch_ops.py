@@ -95,10 +95,9 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         raise NotImplementedError("flash_attention: gradients through lse together with dropout "
                                   "are not supported")
     if cu_seqlens_q is not None:
-        dq, dk, dv = _torch_backward.varlen_backward_math(
+        return _torch_backward.varlen_backward_math(
             q, k, v, o, lse, grad_o, grad_lse, softmax_scale, is_causal, window_left,
-            window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-        return dq, dk, dv, torch.empty((0,), dtype=torch.float32)
+            window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, sinks)
     return _torch_backward.attention_backward_math(
         q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
         window_right, layout, softcap, alibi_slopes, sinks)
@@ -180,8 +179,8 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     detached = [None if t is None else t.detach() for t in (q, k, v, mask, alibi_slopes)]
     probs = _C.forward_arrays(*detached[:4], layout, causal, window_left, window_right, scale,
                               dropout_p, seed, _kernel._settings["threads"], False, softcap=softcap,
-                              alibi_slopes=detached[4], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                              with_probs=True)[2]
+                              alibi_slopes=detached[4], sinks=None if sinks is None else sinks.detach(),
+                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, with_probs=True)[2]
     return o, lse, probs
 
 
