@@ -141,6 +141,26 @@ def test_no_mask_means_sdpa_semantics():
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
 
 
+def test_bool_and_additive_masks_mean_what_sdpa_makes_of_them():
+    """transformers hands the attention function a 4-D bool mask (True = attend), an additive
+    float mask (0 / -inf or a large negative), possibly wider than the keys: each gives sdpa's
+    result."""
+    torch.manual_seed(6)
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.training = False
+    q, k, v = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    keep = torch.rand(2, 1, 5, 9) > 0.3
+    keep[..., 0] = True  # every row sees a key
+    additive = torch.zeros(2, 1, 5, 9).masked_fill(~keep, torch.finfo(torch.float32).min)
+    wide = torch.cat([keep, torch.ones(2, 1, 5, 3, dtype=torch.bool)], dim=-1)  # wider than the keys
+    want = torch.nn.functional.scaled_dot_product_attention(q, kr, vr, attn_mask=keep, scale=0.25)
+    for mask in (keep, additive, wide):
+        got, _ = tileattn.transformers.tileattn_attention_forward(module, q, k, v, mask, scaling=0.25)
+        torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
 @needs_cache_layers
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
 def test_tileattn_cache_generate_gives_eager_tokens(kind):
