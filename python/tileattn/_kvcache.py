@@ -248,14 +248,19 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
     return (seqlens, _as_torch(table), _as_torch(cos), _as_torch(sin), scale) + per_sequence
 
 
-def _integer_vector(name, x, batch):
-    """Checks an integer [B] array on its metadata (traceable); the op narrows it to int32."""
+def _check_integer_dtype(name, x):
+    """TypeError naming `name` unless x (torch or NumPy) holds integers (bool is not one)."""
     if _arrays.is_torch(x):
         torch = _arrays.torch_module()
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
     elif x.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected an integer array, got dtype {x.dtype}")
+
+
+def _integer_vector(name, x, batch):
+    """Checks an integer [B] array on its metadata (traceable); the op narrows it to int32."""
+    _check_integer_dtype(name, x)
     if tuple(x.shape) != (batch,):
         raise ValueError(f"{name}: expected shape [B] = ({batch},), got {tuple(x.shape)}")
     return x
@@ -329,12 +334,7 @@ def op_seqlens(cache_seqlens):
 
 def _integer_rows(name, x, batch):
     """Checks an integer table [B, max_pages] on its metadata (traceable: no value is read)."""
-    if _arrays.is_torch(x):
-        torch = _arrays.torch_module()
-        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-            raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
-    elif x.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer array, got dtype {x.dtype}")
+    _check_integer_dtype(name, x)
     if x.ndim != 2 or x.shape[0] != batch:
         raise ValueError(f"{name}: expected shape [B, max_pages] with B = {batch}, got {tuple(x.shape)}")
     return x

@@ -191,13 +191,13 @@ class Bf16Operands {
       const int64_t g = min64(kRowsPerBlock, rows - r);
       K::exp2_split_rows(s + r * lds, lds, g, n, k, scale, row_max + r, sums + r,
                          p_hi_ + (r0 + r) * bf16_kv_pad_, p_lo_ + (r0 + r) * bf16_kv_pad_, bf16_kv_pad_);
-      if (next_ < queued_) K::bf16_block(queue_[next_++]);
+      run_queued_block();
     }
   }
 
   // Runs the queued blocks that have not run yet.
   void finish_products() {
-    while (next_ < queued_) K::bf16_block(queue_[next_++]);
+    while (next_ < queued_) run_queued_block();
     next_ = queued_ = 0;
   }
   // Row r of P is zero (a NaN row or a row with no visible key yet).
@@ -247,6 +247,14 @@ class Bf16Operands {
     return false;
   }
   static constexpr int64_t kPrefetchLinesPerBand = 16;
+
+  // The oldest queued block that has not run, if any (only kAsyncProducts
+  // kernels queue blocks).
+  void run_queued_block() {
+    if constexpr (requires { K::kAsyncProducts; }) {
+      if (next_ < queued_) K::bf16_block(queue_[next_++]);
+    }
+  }
 
   const Problem& p_;
   int64_t bf16_k_, bf16_kv_pad_;

@@ -125,6 +125,31 @@ void add_softcap_cases(const std::function<void(Case)>& add) {
   }
 }
 
+// The score modifiers' (ALiBi, sinks) shapes: B2, H4 over 2 KV heads, D40,
+// and a causal varlen batch with empty sequences both ways.
+static Case modifier_case(MaskCase mask, int64_t nq, int64_t nk) {
+  Case c;
+  c.batch = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.seqlen_q = nq;
+  c.seqlen_k = nk;
+  c.head_dim = 40;
+  c.mask = mask;
+  return c;
+}
+
+static Case modifier_varlen_case() {
+  Case c;
+  c.varlen = true;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
+  c.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
+  c.mask = MaskCase::causal;
+  return c;
+}
+
 // ALiBi: slopes per head and per (batch, head); unequal lengths (the
 // bottom-right offset), fully visible tiles (none), band-partial ones,
 // varlen (per-sequence offsets), GQA, bf16 (whose products may defer the
@@ -135,24 +160,11 @@ void add_alibi_cases(const std::function<void(Case)>& add) {
         {MaskCase::causal, 97, 130, Case::Alibi::batch_heads},
         {MaskCase::none, 130, 17, Case::Alibi::batch_heads},
         {MaskCase::window, 97, 150, Case::Alibi::heads}}) {
-    Case c;
-    c.batch = 2;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.seqlen_q = nq;
-    c.seqlen_k = nk;
-    c.head_dim = 40;
-    c.mask = m;
+    Case c = modifier_case(m, nq, nk);
     c.alibi = alibi;
     add(c);
   }
-  Case varlen;
-  varlen.varlen = true;
-  varlen.heads = 4;
-  varlen.kv_heads = 2;
-  varlen.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
-  varlen.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
-  varlen.mask = MaskCase::causal;
+  Case varlen = modifier_varlen_case();
   varlen.alibi = Case::Alibi::batch_heads;
   add(varlen);
   Case both;
@@ -180,24 +192,11 @@ void add_sink_cases(const std::function<void(Case)>& add) {
                            {MaskCase::causal, 97, 130},
                            {MaskCase::causal, 130, 17},
                            {MaskCase::window, 97, 150}}) {
-    Case c;
-    c.batch = 2;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.seqlen_q = nq;
-    c.seqlen_k = nk;
-    c.head_dim = 40;
-    c.mask = m;
+    Case c = modifier_case(m, nq, nk);
     c.sinks = true;
     add(c);
   }
-  Case varlen;
-  varlen.varlen = true;
-  varlen.heads = 4;
-  varlen.kv_heads = 2;
-  varlen.varlen_q_lengths = {5, 0, 1, 64, 100, 3};
-  varlen.varlen_k_lengths = {7, 3, 0, 64, 130, 1};
-  varlen.mask = MaskCase::causal;
+  Case varlen = modifier_varlen_case();
   varlen.sinks = true;
   add(varlen);
   for (auto [h, kvh] : {std::pair<int64_t, int64_t>{8, 2}, {8, 1}}) {

@@ -11,6 +11,7 @@
 // whose pair rows are 64 bytes: a B tile is 16 consecutive pair rows.
 #pragma once
 
+#include "core/bf16_block.hpp"
 #include "isa/amx/tile_config.hpp"
 #include "isa/avx512bf16/bf16_kernels.hpp"
 

@@ -13,7 +13,6 @@
 // one vdpbf16ps B vector and one row of an AMX B tile.
 #pragma once
 
-#include "core/bf16_block.hpp"
 #include "isa/avx512/kernels.hpp"
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
@@ -270,11 +269,6 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
                         RowPrefetch* prefetch = nullptr) {
     if (a_lo) bf16_dot_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch);
     else bf16_dot_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch);
-  }
-  // One 32-row block (the main loop queues none here: vdpbf16ps shares the
-  // vector units with the softmax, so the products run where they are called).
-  static void bf16_block(const Bf16Block& j) {
-    bf16_gemm(32, j.cols, j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
   }
 };
 
