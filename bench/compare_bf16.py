@@ -32,7 +32,11 @@ Usage:
 
     PYTHONPATH=<tileattn package> .venv/bin/python bench/compare_bf16.py [--rounds 7]
         [--threads 2] [--gap-ms 20] [--shapes KEY,...] [--json out.json] [--quick] [--check]
+        [--bf16-probabilities]
 
+--bf16-probabilities times tileattn's bf16 calls with P rounded to bf16 for P V
+(tileattn.set_bf16_probabilities(True)), as FlashAttention-2, SDPA and OpenVINO
+round it; outside tileattn's accuracy promise (docs/accuracy.md).
 --quick runs small shapes (seconds; for tests); --check first asserts that
 every peer's output matches tileattn's (max abs difference below 2e-2 for bf16,
 1e-4 for fp32; inputs uniform in [-1, 1]) and exits 1 if one does not.
@@ -106,7 +110,7 @@ class Runner:
         self.call, self.output, self.detail = call, output, detail
 
 
-def make_runners(shape, threads, have_openvino):
+def make_runners(shape, threads, have_openvino, bf16_probabilities=False):
     import torch
     import torch.nn.functional as F
     import tileattn
@@ -119,9 +123,13 @@ def make_runners(shape, threads, have_openvino):
         tq, tk, tv = (torch.from_numpy(a).to(tdtype) for a in (q, k, v))
         if dtype == "bf16":
             def ta(tq=tq, tk=tk, tv=tv):
-                return tileattn.flash_attention(tq, tk, tv, is_causal=causal)
+                tileattn.set_bf16_probabilities(bf16_probabilities)
+                try:
+                    return tileattn.flash_attention(tq, tk, tv, is_causal=causal)
+                finally:
+                    tileattn.set_bf16_probabilities(False)
             ta_out = lambda o: o.float().numpy()  # noqa: E731
-            ta_detail = "torch bf16 tensors"
+            ta_detail = "torch bf16 tensors" + (", P rounded to bf16" if bf16_probabilities else "")
         else:
             def ta():
                 return tileattn.flash_attention(q, k, v, is_causal=causal)
@@ -158,6 +166,9 @@ def geomean(values):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="timed calls of each (impl, dtype) per shape")
+    parser.add_argument("--bf16-probabilities", action="store_true",
+                        help="tileattn's bf16 calls round P to bf16 (tileattn.set_bf16_probabilities), as "
+                             "its peers do; outside tileattn's accuracy promise")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gap-ms", type=float, default=20.0,
                         help="sleep before each timed call, so the previous library's threads stop polling")
@@ -192,12 +203,13 @@ def main(argv=None):
         "cpu": cpu_model(), "bf16_isa": info.get("bf16_isa"), "isa": info.get("isa"),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "torch": torch.__version__, "openvino": ov_version, "threads": args.threads, "rounds": args.rounds,
-        "gap_ms": args.gap_ms,
+        "gap_ms": args.gap_ms, "bf16_probabilities": args.bf16_probabilities,
         "load_average_start": round(os.getloadavg()[0], 2), "quick": args.quick,
     }
     print(f"CPU: {header['cpu']}")
     print(f"tileattn bf16_isa: {header['bf16_isa']} (isa: {header['isa']}); threads {args.threads}; "
-          f"{args.rounds} rounds, median; {args.gap_ms:g} ms idle before each call")
+          f"{args.rounds} rounds, median; {args.gap_ms:g} ms idle before each call"
+          + ("; tileattn bf16: P rounded to bf16 (set_bf16_probabilities)" if args.bf16_probabilities else ""))
     print(f"date: {header['date']}; torch {header['torch']}; openvino {ov_version}; "
           f"load average {header['load_average_start']}")
     print("ratio = peer ms / tileattn ms (> 1: tileattn faster)")
@@ -205,7 +217,7 @@ def main(argv=None):
     results, failures = [], []
     for shape in shapes:
         key, label = shape[0], shape[1]
-        runners = make_runners(shape, args.threads, openvino is not None)
+        runners = make_runners(shape, args.threads, openvino is not None, args.bf16_probabilities)
         order = list(runners)
         outputs = {name: r.call() for name, r in runners.items()}  # warm-up (pools, lazy init)
         checks = {}

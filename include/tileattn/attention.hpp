@@ -141,6 +141,14 @@ struct ForwardArgs {
   // bias, never masked (Hugging Face's gpt-oss eager attention). A row that
   // sees no key gets O = 0 and LSE = sinks[h]. Null: off. Finite, |sink| <= 1e38.
   const float* sinks = nullptr;
+  // bf16 inputs on the bf16 dot-product rungs (amx, avx512bf16): the softmax
+  // probabilities P are rounded to bf16 for the P V product, as
+  // FlashAttention-2 on tensor cores and PyTorch's and OpenVINO's CPU SDPA
+  // round them: one bf16 product instead of two (hi + lo), 1.3-1.4x faster,
+  // at an error of up to 2^-8 of (P |V|) per output element, outside the
+  // accuracy rule's promise (docs/accuracy.md). Elsewhere (fp32 / fp16
+  // inputs, the fp32 rungs, decode's few-rows products) it changes nothing.
+  bool bf16_probabilities = false;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -44,6 +45,15 @@ inline Error with_python_kv_names(const Error& e) {
   return Error(text);
 }
 using Stride3 = std::array<int64_t, 3>;
+
+// tileattn.set_bf16_probabilities(): the process-wide value of
+// ForwardArgs::bf16_probabilities for every forward call made from Python
+// (as torch's backend precision flags: a model's attention calls pass no
+// such argument).
+inline std::atomic<bool>& bf16_probabilities_setting() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
 
 // The inputs and options of a forward call on raw addresses, as the
 // raw-address forward and backward bindings take them (shape [batch, heads,

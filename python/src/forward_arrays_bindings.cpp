@@ -212,6 +212,7 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   a.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(qs[3])));
   a.dropout_p = static_cast<float>(dropout_p);
   a.softcap = static_cast<float>(softcap);  // checked by Python (parse_softcap) and validate()
+  a.bf16_probabilities = bf16_probabilities_setting().load(std::memory_order_relaxed);
   read_alibi_slopes(alibi, access, a.shape.batch, qs[1], a.alibi_slopes, a.alibi_batch_stride);
   call.alibi = nb::borrow(alibi);
   a.sinks = read_sinks(sinks, access, qs[1]);

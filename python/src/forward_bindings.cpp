@@ -35,6 +35,7 @@ ForwardArgs forward_inputs(int dtype, const std::array<int64_t, 6>& shape, Addre
   a.dropout_p = dropout_p;
   a.seed = seed;
   a.threads = threads;
+  a.bf16_probabilities = bf16_probabilities_setting().load(std::memory_order_relaxed);
   return a;
 }
 

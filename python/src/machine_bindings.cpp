@@ -34,6 +34,9 @@ nb::dict machine_info() {
 void bind_machine(nb::module_& m) {
   m.def("machine_info", &machine_info, "ISA chosen, CPU features, cache sizes, hardware threads");
   m.def("hardware_threads", [] { return hardware_threads(); }, "threads the hardware offers (at least 1)");
+  m.def("set_bf16_probabilities", [](bool enabled) { bf16_probabilities_setting().store(enabled); },
+        "ForwardArgs::bf16_probabilities for every later forward call from Python");
+  m.def("get_bf16_probabilities", [] { return bf16_probabilities_setting().load(); });
 }
 
 }  // namespace tileattn::python

@@ -47,7 +47,7 @@ ForwardArgs to_forward_args(const tileattn_forward_args* user) {
   tileattn_forward_args c;
   tileattn_forward_args_init(&c);
   read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_forward_args, block_kv), c);
-  if (c.reserved0 != 0 || c.reserved1 != 0) throw Error("args->reserved0 and reserved1 must be 0");
+  if (c.reserved0 != 0) throw Error("args->reserved0 must be 0");
 
   ForwardArgs a;
   a.shape = AttentionShape{c.batch, c.heads, c.kv_heads, c.seqlen_q, c.seqlen_k, c.head_dim};
@@ -81,6 +81,7 @@ ForwardArgs to_forward_args(const tileattn_forward_args* user) {
 
   a.scale = c.scale;
   a.softcap = c.softcap;
+  a.bf16_probabilities = c.bf16_probabilities != 0;
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
   a.sinks = c.sinks;

@@ -31,8 +31,8 @@ namespace {
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
     "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
-    "                      [--softcap C] [--alibi] [--sinks S.npy] [--threads T] [--reps R]\n"
-    "                      [--backward | --decode] [--no-baseline]\n"
+    "                      [--softcap C] [--alibi] [--sinks S.npy] [--bf16-probabilities]\n"
+    "                      [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
     "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
     "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
     "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
@@ -55,6 +55,8 @@ const char* const kHelp =
     "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
     "slopes) in tileattn; the baseline has neither. --sinks S.npy (float32 [H]) adds attention\n"
     "sinks in tileattn (the backward also computes their gradient); the baseline has none.\n"
+    "--bf16-probabilities (forward, --dtype bf16) rounds P to bf16 for P V on the amx /\n"
+    "avx512bf16 rungs (ForwardArgs::bf16_probabilities: faster, outside the accuracy promise).\n"
     "\n"
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
@@ -90,7 +92,7 @@ int cmd_bench(int argc, char** argv) {
             {{"--batch", true}, {"--heads", true}, {"--kv-heads", true}, {"--seq", true},
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
              {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--sinks", true},
-             {"--threads", true}, {"--reps", true}, {"--backward", false},
+             {"--bf16-probabilities", false}, {"--threads", true}, {"--reps", true}, {"--backward", false},
              {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
@@ -104,6 +106,9 @@ int cmd_bench(int argc, char** argv) {
   const bool backward = args.has("--backward");
   const bool decode = args.has("--decode");
   if (backward && decode) throw UsageError("--decode: cannot be combined with --backward");
+  const bool bf16_probabilities = args.has("--bf16-probabilities");
+  if (bf16_probabilities && (backward || decode))
+    throw UsageError("--bf16-probabilities: only for the forward (not with --backward or --decode)");
   const int64_t batch = args.integer("--batch", 1, 1, kMaxSize);
   const int64_t heads = args.integer("--heads", 8, 1, kMaxSize);
   const int64_t kv_heads = args.integer("--kv-heads", heads, 1, kMaxSize);
@@ -113,6 +118,7 @@ int cmd_bench(int argc, char** argv) {
   const int64_t seq = decode ? 1 : seq_flag;
   const int64_t dim = args.integer("--dim", 128, 1, 256);
   const DType dtype = parse_dtype(args.text("--dtype", "fp32"));
+  if (bf16_probabilities && dtype != DType::bf16) throw UsageError("--bf16-probabilities: only with --dtype bf16");
   const bool causal = args.has("--causal");
   const auto [window_left, window_right] = args.window("--window");
   const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
@@ -142,6 +148,7 @@ int cmd_bench(int argc, char** argv) {
   fa.mask.window_left = window_left;
   fa.mask.window_right = window_right;
   fa.softcap = softcap;
+  fa.bf16_probabilities = bf16_probabilities;
   const std::vector<float> alibi = args.has("--alibi") ? standard_alibi_slopes(heads) : std::vector<float>{};
   if (!alibi.empty()) fa.alibi_slopes = alibi.data();
   const std::vector<float> sinks =
@@ -229,6 +236,7 @@ int cmd_bench(int argc, char** argv) {
   rep.number("softcap", softcap);
   rep.boolean("alibi", !alibi.empty());
   rep.boolean("sinks", !sinks.empty());
+  rep.boolean("bf16_probabilities", bf16_probabilities);
   rep.boolean("backward", backward);
   rep.boolean("decode", decode);
   rep.text("impl", impl == Impl::both ? "both" : impl == Impl::tileattn ? "tileattn" : "openblas");

@@ -111,8 +111,10 @@ class Fp32Operands {
 // the scale is applied to the fp32 scores), K and V in the VNNI pair layout
 // (bf16_kernels.hpp), P split into bf16 hi + lo so that P V keeps P's fp32
 // precision (docs/accuracy.md: the naive bf16 implementation keeps P in
-// fp32, and P rounded to bf16 alone exceeds twice its error). The products
-// are K::bf16_gemm (vdpbf16ps or AMX tiles).
+// fp32, and P rounded to bf16 alone exceeds twice its error), or P as hi
+// alone where the caller asks for it (ForwardArgs::bf16_probabilities: one
+// P V product instead of two). The products are K::bf16_gemm (vdpbf16ps or
+// AMX tiles).
 template <class K>
 class Bf16Operands {
  public:
@@ -124,7 +126,7 @@ class Bf16Operands {
         k_tile_(reinterpret_cast<uint16_t*>(scratch + l.k_tile)),
         v_tile_(reinterpret_cast<uint16_t*>(scratch + l.v_tile)),
         p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_hi)),
-        p_lo_(reinterpret_cast<uint16_t*>(scratch + l.p_lo)) {}
+        p_lo_(p.args.bf16_probabilities ? nullptr : reinterpret_cast<uint16_t*>(scratch + l.p_lo)) {}
 
   void begin_item() { K::bf16_begin(); }
   void end_item() { K::bf16_end(); }
@@ -189,8 +191,8 @@ class Bf16Operands {
     const int64_t k = round_up(n, kBf16PairBlock);
     for (int64_t r = 0; r < rows; r += kRowsPerBlock) {
       const int64_t g = min64(kRowsPerBlock, rows - r);
-      K::exp2_split_rows(s + r * lds, lds, g, n, k, scale, row_max + r, sums + r,
-                         p_hi_ + (r0 + r) * bf16_kv_pad_, p_lo_ + (r0 + r) * bf16_kv_pad_, bf16_kv_pad_);
+      K::exp2_split_rows(s + r * lds, lds, g, n, k, scale, row_max + r, sums + r, p_hi_ + (r0 + r) * bf16_kv_pad_,
+                         p_lo_ ? p_lo_ + (r0 + r) * bf16_kv_pad_ : nullptr, bf16_kv_pad_);
       run_queued_block();
     }
   }
@@ -203,7 +205,7 @@ class Bf16Operands {
   // Row r of P is zero (a NaN row or a row with no visible key yet).
   void clear_p_row(int64_t r) {
     std::memset(p_hi_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
-    std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
+    if (p_lo_) std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
   }
 
   // acc (m, D_pad) += P V, P from exponentials() (p_in_operands) or the fp32
@@ -212,7 +214,7 @@ class Bf16Operands {
                   bool p_in_operands, int64_t t0) {
     const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
     uint16_t* hi = p_hi_ + t0 * bf16_kv_pad_;
-    uint16_t* lo = p_lo_ + t0 * bf16_kv_pad_;
+    uint16_t* lo = p_lo_ ? p_lo_ + t0 * bf16_kv_pad_ : nullptr;
     if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, hi, lo, bf16_kv_pad_);
     if (queue_blocks(m, dp, k, hi, lo, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true, prefetch))
       return;
@@ -264,7 +266,7 @@ class Bf16Operands {
   uint16_t* k_tile_;  // kv_pad / 16 panels of (bf16_k / 2, 16, 2)
   uint16_t* v_tile_;  // D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
   uint16_t* p_hi_;    // (stacked rows + 16, bf16_kv_pad)
-  uint16_t* p_lo_;
+  uint16_t* p_lo_;    // as p_hi_; null: P is hi alone (ForwardArgs::bf16_probabilities)
 };
 
 template <class K, class Operands>

@@ -89,8 +89,11 @@ Comparison compare_with_reference(const CaseData& data, double perturb = 0);
 // seqlen_q, head_dim] as double, lse dense [batches, heads, seqlen_q] (empty:
 // not checked), against ref = reference_forward(args) and naive =
 // naive_forward(args) (batches: 1 for packed sequences, else shape.batch).
+// row_allowance (one per O row; empty: none) widens each row's tolerance by
+// a documented bound (testing/tolerance.hpp's check_rows).
 Comparison compare_outputs(const ForwardArgs& args, const ReferenceOutput& ref, const ReferenceOutput& naive,
-                           const std::vector<double>& o, const std::vector<double>& lse, double perturb = 0);
+                           const std::vector<double>& o, const std::vector<double>& lse, double perturb = 0,
+                           const std::vector<double>& row_allowance = {});
 
 // O and LSE of a case's buffers, dense as compare_outputs takes them.
 std::vector<double> dense_o(const CaseData& data);

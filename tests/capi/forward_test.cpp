@@ -12,6 +12,7 @@
 #include "capi/c_args.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/attention.hpp"
+#include "tileattn/machine.hpp"
 #include "tileattn/tileattn.h"
 
 namespace tileattn {
@@ -144,6 +145,30 @@ TEST(CApiForward, InitGivesTheCppDefaults) {
   EXPECT_EQ(c.lse_stride[2], 1);
   EXPECT_EQ(c.q.stride[3], 1);
   EXPECT_EQ(c.threads, 0);
+  EXPECT_EQ(c.bf16_probabilities, 0);
+}
+
+// bf16_probabilities reaches the kernel: on a bf16 rung the C call gives the
+// C++ call's bits with the option on, which differ from the default's.
+TEST(CApiForward, Bf16ProbabilitiesReachesTheKernel) {
+  const Isa isa = isa_available(Isa::amx) ? Isa::amx : Isa::avx512bf16;
+  if (!isa_available(isa)) GTEST_SKIP() << "no bf16 dot-product rung on this CPU";
+  Case k;
+  k.dtype = DType::bf16;
+  k.seqlen_q = 64, k.seqlen_k = 300, k.head_dim = 64;
+  CaseData data(k);
+  data.args.isa = isa;
+  attention_forward(data.args);
+  const std::vector<unsigned char> exact = output_bytes(data);
+  data.args.bf16_probabilities = true;
+  attention_forward(data.args);
+  const std::vector<unsigned char> rounded = output_bytes(data);
+  EXPECT_TRUE(rounded != exact) << "bf16_probabilities changed nothing on " << isa_name(isa);
+  clear_outputs(data);
+  const tileattn_forward_args c = capi_testing::to_c_args(data.args);
+  ASSERT_EQ(c.bf16_probabilities, 1);
+  ASSERT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_TRUE(output_bytes(data) == rounded) << "O differs between the C and C++ APIs";
 }
 
 // A caller compiled against a newer header (a longer struct) is served when
@@ -206,8 +231,9 @@ TEST(CApiForward, SoftcapVersioningAndBadValues) {
     for (float x : data.o32) ASSERT_EQ(x, 0.0f);
   }
   c.softcap = 5.0f;
-  c.reserved1 = 1;
+  c.reserved0 = 1;
   EXPECT_EQ(tileattn_forward(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("reserved0"), std::string::npos) << tileattn_last_error();
 }
 
 // tileattn_merge_states: a NaN LSE against an empty side (-inf) gives NaN in

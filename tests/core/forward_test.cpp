@@ -2,7 +2,9 @@
 // CPU can run (forced), with 1 and 2 threads, over a table of awkward cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -83,6 +85,79 @@ INSTANTIATE_TEST_SUITE_P(Bf16Rungs, ForwardCases,
                          ::testing::Combine(::testing::ValuesIn(bf16_table()),
                                             ::testing::Values(Isa::avx512bf16, Isa::amx)),
                          case_test_name);
+
+// ForwardArgs::bf16_probabilities on the bf16 rungs: P is rounded to bf16 for
+// P V. Each P entry then carries a relative error of at most 2^-8 (bf16's
+// unit roundoff, round to nearest even; the row sum stays the fp32 sum of the
+// unrounded P), so an output element moves by at most 2^-8 (P |V|)(i, d),
+// P the float64 reference's probabilities: each row is allowed 2^-8 x its
+// largest (P |V|) on top of the rule (|V| through the reference with V's sign
+// bits cleared). The output must differ from the default's somewhere, and
+// break the rule alone somewhere (Bf16Probabilities.RoundingShows), or the
+// option would not be rounding.
+std::vector<double> p_abs_v_allowance(const Case& c) {
+  CaseData abs_v(c);
+  for (uint16_t& bits : abs_v.v16) bits &= 0x7fff;
+  const ReferenceOutput pv = reference_forward(abs_v.args);
+  const size_t d = size_t(c.head_dim);
+  std::vector<double> allowance(pv.o.size() / d, 0.0);
+  for (size_t row = 0; row < allowance.size(); ++row)
+    for (size_t e = row * d; e < (row + 1) * d; ++e)
+      if (!std::isnan(pv.o[e])) allowance[row] = std::max(allowance[row], std::ldexp(pv.o[e], -8));
+  return allowance;
+}
+
+struct Bf16ProbabilitiesRun {
+  Comparison with_allowance, strict;
+  bool differs_from_default = false;
+};
+
+Bf16ProbabilitiesRun run_bf16_probabilities(const Case& c, Isa isa) {
+  CaseData rounded(c), exact(c);
+  rounded.args.isa = exact.args.isa = isa;
+  rounded.args.bf16_probabilities = true;
+  attention_forward(rounded.args);
+  attention_forward(exact.args);
+  const ReferenceOutput ref = reference_forward(rounded.args), naive = naive_forward(rounded.args);
+  const std::vector<double> o = dense_o(rounded), lse = dense_lse(rounded);
+  Bf16ProbabilitiesRun run;
+  run.with_allowance = compare_outputs(rounded.args, ref, naive, o, lse, 0, p_abs_v_allowance(c));
+  run.strict = compare_outputs(rounded.args, ref, naive, o, lse);
+  run.differs_from_default = rounded.o16 != exact.o16;
+  return run;
+}
+
+class Bf16Probabilities : public ::testing::TestWithParam<std::tuple<Case, Isa>> {};
+
+TEST_P(Bf16Probabilities, WithinTheRuleAndTheRoundingBound) {
+  const auto& [c, isa] = GetParam();
+  if (!isa_available(isa)) GTEST_SKIP() << isa_name(isa) << " not available on this CPU";
+  const Bf16ProbabilitiesRun run = run_bf16_probabilities(c, isa);
+  EXPECT_TRUE(run.with_allowance.ok()) << c.name() << " on " << isa_name(isa) << ": "
+                                       << run.with_allowance.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16Rungs, Bf16Probabilities,
+                         ::testing::Combine(::testing::ValuesIn(bf16_table()),
+                                            ::testing::Values(Isa::avx512bf16, Isa::amx)),
+                         case_test_name);
+
+TEST(Bf16ProbabilitiesShow, RoundingChangesOutputsAndBreaksTheRuleAlone) {
+  for (Isa isa : {Isa::avx512bf16, Isa::amx}) {
+    if (!isa_available(isa)) continue;
+    int differ = 0, strict_failures = 0, cases = 0;
+    for (const Case& c : bf16_table()) {
+      const Bf16ProbabilitiesRun run = run_bf16_probabilities(c, isa);
+      ++cases;
+      differ += run.differs_from_default;
+      strict_failures += !run.strict.ok();
+    }
+    EXPECT_GT(differ, cases / 2) << isa_name(isa) << ": P rounded to bf16 changed " << differ << " of " << cases;
+    EXPECT_GT(strict_failures, 0) << isa_name(isa) << ": no case broke the rule without the rounding allowance";
+    std::printf("%s: bf16_probabilities changed %d of %d cases, %d of them beyond the rule alone\n",
+                isa_name(isa), differ, cases, strict_failures);
+  }
+}
 
 // The edge checks of tests/support/forward_edge_checks.hpp on each path.
 class ForwardEdges : public ::testing::TestWithParam<Isa> {

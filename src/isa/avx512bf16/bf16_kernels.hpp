@@ -113,7 +113,8 @@ struct Bf16Packing {
   // k (zero-padded): hi = bf16(P) and lo = bf16(P - hi), both rounded to
   // nearest even by vcvtne2ps2bf16 (which reads denormals as 0: P below
   // 2^-126 counts as 0), so hi + lo holds P to about 2^-17 relative. P is
-  // finite (the softmax's exponentials, times the dropout scale).
+  // finite (the softmax's exponentials, times the dropout scale). lo null:
+  // hi alone (P to 2^-8 relative).
   static void bf16_split_rows(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
                               uint16_t* lo, int64_t ld) {
     for (int64_t r = 0; r < m; ++r) {
@@ -122,17 +123,19 @@ struct Bf16Packing {
         const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(n - c), row + c);  // zero past n
         const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(n - c - 16), row + c + 16);
         const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(x1, x0));  // x0's 16 words, then x1's
+        _mm512_storeu_si512(hi + r * ld + c, h);
+        if (!lo) continue;
         const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
         const __m512 h1 = _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
         const __m512i l = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
-        _mm512_storeu_si512(hi + r * ld + c, h);
         _mm512_storeu_si512(lo + r * ld + c, l);
       }
     }
   }
 
-  // exp2_split_group over `rows` rows, four at a time (scale 1: unscaled).
+  // exp2_split_group over `rows` rows, four at a time (scale 1: unscaled; lo
+  // null: hi alone).
   static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                               const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16);
 };
@@ -142,8 +145,9 @@ struct Bf16Packing {
 // row stride ld) become P = exp2(s * scale - sub[g]) (kScaled; else s -
 // sub[g]) in hi / lo rows of k elements (row stride ld16, zero past n), and
 // sums[g] their fp32 sum, added in exp2_sum_rows' lane order. The scores
-// stay as they are: no fp32 P is stored and read back.
-template <int G, bool kScaled>
+// stay as they are: no fp32 P is stored and read back. kLo false: hi alone
+// (ForwardArgs::bf16_probabilities).
+template <int G, bool kScaled, bool kLo>
 static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64_t k, float scale,
                                     const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16) {
   const __m512 scale_v = _mm512_set1_ps(scale);
@@ -162,32 +166,40 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       const __m512 e0 = _mm512_maskz_mov_ps(m0, exp2_ps(a0)), e1 = _mm512_maskz_mov_ps(m1, exp2_ps(a1));
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
       const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(e1, e0));  // e0's 16 words, then e1's
+      _mm512_storeu_si512(hi + g * ld16 + c, h);
+      if constexpr (!kLo) continue;
       const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
       const __m512 h1 =
           _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
       const __m512i l = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0)));
-      _mm512_storeu_si512(hi + g * ld16 + c, h);
       _mm512_storeu_si512(lo + g * ld16 + c, l);
     }
   }
   for (int g = 0; g < G; ++g) sums[g] = _mm512_reduce_add_ps(sum[g]);
 }
 
+template <bool kScaled, bool kLo>
+static inline void exp2_split_rows_of(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
+                                      const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    exp2_split_group<4, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
+                                      kLo ? lo + r * ld16 : nullptr, ld16);
+  for (; r < rows; ++r)
+    exp2_split_group<1, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
+                                      kLo ? lo + r * ld16 : nullptr, ld16);
+}
+
 inline void Bf16Packing::exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k,
                                          float scale, const float* sub, float* sums, uint16_t* hi, uint16_t* lo,
                                          int64_t ld16) {
-  int64_t r = 0;
   if (scale != 1.0f) {
-    for (; r + 4 <= rows; r += 4)
-      exp2_split_group<4, true>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
-    for (; r < rows; ++r)
-      exp2_split_group<1, true>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
-    return;
+    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16);
+    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16);
+  } else {
+    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16);
+    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16);
   }
-  for (; r + 4 <= rows; r += 4)
-    exp2_split_group<4, false>(s + r * ld, ld, n, k, 1.0f, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
-  for (; r < rows; ++r)
-    exp2_split_group<1, false>(s + r * ld, ld, n, k, 1.0f, sub + r, sums + r, hi + r * ld16, lo + r * ld16, ld16);
 }
 
 // vdpbf16ps register tile: MR rows x (16 * NV) columns of C, like the fp32
