@@ -293,6 +293,13 @@ class ForwardMainloop {
       static_assert(K::kFewRowsMax == kFewRowsMax, "plan_forward plans decode items for kFewRowsMax rows");
       direct_ = p.heads_per_item * p.block_q <= K::kFewRowsMax;
     }
+    // Few-rows scores on bf16 dot products (K::kFewRowsDotScores): bf16
+    // queries against a bf16 cache read with unit stride; Q stays unscaled
+    // (bf16 values, exact products) and the kernel scales the sums. Llama-3-8B
+    // decode (bf16, 8192 tokens, 1 thread, AMD EPYC Zen 5, paired): 0.95 of
+    // the time of the FMA scores; P V stays on FMAs (P keeps fp32 precision).
+    if constexpr (requires { K::kFewRowsDotScores; })
+      dot_scores_ = direct_ && kv_dtype_ == DType::bf16 && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1;
     // The few-rows products' fp32 Q (at most kFewRowsMax rows of D_pad) sits
     // in the Q tile: its bf16 form holds 16 slack rows of >= D_pad elements.
     few_rows_q_ = scratch + layout_.q_tile;
@@ -438,6 +445,13 @@ class ForwardMainloop {
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
                                    this_steps_v ? n : ahead_};
+        if constexpr (requires { K::kFewRowsDotScores; }) {
+          if (dot_scores_) {
+            K::few_rows_dot_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, p_.score_scale,
+                                   s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
+            return;
+          }
+        }
         K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, kv_dtype_, a_.k.stride[3],
                            s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
         if (quantized_) scale_columns(m, n, k_scales_, t0);
@@ -529,7 +543,8 @@ class ForwardMainloop {
       const char* src = static_cast<const char*>(a_.q.data) +
                         (seq.q_batch * a_.q.stride[0] + head_of(w, s) * a_.q.stride[1] +
                          row * a_.q.stride[2]) * esize;
-      if (direct_) K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.score_scale, few_rows_q_ + s * dp);
+      if (direct_)
+        K::load_row(src, a_.dtype, d, a_.q.stride[3], dot_scores_ ? 1.0f : p_.score_scale, few_rows_q_ + s * dp);
       else operands_.load_q_row(s, src, a_.q.stride[3]);
     }
   }
@@ -709,6 +724,7 @@ class ForwardMainloop {
   float* s_tile_ = nullptr;
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
+  bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile

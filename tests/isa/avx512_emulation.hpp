@@ -267,6 +267,10 @@ inline __m512 _mm512_shuffle_ps(__m512 a, __m512 b, int imm) {
     return (j < 2 ? a : b).f32[lane + ((imm >> (2 * j)) & 3)];
   });
 }
+// Lane i = a's lane idx[i] % 16.
+inline __m512 _mm512_permutexvar_ps(__m512i idx, __m512 a) {
+  return per_lane([&](int i) { return a.f32[idx.i32[i] & 15]; });
+}
 // 128-bit lanes: two of a, then two of b, each picked by 2 bits of imm.
 inline __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm) {
   return per_lane([&](int i) {

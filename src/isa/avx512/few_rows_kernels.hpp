@@ -130,27 +130,6 @@ static inline void from_chunk_order(__m512& a, __m512& b) {
   }
 }
 
-// Lane i of the result = the sum of v[i]'s 16 lanes. Each level halves the
-// vectors and the lanes each one sums over: 16 x 16 -> 8 vectors holding two
-// 8-lane partials (128-bit shuffles), -> 4 x four 4-lane partials, -> 2 x
-// eight pairs (in-lane shuffles), -> 1 x sixteen sums; lane 4k + m then holds
-// v[4m + k], which one permute puts in order.
-static inline __m512 reduce16(const __m512* v) {
-  __m512 w[8], x[4], y[2];
-  for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
-  for (int i = 0; i < 4; ++i)
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xdd));
-  for (int i = 0; i < 2; ++i)
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x88),
-                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xdd));
-  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, z);
-}
-
 // Keys scored per pass: M x KJ <= 16 accumulator chains, every one an
 // independent FMA chain (2 FMA pipes x 4 cycles of latency need >= 8).
 template <int M>

@@ -134,6 +134,8 @@ static inline void gemm_panel(int64_t m, int64_t k, const float* a, int64_t lda,
   gemm_rows_tail<NV, kRows - 1>(int(m - i), k, a + i * lda, lda, b, ldb, b_panel, c + i * ldc, ldc, accumulate);
 }
 
+#include "isa/avx512/reduce16.hpp"
+
 // Decode tile products (at most kFewRowsMax stacked query rows): the 16-lane
 // ones of few_rows_kernels.hpp, which reuse the AVX2 file's element-strided
 // fallbacks (this directory's files are compiled with -mavx2 -mfma -mf16c
