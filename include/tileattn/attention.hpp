@@ -146,7 +146,9 @@ struct ForwardArgs {
   // FlashAttention-2 on tensor cores and PyTorch's and OpenVINO's CPU SDPA
   // round them: one bf16 product instead of two (hi + lo), 1.3-1.4x faster,
   // at an error of up to 2^-8 of (P |V|) per output element, outside the
-  // accuracy rule's promise (docs/accuracy.md). Elsewhere (fp32 / fp16
+  // accuracy rule's promise (docs/accuracy.md). The backward (BackwardArgs::
+  // forward) then rounds P and dS to bf16 for dV, dQ and dK the same way
+  // (FlashAttention-2's backward does), 1.3x faster. Elsewhere (fp32 / fp16
   // inputs, the fp32 rungs, decode's few-rows products) it changes nothing.
   bool bf16_probabilities = false;
   float dropout_p = 0.0f;  // in [0, 1); see training issue

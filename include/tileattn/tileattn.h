@@ -188,8 +188,9 @@ typedef struct tileattn_forward_args {
   /** Nonzero: bf16 inputs on the AMX / AVX512-BF16 rungs round the softmax
       probabilities P to bf16 for the P V product (as FlashAttention-2 and PyTorch's
       CPU SDPA do): faster, with an error of up to 2^-8 of (P |V|) per output
-      element, outside the accuracy promise. 0 (the default): P keeps fp32
-      precision (hi + lo). Changes nothing for other inputs and rungs. */
+      element, outside the accuracy promise; the backward rounds P and dS the same
+      way. 0 (the default): P keeps fp32 precision (hi + lo). Changes nothing for
+      other inputs and rungs. */
   int32_t bf16_probabilities;
   /** ALiBi slopes, fp32: slope(b, h) = alibi_slopes[b * alibi_batch_stride + h]
       ([heads]: stride 0; [batch, heads]: stride heads); the bias

@@ -55,8 +55,9 @@ const char* const kHelp =
     "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
     "slopes) in tileattn; the baseline has neither. --sinks S.npy (float32 [H]) adds attention\n"
     "sinks in tileattn (the backward also computes their gradient); the baseline has none.\n"
-    "--bf16-probabilities (forward, --dtype bf16) rounds P to bf16 for P V on the amx /\n"
-    "avx512bf16 rungs (ForwardArgs::bf16_probabilities: faster, outside the accuracy promise).\n"
+    "--bf16-probabilities (--dtype bf16, forward or backward) rounds P (and the backward's dS)\n"
+    "to bf16 for their products on the amx / avx512bf16 rungs (ForwardArgs::bf16_probabilities:\n"
+    "faster, within a stated bound instead of the accuracy rule).\n"
     "\n"
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
@@ -107,8 +108,8 @@ int cmd_bench(int argc, char** argv) {
   const bool decode = args.has("--decode");
   if (backward && decode) throw UsageError("--decode: cannot be combined with --backward");
   const bool bf16_probabilities = args.has("--bf16-probabilities");
-  if (bf16_probabilities && (backward || decode))
-    throw UsageError("--bf16-probabilities: only for the forward (not with --backward or --decode)");
+  if (bf16_probabilities && decode)
+    throw UsageError("--bf16-probabilities: not with --decode (decode keeps P at fp32 precision)");
   const int64_t batch = args.integer("--batch", 1, 1, kMaxSize);
   const int64_t heads = args.integer("--heads", 8, 1, kMaxSize);
   const int64_t kv_heads = args.integer("--kv-heads", heads, 1, kMaxSize);

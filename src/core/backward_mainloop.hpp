@@ -218,13 +218,16 @@ class BackwardMainloop {
 
   // c (m, D_pad) += a (m, k fp32 columns, row stride lda) B, where B holds k
   // rows in pairs along them (pad = k rounded up to 32, panel 16 x pad): a is
-  // split into bf16 hi + lo first.
+  // split into bf16 hi + lo first, or rounded to bf16 alone with
+  // ForwardArgs::bf16_probabilities (P and dS in bf16, as FlashAttention-2's
+  // backward rounds them: one product instead of two).
   void bf16_product_of_split(const float* a, int64_t lda, int64_t m, int64_t k, const uint16_t* b, int64_t pad,
                              float* c) {
     if constexpr (kHasBf16) {
       const int64_t k32 = round_up(k, kBf16PairBlock);
-      K::bf16_split_rows(a, lda, m, k, k32, a_hi_, a_lo_, pad);
-      K::bf16_gemm(m, p_.fwd.head_dim_padded, k32, a_hi_, a_lo_, pad, b, kPanelWidth * pad, c,
+      uint16_t* lo = a_.bf16_probabilities ? nullptr : a_lo_;
+      K::bf16_split_rows(a, lda, m, k, k32, a_hi_, lo, pad);
+      K::bf16_gemm(m, p_.fwd.head_dim_padded, k32, a_hi_, lo, pad, b, kPanelWidth * pad, c,
                    p_.fwd.head_dim_padded, true);
     }
   }

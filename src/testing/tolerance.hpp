@@ -148,10 +148,11 @@ inline RowCheck check_output(const std::vector<double>& got, const std::vector<d
 using GradientCheck = RowCheck;
 inline GradientCheck check_gradient(const std::vector<double>& got, const std::vector<double>& ref,
                                     const std::vector<double>& naive, DType dtype, int64_t head_dim,
-                                    double max_delta, double perturb = 0) {
+                                    double max_delta, double perturb = 0,
+                                    const std::vector<double>& row_allowance = {}) {
   constexpr double kDeltaUnits = 64;
   return check_rows(got, ref, naive, head_dim, gradient_floor_fraction(dtype), perturb,
-                    kDeltaUnits * unit_roundoff(DType::f32) * max_delta);
+                    kDeltaUnits * unit_roundoff(DType::f32) * max_delta, row_allowance);
 }
 
 }  // namespace tileattn::testing

@@ -222,8 +222,8 @@ TEST(cliBench, Softcap) {
   EXPECT_NE(r.err.find("--softcap"), std::string::npos) << r.err;
 }
 
-// --bf16-probabilities: the forward of bf16 inputs only, named in the JSON;
-// with another dtype, --backward or --decode it is refused (exit 2, naming it).
+// --bf16-probabilities: bf16 inputs only (forward or backward), named in the
+// JSON; with another dtype or --decode it is refused (exit 2, naming it).
 TEST(cliBench, Bf16Probabilities) {
   TempDir dir;
   const std::string base = "bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --json ";
@@ -233,7 +233,10 @@ TEST(cliBench, Bf16Probabilities) {
   r = run_cli(base + "--dtype bf16", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_FALSE(parse_or_fail(r.out).get("bf16_probabilities")->flag);
-  for (const char* bad : {"--dtype fp32", "--dtype bf16 --backward", "--dtype bf16 --decode"}) {
+  r = run_cli(base + "--dtype bf16 --backward --bf16-probabilities", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(parse_or_fail(r.out).get("bf16_probabilities")->flag);
+  for (const char* bad : {"--dtype fp32", "--dtype bf16 --decode"}) {
     r = run_cli(base + bad + " --bf16-probabilities", dir);
     EXPECT_EQ(r.status, 2) << bad;
     EXPECT_NE(r.err.find("--bf16-probabilities"), std::string::npos) << bad << ": " << r.err;

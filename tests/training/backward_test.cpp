@@ -177,5 +177,52 @@ INSTANTIATE_TEST_SUITE_P(Bf16Rungs, BackwardCases,
                                             ::testing::Values(Isa::avx512bf16, Isa::amx)),
                          case_test_name);
 
+// ForwardArgs::bf16_probabilities in the backward (P and dS rounded to
+// bf16): the rule plus the rounding bound of bf16_rounding_allowances, over
+// the bf16 table without packed sequences or dropout; and the rounding shows
+// (some gradient differs from the default's).
+std::vector<BackwardCase> bf16_probability_cases() {
+  std::vector<BackwardCase> cases;
+  for (const BackwardCase& bc : bf16_backward_cases())
+    if (!bc.c.varlen && bc.dropout_p == 0.0f) cases.push_back(bc);
+  return cases;
+}
+
+class BackwardBf16Probabilities : public ::testing::TestWithParam<std::tuple<BackwardCase, Isa>> {};
+
+TEST_P(BackwardBf16Probabilities, WithinTheRuleAndTheRoundingBound) {
+  const BackwardCase& bc = std::get<0>(GetParam());
+  const Isa isa = std::get<1>(GetParam());
+  if (!isa_available(isa)) GTEST_SKIP() << isa_name(isa) << " not available on this CPU";
+  BackwardData rounded(bc, isa), exact(bc, isa);
+  rounded.args.forward.bf16_probabilities = true;
+  attention_backward(rounded.args);
+  attention_backward(exact.args);
+  const GradientAllowances allowances = bf16_rounding_allowances(rounded);
+  expect_gradients_match_reference(rounded, bc.name() + " on " + isa_name(isa) + " with bf16_probabilities",
+                                   &allowances);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16Rungs, BackwardBf16Probabilities,
+                         ::testing::Combine(::testing::ValuesIn(bf16_probability_cases()),
+                                            ::testing::Values(Isa::avx512bf16, Isa::amx)),
+                         case_test_name);
+
+TEST(BackwardBf16ProbabilitiesShow, RoundingChangesGradients) {
+  for (Isa isa : {Isa::avx512bf16, Isa::amx}) {
+    if (!isa_available(isa)) continue;
+    int differ = 0, cases = 0;
+    for (const BackwardCase& bc : bf16_probability_cases()) {
+      BackwardData rounded(bc, isa), exact(bc, isa);
+      rounded.args.forward.bf16_probabilities = true;
+      attention_backward(rounded.args);
+      attention_backward(exact.args);
+      ++cases;
+      differ += rounded.dq.f16 != exact.dq.f16 || rounded.dk.f16 != exact.dk.f16 || rounded.dv.f16 != exact.dv.f16;
+    }
+    EXPECT_GT(differ, cases / 2) << isa_name(isa) << ": P and dS rounded to bf16 changed " << differ << " of " << cases;
+  }
+}
+
 }  // namespace
 }  // namespace tileattn::testing
