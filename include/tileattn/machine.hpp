@@ -51,6 +51,12 @@ struct TileShape {
 // cache model: the per-thread working set stays within L2, the K/V tiles
 // within half of it.
 TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype);
+// The tiles attention_forward(args) runs with: choose_tiles' for its path,
+// head_dim and dtype, with the per-call adjustments (128-key tiles for bf16
+// products without a band, the query tile cut to short query sequences,
+// decode's key tiles), the reason saying which applied. Validates args.
+struct ForwardArgs;
+TileShape forward_tiles(const ForwardArgs& args);
 // Path of the tune file read by choose_tiles (may not exist).
 std::string tune_file_path();
 // Entries of the tune file, for `tileattn info`.

@@ -212,7 +212,7 @@ int cmd_bench(int argc, char** argv) {
   const double flops_per_pair = (backward ? 10.0 : 4.0) * double(dim);
   const double flops = flops_per_pair * double(detail::band_pairs(band, seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
-  const TileShape tiles = choose_tiles(isa, dim, dtype);
+  const TileShape tiles = decode ? choose_tiles(isa, dim, dtype) : forward_tiles(fa);
   // The peak is measured right before and right after the timed work, and the
   // larger taken: a neighbour that loads the machine during one of them
   // otherwise gives a fraction of peak above 1.

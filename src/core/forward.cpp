@@ -245,6 +245,24 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
 
 }  // namespace detail
 
+TileShape forward_tiles(const ForwardArgs& args) {
+  detail::validate(args);
+  const Isa isa = resolve_isa(args.isa);
+  TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype);
+  if (isa == Isa::reference) return tiles;
+  const detail::Problem p = detail::plan_forward(args, isa, detail::effective_threads(args.threads));
+  if (p.block_q != tiles.block_q || p.block_kv != tiles.block_kv) {
+    tiles.reason += "; this call: " + std::to_string(tiles.block_q) + "x" + std::to_string(tiles.block_kv) + " -> " +
+                    std::to_string(p.block_q) + "x" + std::to_string(p.block_kv) +
+                    (p.block_kv != tiles.block_kv && p.product == detail::TileProduct::bf16_dot
+                         ? " (bf16 products without a band take 128-key tiles)"
+                         : "");
+    tiles.block_q = p.block_q;
+    tiles.block_kv = p.block_kv;
+  }
+  return tiles;
+}
+
 void attention_forward(const ForwardArgs& args) {
   detail::validate(args);
   if (args.dropout_p > 0.0f && resolve_isa(args.isa) == Isa::reference)
