@@ -28,7 +28,8 @@ struct BackwardArgs {
   // scale, dropout_p and seed (they must be the forward's, so the mask is the
   // same), threads, isa, tile overrides. `forward.o` and `forward.lse` are
   // not used (O and LSE are the inputs below); KV-cache sources (forward.kv)
-  // have no backward and are refused.
+  // have no backward and are refused, and so is a V head dim other than
+  // Q/K's (forward.shape.v_head_dim != head_dim: NotSupported).
   ForwardArgs forward;
   InputView o;    // [batch, heads, seqlen_q, head_dim], forward.dtype: the forward's output
   InputView d_o;  // same shape and dtype: gradient of the loss with respect to O

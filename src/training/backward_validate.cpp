@@ -22,6 +22,9 @@ void validate(const BackwardArgs& b) {
                        ") has no backward");
   if (a.kv.seqlens || a.kv.block_table)
     throw NotSupported("backward: KV-cache sources (kv.seqlens, kv.block_table) have no backward");
+  if (a.shape.v_head_dim != 0 && a.shape.v_head_dim != a.shape.head_dim)
+    throw NotSupported("backward: v_head_dim (" + std::to_string(a.shape.v_head_dim) + ") different from head_dim (" +
+                       std::to_string(a.shape.head_dim) + ") is not supported; the forward takes it");
   // The forward's checks on the shared inputs, with O standing in as the
   // output view (it has the output's shape; it is read, not written here).
   ForwardArgs shared = a;

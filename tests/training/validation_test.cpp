@@ -75,6 +75,11 @@ TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
     a.forward.kv.seqlens = seqlens;
     expect_rejected<NotSupported>(data, a, "KV-cache");
   }
+  {
+    BackwardArgs a = data.args;
+    a.forward.shape.v_head_dim = 8;  // V narrower than Q/K: a forward-only feature
+    expect_rejected<NotSupported>(data, a, "v_head_dim (8) different from head_dim (16) is not supported");
+  }
 }
 
 TEST(BackwardValidation, RejectsBadSinkArgumentsAndWritesNothing) {
