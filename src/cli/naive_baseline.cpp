@@ -38,7 +38,7 @@ void probabilities(const OpenBlas& blas, int64_t nq, int64_t nk, int64_t d, cons
 
 void naive_attention(const OpenBlas& blas, const BaselineShape& s, const detail::Band& band, float scale,
                      int threads, const float* q, const float* k, const float* v, float* o) {
-  const int64_t nq = s.seqlen_q, nk = s.seqlen_k, d = s.head_dim;
+  const int64_t nq = s.seqlen_q, nk = s.seqlen_k, d = s.head_dim, dv = s.v_head_dim > 0 ? s.v_head_dim : d;
   const int64_t group = s.heads / s.kv_heads;
   std::vector<float> scores(size_t(nq * nk));  // (Nq, Nk): the matrix FlashAttention avoids
   for (int64_t b = 0; b < s.batch; ++b)
@@ -46,8 +46,8 @@ void naive_attention(const OpenBlas& blas, const BaselineShape& s, const detail:
       const int64_t kv = b * s.kv_heads + h / group;
       probabilities(blas, nq, nk, d, band, scale, threads, q + (b * s.heads + h) * nq * d, k + kv * nk * d,
                     scores.data());
-      blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kNoTrans, int(nq), int(d), int(nk), 1.0f,
-                 scores.data(), int(nk), v + kv * nk * d, int(d), 0.0f, o + (b * s.heads + h) * nq * d, int(d));
+      blas.sgemm(OpenBlas::kRowMajor, OpenBlas::kNoTrans, OpenBlas::kNoTrans, int(nq), int(dv), int(nk), 1.0f,
+                 scores.data(), int(nk), v + kv * nk * dv, int(dv), 0.0f, o + (b * s.heads + h) * nq * dv, int(dv));
     }
 }
 
