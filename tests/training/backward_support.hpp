@@ -65,30 +65,32 @@ struct BackwardData {
     attention_forward(fwd.args);
     const size_t q_elems = dt == DType::f32 ? fwd.q32.size() : fwd.q16.size();
     const size_t k_elems = dt == DType::f32 ? fwd.k32.size() : fwd.k16.size();
+    const size_t v_elems = dt == DType::f32 ? fwd.v32.size() : fwd.v16.size();  // V's head dim
+    const size_t o_elems = dt == DType::f32 ? fwd.o32.size() : fwd.o16.size();
     std::mt19937_64 rng(c.c.seed * 31 + 5);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     if (dt == DType::f32) {
-      d_o.f32.resize(q_elems);
+      d_o.f32.resize(o_elems);
       for (float& x : d_o.f32) x = uniform(rng);
       dq.f32.assign(q_elems, 0.0f);
       dk.f32.assign(k_elems, 0.0f);
-      dv.f32.assign(k_elems, 0.0f);
+      dv.f32.assign(v_elems, 0.0f);
     } else {
-      d_o.f16.resize(q_elems);
+      d_o.f16.resize(o_elems);
       for (uint16_t& x : d_o.f16)
         x = dt == DType::f16 ? detail::float_to_f16(uniform(rng)) : detail::float_to_bf16(uniform(rng));
       dq.f16.assign(q_elems, 0);
       dk.f16.assign(k_elems, 0);
-      dv.f16.assign(k_elems, 0);
+      dv.f16.assign(v_elems, 0);
     }
     args.forward = fwd.args;
     args.o = InputView{fwd.args.o.data, fwd.args.o.stride};
-    args.d_o = InputView{d_o.data(dt), fwd.args.q.stride};
+    args.d_o = InputView{d_o.data(dt), fwd.args.o.stride};
     args.lse = fwd.lse.data();
     args.lse_stride = fwd.args.lse_stride;
     args.dq = OutputView{dq.data(dt), fwd.args.q.stride};
     args.dk = OutputView{dk.data(dt), fwd.args.k.stride};
-    args.dv = OutputView{dv.data(dt), fwd.args.k.stride};
+    args.dv = OutputView{dv.data(dt), fwd.args.v.stride};
     if (c.c.sinks) {
       d_sinks.assign(size_t(c.c.heads), std::numeric_limits<float>::quiet_NaN());  // all overwritten
       args.d_sinks = d_sinks.data();
@@ -141,8 +143,8 @@ inline void expect_gradients_match_reference(const BackwardData& data, const std
        naive.dq, max_delta},
       {"dK", dense(data.args.dk.data, dt, data.args.dk.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dk,
        naive.dk, max_delta},
-      {"dV", dense(data.args.dv.data, dt, data.args.dv.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dv,
-       naive.dv, 0.0}};
+      {"dV", dense(data.args.dv.data, dt, data.args.dv.stride, kb, s.kv_heads, s.seqlen_k, value_head_dim(s)),
+       ref.dv, naive.dv, 0.0}};
   if (data.args.d_sinks) {
     // d_sinks [heads], one row: -sum_rows P_sink D, so D's rounding enters its floor as it enters dQ's.
     const std::vector<double> got(data.d_sinks.begin(), data.d_sinks.end());
@@ -163,9 +165,10 @@ inline void expect_gradients_match_reference(const BackwardData& data, const std
   // those query rows, so every key row carries their naive error (~0.1).
   const double perturb = dt == DType::f32 ? 1e-3 : 1e-2;
   for (const Gradient& g : gradients) {
-    const GradientCheck check = check_gradient(g.got, g.ref, g.naive, dt, s.head_dim, g.max_delta);
+    const int64_t row = g.name[1] == 'V' ? value_head_dim(s) : s.head_dim;  // a gradient row's length
+    const GradientCheck check = check_gradient(g.got, g.ref, g.naive, dt, row, g.max_delta);
     EXPECT_TRUE(check.ok()) << label << ": " << describe(g.name, check);
-    const GradientCheck off = check_gradient(g.got, g.ref, g.naive, dt, s.head_dim, g.max_delta, perturb);
+    const GradientCheck off = check_gradient(g.got, g.ref, g.naive, dt, row, g.max_delta, perturb);
     const bool extreme_rows = data.bc.c.mask == MaskCase::additive_extreme && g.name[1] != 'Q';
     if (off.magnitude > 1e-12 && !extreme_rows) {
       EXPECT_FALSE(off.ok()) << label << ": " << g.name << " x (1 + " << perturb

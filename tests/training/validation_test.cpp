@@ -77,8 +77,10 @@ TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
   }
   {
     BackwardArgs a = data.args;
-    a.forward.shape.v_head_dim = 8;  // V narrower than Q/K: a forward-only feature
-    expect_rejected<NotSupported>(data, a, "v_head_dim (8) different from head_dim (16) is not supported");
+    a.forward.shape.v_head_dim = 32;  // O, dO, V and dV laid out 16 wide, described as 32
+    expect_rejected<Error>(data, a, "o: output strides overlap");
+    a.forward.shape.v_head_dim = 513;
+    expect_rejected<Error>(data, a, "v_head_dim must be in 1..512");
   }
 }
 
