@@ -196,8 +196,7 @@ typedef struct tileattn_forward_args {
       LSE includes it; a row that sees no key gets O = 0, LSE = sinks[h]. NULL: off. */
   const float* sinks;
   /** V's and O's head dim, 1..512; 0 (the default): head_dim (DeepSeek MLA: 192 / 128,
-      576 / 512). tileattn_backward() refuses a value other than head_dim
-      (::TILEATTN_NOT_SUPPORTED). */
+      576 / 512). tileattn_backward() then takes o, d_o and dv this wide. */
   int64_t v_head_dim;
 } tileattn_forward_args;
 

@@ -25,8 +25,7 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         q: queries, ``[B, H, Nq, D]`` (layout "bhsd") or ``[B, Nq, H, D]`` ("bshd").
         k, v: keys and values, ``[B, Hkv, Nk, D]`` / ``[B, Nk, Hkv, D]``; v may have its own
             head dim ``Dv`` (D is 1..576, Dv 1..512: DeepSeek MLA's 192 / 128 and 576 / 512), and
-            the output then has q's shape with ``Dv`` last (the backward needs ``Dv == D``:
-            NotImplementedError otherwise). ``Hkv`` must divide
+            the output then has q's shape with ``Dv`` last. ``Hkv`` must divide
             ``H`` (GQA; ``Hkv == 1`` is MQA): query head ``h`` uses kv head ``h // (H // Hkv)``,
             as ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` does.
             q, k, v are all NumPy arrays (float32 or float16) or all torch CPU tensors

@@ -12,7 +12,7 @@ namespace tileattn::cli {
 
 struct BaselineShape {
   int64_t batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
-  int64_t v_head_dim = 0;  // V and O (the forward only); 0: head_dim
+  int64_t v_head_dim = 0;  // V, O, dO and dV; 0: head_dim
 };
 
 // q: [batch, heads, seqlen_q, head_dim]; k: [batch, kv_heads, seqlen_k,

@@ -225,8 +225,7 @@ TEST_F(cliRunErrors, BackwardFlags) {
 }
 
 // V with its own head dim: --dim-v must match V.npy's, V's head dim is at
-// most 512, and the backward refuses one other than Q/K's (not supported,
-// exit 2, nothing written).
+// most 512; dO is O's shape (V's head dim), dV comes back V's shape.
 TEST_F(cliRunErrors, ValueHeadDim) {
   const std::vector<float> x(1 * 2 * 7 * 600, 0.25f);
   io::write_npy(dir / "v16.npy", io::NpyType::f32, {1, 2, 7, 16}, x.data());
@@ -244,8 +243,13 @@ TEST_F(cliRunErrors, ValueHeadDim) {
   io::write_npy(dir / "do16.npy", io::NpyType::f32, {1, 2, 5, 16}, o16.data());
   const std::string grads = " --dq '" + (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" +
                             (dir / "dv.npy") + "'";
-  expect_failure(inputs("q.npy", "k.npy", "v16.npy") + " --dout '" + (dir / "do16.npy") + "'" + grads,
-                 "is not supported");
+  expect_failure(inputs("q.npy", "k.npy", "v16.npy") + " --dout '" + (dir / "q.npy") + "'" + grads,
+                 "must be that of O (1, 2, 5, 16)");
+  const Result r = run_cli(inputs("q.npy", "k.npy", "v16.npy") + " --dout '" + (dir / "do16.npy") + "'" + grads, dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(io::read_npy(dir / "dq.npy").shape, (std::vector<int64_t>{1, 2, 5, 8}));
+  EXPECT_EQ(io::read_npy(dir / "dk.npy").shape, (std::vector<int64_t>{1, 2, 7, 8}));
+  EXPECT_EQ(io::read_npy(dir / "dv.npy").shape, (std::vector<int64_t>{1, 2, 7, 16}));
 }
 
 }  // namespace

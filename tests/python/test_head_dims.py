@@ -1,13 +1,13 @@
 """V's head dim apart from Q/K's (DeepSeek MLA: 192 / 128 prefill, 576 / 512 absorbed decode
-with one KV head): flash_attention, attention_with_kvcache (contiguous and paged) and the
-drop-ins, against the float64 reference with the tolerance rule; bad shapes name the argument."""
+with one KV head): flash_attention (forward and gradients), attention_with_kvcache (contiguous
+and paged) and the drop-ins, against the float64 reference with the tolerance rule; bad shapes name the argument."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import tileattn
-from reference import attention, check_close, round_to
+from reference import DELTA_FLOOR_FRACTION, attention, check_close, check_rows, gradient_floor_fraction, round_to
 
 PAIRS = [(192, 128), (576, 512), (256, 128), (64, 32), (40, 72)]
 
@@ -70,14 +70,49 @@ def test_flash_attention_torch_mqa(rng, dtype):
                 causal=True)
 
 
-def test_backward_refuses_other_value_head_dim(rng):
-    q = torch.from_numpy(rand(rng, 1, 2, 5, 64)).requires_grad_()
-    k = torch.from_numpy(rand(rng, 1, 2, 7, 64)).requires_grad_()
-    v = torch.from_numpy(rand(rng, 1, 2, 7, 32)).requires_grad_()
-    o = tileattn.flash_attention(q, k, v)
-    assert o.shape == (1, 2, 5, 32)
-    with pytest.raises(NotImplementedError, match="v_head_dim"):
-        o.sum().backward()
+@pytest.mark.parametrize("d, dv", [(192, 128), (64, 32), (40, 72)])
+@pytest.mark.parametrize("dtype, with_lse", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
+def test_gradients_with_value_head_dim(d, dv, dtype, with_lse):
+    """dQ, dK (D wide) and dV (Dv wide) through autograd (the C++ backward; a loss through lse
+    takes the PyTorch math) against float64, by the rule of test_grad.py."""
+    from test_grad import grads, masked_scores, math_attention
+    gen = torch.Generator().manual_seed(7)
+    b, h, hk, nq, nk = 2, 4, 2, 9, 13
+    q = torch.randn(b, h, nq, d, generator=gen).to(dtype)
+    k = torch.randn(b, hk, nk, d, generator=gen).to(dtype)
+    v = torch.randn(b, hk, nk, dv, generator=gen).to(dtype)
+    g = torch.randn(b, h, nq, dv, generator=gen).to(dtype).float()
+    g_lse = torch.randn(b, h, nq, generator=gen) if with_lse else None
+    scale = d ** -0.5
+
+    def ours(q, k, v):
+        return tileattn.flash_attention(q, k, v, is_causal=True, return_lse=True)
+
+    def naive():  # the same-precision backward (test_grad.naive_grads) with V's own head dim
+        qf, kf, vf = q.float(), k.float().repeat_interleave(h // hk, 1), v.float().repeat_interleave(h // hk, 1)
+        p = torch.softmax(masked_scores(qf, kf, scale, causal=True), -1)
+        o = (p @ vf).to(dtype).float()
+        ds = p * (g @ vf.transpose(-1, -2) - (g * o).sum(-1, keepdim=True) +
+                  (0 if g_lse is None else g_lse.unsqueeze(-1)))
+        dq = ds @ kf * scale
+        dk = (ds.transpose(-1, -2) @ qf * scale).view(b, hk, h // hk, nk, d).sum(2)
+        dvv = (p.transpose(-1, -2) @ g).view(b, hk, h // hk, nk, dv).sum(2)
+        return tuple(t.to(dtype) for t in (dq, dk, dvv))
+
+    got = grads(ours, q, k, v, g, g_lse)
+    ref = grads(lambda q, k, v: math_attention(q, k, v, scale, causal=True), q.double(), k.double(), v.double(),
+                g.double(), None if g_lse is None else g_lse.double())
+    o_ref, _ = math_attention(q.double(), k.double(), v.double(), scale, causal=True)
+    row_sum = (o_ref * g.double()).sum(-1).abs().max().item()
+    perturb = 1e-3 if dtype == torch.float32 else 1e-2
+    name_of = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    for name, a, r, n in zip("qkv", got, ref, naive()):
+        assert a.shape == r.shape and a.dtype == dtype
+        extra = DELTA_FLOOR_FRACTION * row_sum if name != "v" else 0.0
+        args = (a.double().numpy(), r.numpy(), n.double().numpy(), gradient_floor_fraction(name_of[dtype]))
+        verdict = check_rows(*args, extra_floor=extra)
+        assert verdict["ok"], f"d{name}: {verdict}"
+        assert not check_rows(*args, perturb=perturb, extra_floor=extra)["ok"], f"d{name} x (1 + {perturb}) passed"
 
 
 @pytest.mark.parametrize("paged", [False, True])
