@@ -174,6 +174,33 @@ TEST(KvQuant, MlaHeadDims) {
       s.page_size = 16;
       expect_quantized_step_correct(s);
     }
+  // The append quantizes all 512 columns of each V row: the stored row, times
+  // its scale, is the row given within the rounding of int8 (half a scale) or
+  // of e4m3 (2^-4 relative, 2^-9 of the scale near 0).
+  for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3}) {
+    DecodeSpec s;
+    s.kv_quant = quant;
+    s.dtype = DType::f32;
+    s.heads = 8;
+    s.kv_heads = 1;
+    s.head_dim = 576;
+    s.v_head_dim = 512;
+    s.cached = {20};
+    SCOPED_TRACE(s.name());
+    DecodeRun run(s);
+    run.prefill();
+    run.decode();
+    const auto& st = run.args.v_scale_stride;
+    for (int64_t j = 0; j < run.max_len; ++j) {
+      const float scale = quant == KvQuant::int8 ? run.v_scale[size_t(j * st[2])] : run.v_scale[0];
+      for (int64_t c = 0; c < 512; ++c) {
+        const float x = run.v_full.get(j * 512 + c), stored = run.cache_v(0, 0, j, c) * scale;
+        const float bound = quant == KvQuant::int8 ? 0.5001f * scale
+                                                   : std::max(std::fabs(x) * 0.0625f, scale * 0.002f);
+        ASSERT_LE(std::fabs(stored - x), bound) << "row " << j << " column " << c;
+      }
+    }
+  }
 }
 
 // Prefill against a quantized cache: 2 x 20 stacked rows take the packed
