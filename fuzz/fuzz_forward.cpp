@@ -59,8 +59,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              : in.ConsumeIntegralInRange<int64_t>(-1, 6);
   s.seqlen_q = in.ConsumeIntegralInRange<int64_t>(-1, 20);
   s.seqlen_k = in.ConsumeIntegralInRange<int64_t>(-1, 40);
-  const int64_t dims[] = {1, 3, 16, 17, 33, 64, 80, 96, 128, 256, 0, 257};
-  s.head_dim = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 48) : dims[in.ConsumeIntegralInRange<int>(0, 11)];
+  const int64_t dims[] = {1, 3, 16, 17, 33, 64, 80, 96, 128, 256, 0, 257, 576, 577};
+  s.head_dim = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 48) : dims[in.ConsumeIntegralInRange<int>(0, 13)];
+  // V's head dim: mostly Q/K's (0), else its own, in range or not.
+  const int64_t v_dims[] = {0, 0, 0, 0, 1, 17, 128, 512, 513, -1};
+  s.v_head_dim = v_dims[in.ConsumeIntegralInRange<int>(0, 9)];
+  const int64_t v_dim = s.v_head_dim != 0 ? s.v_head_dim : s.head_dim;  // V's and O's
 
   // Variable-length batches, KV seqlens, pages.
   const int source = in.ConsumeIntegralInRange<int>(0, 4);  // 0 dense, 1 varlen, 2 kv seqlens, 3 paged, 4 varlen q + kv seqlens
@@ -106,19 +110,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const int64_t q_sizes[4] = {cu_q.empty() ? s.batch : 1, s.heads, s.seqlen_q, s.head_dim};
+  const int64_t o_sizes[4] = {q_sizes[0], s.heads, s.seqlen_q, v_dim};
   int64_t k_sizes[4] = {cu_k.empty() ? s.batch : 1, s.kv_heads, s.seqlen_k, s.head_dim};
   if (source == 3) {
     k_sizes[0] = a.kv.num_pages;
     k_sizes[2] = a.kv.page_size;
   }
+  const int64_t v_sizes[4] = {k_sizes[0], k_sizes[1], k_sizes[2], v_dim};
   a.q.stride = pick_strides(in, q_sizes);
   a.k.stride = pick_strides(in, k_sizes);
-  a.v.stride = in.ConsumeBool() ? a.k.stride : pick_strides(in, k_sizes);
-  a.o.stride = in.ConsumeBool() ? a.q.stride : pick_strides(in, q_sizes);
+  a.v.stride = in.ConsumeBool() ? a.k.stride : pick_strides(in, v_sizes);
+  a.o.stride = in.ConsumeBool() ? a.q.stride : pick_strides(in, o_sizes);
   ViewBuffer q = make_view_buffer(q_sizes, a.q.stride.data(), 4, esize);
   ViewBuffer k = make_view_buffer(k_sizes, a.k.stride.data(), 4, esize);
-  ViewBuffer v = make_view_buffer(k_sizes, a.v.stride.data(), 4, esize);
-  ViewBuffer o = make_view_buffer(q_sizes, a.o.stride.data(), 4, esize);
+  ViewBuffer v = make_view_buffer(v_sizes, a.v.stride.data(), 4, esize);
+  ViewBuffer o = make_view_buffer(o_sizes, a.o.stride.data(), 4, esize);
 
   ViewBuffer lse;
   const int64_t l_sizes[3] = {q_sizes[0], s.heads, s.seqlen_q};
@@ -229,8 +235,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Success: nothing outside the views was written.
   if (!o.bytes.empty() && !o.overflow) {
     std::vector<unsigned char> inside(o.bytes.size(), 0);
-    if (q_sizes[0] > 0 && q_sizes[1] > 0 && q_sizes[2] > 0 && q_sizes[3] > 0)
-      mark_view(inside, o.origin, q_sizes, a.o.stride.data(), 4, esize);
+    if (o_sizes[0] > 0 && o_sizes[1] > 0 && o_sizes[2] > 0 && o_sizes[3] > 0)
+      mark_view(inside, o.origin, o_sizes, a.o.stride.data(), 4, esize);
     for (size_t i = 0; i < o.bytes.size(); ++i)
       if (!inside[i] && o.bytes[i] != kSentinel) fail("o written outside its view");
   }

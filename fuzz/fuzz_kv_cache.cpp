@@ -189,8 +189,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.kv_heads = in.ConsumeIntegralInRange<int64_t>(-1, 3);
   a.heads = in.ConsumeBool() ? a.kv_heads * in.ConsumeIntegralInRange<int64_t>(1, 3)
                              : in.ConsumeIntegralInRange<int64_t>(-1, 6);
-  const int64_t dims[] = {1, 2, 16, 64, 128, 256, 0, 257, -1};
-  a.head_dim = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 40) : dims[in.ConsumeIntegralInRange<int>(0, 8)];
+  const int64_t dims[] = {1, 2, 16, 64, 128, 256, 0, 257, -1, 576, 577};
+  a.head_dim = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 40) : dims[in.ConsumeIntegralInRange<int>(0, 10)];
+  // V's head dim: mostly K's (0), else its own, in range or not.
+  const int64_t v_dims[] = {0, 0, 0, 0, 1, 17, 128, 512, 513, -1};
+  a.v_head_dim = v_dims[in.ConsumeIntegralInRange<int>(0, 9)];
+  const int64_t v_dim = a.v_head_dim != 0 ? a.v_head_dim : a.head_dim;  // V, v_new and O
   const int64_t batch = std::max<int64_t>(a.batch, 0);
 
   // The cache: contiguous [batch, kv_heads, capacity, head_dim] or pages.
@@ -215,6 +219,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const int64_t cache_sizes[4] = {paged ? a.num_pages : a.batch, a.kv_heads, paged ? a.page_size : a.capacity,
                                   a.head_dim};
+  const int64_t v_cache_sizes[4] = {cache_sizes[0], cache_sizes[1], cache_sizes[2], v_dim};
 
   // cache_seqlens: mostly in range, sometimes corrupt, once in a while null.
   std::vector<int32_t> seqlens(size_t(batch) + 1, 0);
@@ -239,21 +244,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   a.seqlen_q = in.ConsumeBool() ? a.seqlen_new : in.ConsumeIntegralInRange<int64_t>(-1, 5);
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
+  const int64_t o_sizes[4] = {a.batch, a.heads, a.seqlen_q, v_dim};
   const int64_t new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
+  const int64_t v_new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, v_dim};
   const int64_t lse_sizes[3] = {a.batch, a.heads, a.seqlen_q};
 
   a.k_cache.stride = pick_strides(in, cache_sizes);
-  a.v_cache.stride = in.ConsumeBool() ? a.k_cache.stride : pick_strides(in, cache_sizes);
+  a.v_cache.stride = in.ConsumeBool() ? a.k_cache.stride : pick_strides(in, v_cache_sizes);
   a.q.stride = pick_strides(in, q_sizes);
-  a.o.stride = in.ConsumeBool() ? a.q.stride : pick_strides(in, q_sizes);
+  a.o.stride = in.ConsumeBool() ? a.q.stride : pick_strides(in, o_sizes);
   a.k_new.stride = pick_strides(in, new_sizes);
-  a.v_new.stride = in.ConsumeBool() ? a.k_new.stride : pick_strides(in, new_sizes);
+  a.v_new.stride = in.ConsumeBool() ? a.k_new.stride : pick_strides(in, v_new_sizes);
   ViewBuffer k_cache = make_view_buffer(cache_sizes, a.k_cache.stride.data(), 4, esize);
-  ViewBuffer v_cache = make_view_buffer(cache_sizes, a.v_cache.stride.data(), 4, esize);
+  ViewBuffer v_cache = make_view_buffer(v_cache_sizes, a.v_cache.stride.data(), 4, esize);
   ViewBuffer q = make_view_buffer(q_sizes, a.q.stride.data(), 4, esize);
-  ViewBuffer o = make_view_buffer(q_sizes, a.o.stride.data(), 4, esize);
+  ViewBuffer o = make_view_buffer(o_sizes, a.o.stride.data(), 4, esize);
   ViewBuffer k_new = make_view_buffer(new_sizes, a.k_new.stride.data(), 4, esize);
-  ViewBuffer v_new = make_view_buffer(new_sizes, a.v_new.stride.data(), 4, esize);
+  ViewBuffer v_new = make_view_buffer(v_new_sizes, a.v_new.stride.data(), 4, esize);
   ViewBuffer lse;
   if (in.ConsumeBool()) {
     if (in.ConsumeBool()) {
@@ -386,14 +393,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         for (int64_t d = 0; d < a.head_dim; ++d) {
           const int64_t kat = element_at(k_cache, a.k_cache.stride, esize, outer, h, row, d);
-          const int64_t vat = element_at(v_cache, a.v_cache.stride, esize, outer, h, row, d);
           const int64_t src_k = element_at(k_new, a.k_new.stride, esize, b, h, t, d);
-          const int64_t src_v = element_at(v_new, a.v_new.stride, esize, b, h, t, d);
-          if (std::memcmp(&v_cache.bytes[size_t(vat)], &v_new.bytes[size_t(src_v)], size_t(esize)) != 0)
-            fail("an appended value row differs from v_new");
           if (!rotary && std::memcmp(&k_cache.bytes[size_t(kat)], &k_new.bytes[size_t(src_k)], size_t(esize)) != 0)
             fail("an appended key row differs from k_new");
           std::fill_n(&k_written[size_t(kat)], esize, 1);
+        }
+        for (int64_t d = 0; d < v_dim; ++d) {
+          const int64_t vat = element_at(v_cache, a.v_cache.stride, esize, outer, h, row, d);
+          const int64_t src_v = element_at(v_new, a.v_new.stride, esize, b, h, t, d);
+          if (std::memcmp(&v_cache.bytes[size_t(vat)], &v_new.bytes[size_t(src_v)], size_t(esize)) != 0)
+            fail("an appended value row differs from v_new");
           std::fill_n(&v_written[size_t(vat)], esize, 1);
         }
       }
@@ -410,7 +419,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // o and lse: written only inside their views; o finite for moderate inputs.
   if (!o.overflow) {
     std::vector<unsigned char> inside(o.bytes.size(), 0);
-    if (nonempty(q_sizes, 4)) mark_view(inside, o.origin, q_sizes, a.o.stride.data(), 4, esize);
+    if (nonempty(o_sizes, 4)) mark_view(inside, o.origin, o_sizes, a.o.stride.data(), 4, esize);
     for (size_t i = 0; i < o.bytes.size(); ++i)
       if (!inside[i] && o.bytes[i] != kSentinel) fail("o written outside its view");
     if (inputs_moderate && !moderate(o, a.dtype, 1e4f)) fail("o is not finite although every input is");

@@ -40,8 +40,16 @@ struct AttentionShape {
   int64_t seqlen_q = 0;  // query rows per sequence (varlen: total packed query rows)
   int64_t seqlen_k = 0;  // key rows per sequence (varlen: total packed key rows;
                          // KV cache: capacity; paged: unused, pages bound it)
-  int64_t head_dim = 0;  // 1..256
+  int64_t head_dim = 0;  // Q and K: 1..576
+  // V and O: 1..512; 0: the same as head_dim (DeepSeek's MLA takes 192 / 128
+  // for prefill and 576 / 512 for absorbed decode).
+  int64_t v_head_dim = 0;
 };
+
+// The head dim of V and O: v_head_dim, or head_dim when it is 0.
+inline int64_t value_head_dim(const AttentionShape& shape) {
+  return shape.v_head_dim > 0 ? shape.v_head_dim : shape.head_dim;
+}
 
 // Which (query i, key j) pairs are visible. Pieces combine (logical AND).
 // Positions are aligned bottom-right as in FlashAttention-2: with
@@ -104,8 +112,8 @@ struct ForwardArgs {
   DType dtype = DType::f32;  // storage type of q, k, v and o
   InputView q;               // [batch, heads, seqlen_q, head_dim]
   InputView k;               // [batch, kv_heads, seqlen_k, head_dim]
-  InputView v;               // [batch, kv_heads, seqlen_k, head_dim]
-  OutputView o;              // [batch, heads, seqlen_q, head_dim]
+  InputView v;               // [batch, kv_heads, seqlen_k, value_head_dim(shape)]
+  OutputView o;              // [batch, heads, seqlen_q, value_head_dim(shape)]
   // Optional log-sum-exp (natural log) of the scaled, masked scores, fp32,
   // [batch, heads, seqlen_q] with these element strides. -inf for rows that
   // see no key.

@@ -28,16 +28,17 @@ struct BackwardArgs {
   // scale, dropout_p and seed (they must be the forward's, so the mask is the
   // same), threads, isa, tile overrides. `forward.o` and `forward.lse` are
   // not used (O and LSE are the inputs below); KV-cache sources (forward.kv)
-  // have no backward and are refused.
+  // have no backward and are refused. V, O, dO and dV take V's head dim
+  // (value_head_dim(forward.shape)), Q, K, dQ and dK head_dim.
   ForwardArgs forward;
-  InputView o;    // [batch, heads, seqlen_q, head_dim], forward.dtype: the forward's output
+  InputView o;    // [batch, heads, seqlen_q, v_head_dim], forward.dtype: the forward's output
   InputView d_o;  // same shape and dtype: gradient of the loss with respect to O
   // The forward's log-sum-exp (fp32, natural log), [batch, heads, seqlen_q].
   const float* lse = nullptr;
   std::array<int64_t, 3> lse_stride{0, 0, 1};
   OutputView dq;  // [batch, heads, seqlen_q, head_dim], forward.dtype
   OutputView dk;  // [batch, kv_heads, seqlen_k, head_dim], forward.dtype
-  OutputView dv;  // [batch, kv_heads, seqlen_k, head_dim], forward.dtype
+  OutputView dv;  // [batch, kv_heads, seqlen_k, v_head_dim], forward.dtype
   // Optional, with forward.sinks: the gradient of the sinks, fp32 [heads]
   // (dense), overwritten: d_sinks[h] = -sum over the rows of head h (every
   // sequence) of P_sink * D, P_sink = exp(sinks[h] - LSE) the sink's share

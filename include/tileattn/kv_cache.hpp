@@ -34,7 +34,7 @@ struct KvCacheArgs {
   int64_t batch = 0;
   int64_t heads = 0;     // query heads
   int64_t kv_heads = 0;  // divides heads (GQA / MQA)
-  int64_t head_dim = 0;  // 1..256
+  int64_t head_dim = 0;  // Q and K: 1..576 (V's: v_head_dim, at the end)
   DType dtype = DType::f32;  // of q, o, k_new, v_new and the cache
 
   // New queries: seqlen_q rows per sequence, [batch, heads, seqlen_q, head_dim].
@@ -44,13 +44,14 @@ struct KvCacheArgs {
   // cache_seqlens[b] + t, the position of the token appended alongside it.
   int64_t seqlen_q = 0;
   InputView q;
-  OutputView o;  // [batch, heads, seqlen_q, head_dim]
+  OutputView o;  // [batch, heads, seqlen_q, v_head_dim]
   float* lse = nullptr;  // optional, fp32 natural log, [batch, heads, seqlen_q]
   std::array<int64_t, 3> lse_stride{0, 0, 1};
 
   // The cache.
   OutputView k_cache;  // contiguous [batch, kv_heads, capacity, head_dim] or
   OutputView v_cache;  // paged [num_pages, kv_heads, page_size, head_dim]
+                       // (v_cache, v_new: v_head_dim in place of head_dim)
   int64_t capacity = 0;              // contiguous only: rows per sequence
   int32_t* cache_seqlens = nullptr;  // [batch], read and (on success) advanced
   const int32_t* block_table = nullptr;  // [batch, block_table_stride]; null: contiguous
@@ -139,7 +140,14 @@ struct KvCacheArgs {
   float* v_scale = nullptr;
   std::array<int64_t, 3> k_scale_stride{0, 0, 1};  // int8 only
   std::array<int64_t, 3> v_scale_stride{0, 0, 1};
+  // V's head dim (and O's), 1..512; 0: head_dim (AttentionShape::v_head_dim).
+  // MLA's absorbed decode keeps a 576-wide K cache and a 512-wide V cache
+  // with one KV head.
+  int64_t v_head_dim = 0;
 };
+
+// The head dim of V, v_new, the V cache and O: v_head_dim, or head_dim when it is 0.
+inline int64_t value_head_dim(const KvCacheArgs& args) { return args.v_head_dim > 0 ? args.v_head_dim : args.head_dim; }
 
 namespace detail {
 // The rotary position of query t of sequence b: `old_length` = cache_seqlens[b]

@@ -17,7 +17,7 @@
 namespace tileattn {
 
 struct MergeArgs {
-  int64_t batch = 0, heads = 0, rows = 0, head_dim = 0;
+  int64_t batch = 0, heads = 0, rows = 0, head_dim = 0;  // head_dim: O's (V's), 1..512
   DType dtype = DType::f32;  // of o_a, o_b and o_out
   InputView o_a;             // [batch, heads, rows, head_dim]
   const float* lse_a = nullptr;

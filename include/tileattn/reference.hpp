@@ -15,7 +15,7 @@
 namespace tileattn {
 
 struct ReferenceOutput {
-  // O as a dense [q_batches, heads, seqlen_q, head_dim] array, where
+  // O as a dense [q_batches, heads, seqlen_q, value_head_dim] array, where
   // q_batches = batch (1 for a packed variable-length batch). Rows that no
   // sequence covers stay 0.
   std::vector<double> o;

@@ -136,14 +136,14 @@ typedef struct tileattn_forward_args {
   int64_t kv_heads;  /**< key/value heads; divides heads (== heads: MHA, 1: MQA) */
   int64_t seqlen_q;  /**< query rows per sequence (packed: total rows) */
   int64_t seqlen_k;  /**< key rows per sequence (packed: total rows; KV cache: capacity) */
-  int64_t head_dim;  /**< 1..256 */
+  int64_t head_dim;  /**< Q and K: 1..576 (V and O: v_head_dim, appended below) */
   int32_t dtype;     /**< ::tileattn_dtype of q, k, v and o */
   int32_t reserved0; /**< must be 0 */
 
   tileattn_tensor q;      /**< [batch, heads, seqlen_q, head_dim] */
   tileattn_tensor k;      /**< [batch, kv_heads, seqlen_k, head_dim] */
-  tileattn_tensor v;      /**< [batch, kv_heads, seqlen_k, head_dim] */
-  tileattn_out_tensor o;  /**< [batch, heads, seqlen_q, head_dim] */
+  tileattn_tensor v;      /**< [batch, kv_heads, seqlen_k, v_head_dim] */
+  tileattn_out_tensor o;  /**< [batch, heads, seqlen_q, v_head_dim] */
   /** Optional log-sum-exp (natural log) of the scaled, masked scores, fp32,
       [batch, heads, seqlen_q]; -inf for rows that see no key. NULL: not written. */
   float* lse;
@@ -201,6 +201,9 @@ typedef struct tileattn_forward_args {
       softmax denominator (exp(sinks[h]), no value; not scaled, not capped); the
       LSE includes it; a row that sees no key gets O = 0, LSE = sinks[h]. NULL: off. */
   const float* sinks;
+  /** V's and O's head dim, 1..512; 0 (the default): head_dim (DeepSeek MLA: 192 / 128,
+      576 / 512). tileattn_backward() then takes o, d_o and dv this wide. */
+  int64_t v_head_dim;
 } tileattn_forward_args;
 
 /** Arguments of tileattn_merge_states(); mirrors tileattn::MergeArgs. */
@@ -261,7 +264,7 @@ typedef struct tileattn_kv_cache_args {
   int64_t batch;
   int64_t heads;     /**< query heads */
   int64_t kv_heads;  /**< divides heads */
-  int64_t head_dim;  /**< 1..256 */
+  int64_t head_dim;  /**< Q and K: 1..576 (V, v_new, the V cache and O: v_head_dim, appended below) */
   int32_t dtype;     /**< ::tileattn_dtype of q, o, k_new, v_new and the cache */
   int32_t reserved0; /**< must be 0 */
 
@@ -336,6 +339,8 @@ typedef struct tileattn_kv_cache_args {
   float* v_scale;
   int64_t k_scale_stride[3];  /**< int8: [outer, kv_head, row] in elements; default {0, 0, 1} */
   int64_t v_scale_stride[3];
+  /** V's head dim (v_new, v_cache and o), 1..512; 0 (the default): head_dim. */
+  int64_t v_head_dim;
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

@@ -13,6 +13,11 @@ namespace tileattn {
 // attention.hpp): never the dtype of q, o or a forward's inputs.
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2, i8 = 3, f8_e4m3 = 4 };
 
+// The largest head dims the operators take: Q and K, and V and O (DeepSeek's
+// MLA: 576 / 512 in its absorbed decode).
+inline constexpr int64_t kMaxHeadDim = 576;
+inline constexpr int64_t kMaxValueHeadDim = 512;
+
 const char* dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);
 // Parses "fp32"/"f32"/"float32", "fp16"/..., "bf16"/...; throws Error otherwise

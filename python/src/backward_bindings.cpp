@@ -22,11 +22,12 @@ void backward(int dtype, const std::array<int64_t, 6>& shape, Address q, const S
               Address mask, const Stride4& mask_stride, bool causal, int64_t window_left,
               int64_t window_right, float scale, float dropout_p, uint64_t seed, int threads,
               float softcap, Address alibi_slopes, int64_t alibi_batch_stride, Address sinks,
-              Address d_sinks, Address cu_seqlens_q, Address cu_seqlens_k) {
+              Address d_sinks, Address cu_seqlens_q, Address cu_seqlens_k, int64_t v_head_dim) {
   BackwardArgs a;
   a.forward = forward_inputs(dtype, shape, q, q_stride, k, k_stride, v, v_stride, mask_kind, mask,
                              mask_stride, causal, window_left, window_right, scale, dropout_p, seed,
                              threads);
+  a.forward.shape.v_head_dim = v_head_dim;  // other than head_dim: NotSupported (backward.hpp)
   a.forward.softcap = softcap;
   a.forward.alibi_slopes = from_address<const float>(alibi_slopes);
   a.forward.alibi_batch_stride = alibi_batch_stride;
@@ -58,6 +59,7 @@ void bind_backward(nb::module_& m) {
         nb::arg("threads"), nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes") = Address(0),
         nb::arg("alibi_batch_stride") = int64_t(0), nb::arg("sinks") = Address(0), nb::arg("d_sinks") = Address(0),
         nb::arg("cu_seqlens_q") = Address(0), nb::arg("cu_seqlens_k") = Address(0),
+        nb::arg("v_head_dim") = int64_t(0),
         "attention_backward on raw addresses; element strides in [batch, head, row, dim] order");
 }
 

@@ -120,6 +120,7 @@ struct ForwardCall {
   ForwardArgs args;
   Framework framework = Framework::numpy;
   ArrayView q;
+  ArrayView o;  // O's shape as the caller sees it: q's, with V's head dim last
   nb::object mask;
   nb::object alibi;
   nb::object sinks;
@@ -184,7 +185,11 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   check_dtype_like_q("v", v, va, q, qa);
   const auto qs = kernel_order(qa.shape, layout);  // b, h, nq, d
   const auto ks = kernel_order(ka.shape, layout);  // b, hk, nk, d
-  if (va.shape != ka.shape) fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka));
+  const auto vs = kernel_order(va.shape, layout);  // b, hk, nk, dv
+  if (vs[0] != ks[0] || vs[1] != ks[1] || vs[2] != ks[2]) {
+    fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka) +
+               " but for the head dim (the last dimension)");
+  }
   if (ks[0] != qs[0]) {
     fail_value("k: batch " + std::to_string(ks[0]) + " differs from q's " + std::to_string(qs[0]));
   }
@@ -195,11 +200,16 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
     fail_value("k: " + std::to_string(ks[1]) + " heads must divide q's " + std::to_string(qs[1]) +
                " heads (GQA/MQA)");
   }
-  if (qs[3] < 1 || qs[3] > 256) fail_value("q: head_dim must be in 1..256, got " + std::to_string(qs[3]));
+  if (qs[3] < 1 || qs[3] > kMaxHeadDim)
+    fail_value("q: head_dim must be in 1.." + std::to_string(kMaxHeadDim) + ", got " + std::to_string(qs[3]));
+  if (vs[3] < 1 || vs[3] > kMaxValueHeadDim) {
+    fail_value("v: head_dim must be in 1.." + std::to_string(kMaxValueHeadDim) + " (V's may differ from q's), got " +
+               std::to_string(vs[3]));
+  }
 
   ForwardArgs& a = call.args;
   a.dtype = dtype;
-  a.shape = AttentionShape{call.packed ? packed_batch : qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]};
+  a.shape = AttentionShape{call.packed ? packed_batch : qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3]};
   a.cu_seqlens_q = cu_q_data;
   a.cu_seqlens_k = cu_k_data;
   a.q = InputView{qa.data, kernel_order(qa.stride, layout)};
@@ -244,6 +254,8 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
     call.q.shape = {qa.shape[1], qa.shape[2], qa.shape[3]};
     call.q.stride = {qa.stride[1], qa.stride[2], qa.stride[3]};
   }
+  call.o = call.q;
+  call.o.shape[size_t(call.o.rank - 1)] = vs[3];
   return call;
 }
 
@@ -294,7 +306,8 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
   const int64_t lse_shape[3] = {s.batch, s.heads, s.seqlen_q};
   const int64_t* lse_expected = call.packed ? lse_shape + 1 : lse_shape;
   const int lse_rank = call.packed ? 2 : 3;
-  const nb::object o_obj = o.is_none() ? new_array_like(q, call.q) : nb::borrow(o);
+  const bool o_like_q = a.shape.v_head_dim == a.shape.head_dim;
+  const nb::object o_obj = !o.is_none() ? nb::borrow(o) : o_like_q ? new_array_like(q, call.q) : new_array_shaped(q, call.o);
   nb::object lse_obj = nb::borrow(lse);
   if (lse.is_none() && with_lse) {
     lse_obj = call.packed ? new_float32(call.framework, {s.heads, s.seqlen_q})
@@ -303,7 +316,7 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
   // A given output is the public functions' `out=`.
   ArrayView ov = o.is_none() ? read_array("o", o_obj, Access::allocated)
                              : read_output("out", o_obj, call.framework, call.q.type, q,
-                                           call.q.shape.data(), call.q.rank);
+                                           call.o.shape.data(), call.o.rank);
   if (call.packed) ov = as_packed_4d(ov);
   a.o = OutputView{ov.data, kernel_order(ov.stride, call.layout)};
   if (!lse_obj.is_none()) {

@@ -303,10 +303,19 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     va = read_rank4("v", v, "[B, Hkv, Nnew, D]", Access::read, tm);
     check_dtype_like_q("v", v, va, q, qa);
   }
-  if (vc.shape != kc.shape) {
-    fail_value("v_cache: shape " + shape_text(vc) + " must equal k_cache's " + shape_text(kc));
+  // V's head dim may differ from K's (DeepSeek MLA: 576 / 512); the rest of the shapes match.
+  const auto same_but_head_dim = [](const ArrayView& x, const ArrayView& y) {
+    return x.shape[0] == y.shape[0] && x.shape[1] == y.shape[1] && x.shape[2] == y.shape[2];
+  };
+  if (!same_but_head_dim(vc, kc)) {
+    fail_value("v_cache: shape " + shape_text(vc) + " must equal k_cache's " + shape_text(kc) +
+               " but for the head dim (the last dimension)");
   }
-  const int64_t b = qa.shape[0], h = qa.shape[1], d = qa.shape[3], hk = kc.shape[1];
+  const int64_t b = qa.shape[0], h = qa.shape[1], d = qa.shape[3], hk = kc.shape[1], dv = vc.shape[3];
+  if (dv < 1 || dv > kMaxValueHeadDim) {
+    fail_value("v_cache: head_dim must be in 1.." + std::to_string(kMaxValueHeadDim) +
+               " (V's may differ from K's), got " + std::to_string(dv));
+  }
   if (kc.shape[3] != d) {
     fail_value("k_cache: head_dim " + std::to_string(kc.shape[3]) + " differs from q's " + std::to_string(d));
   }
@@ -319,7 +328,10 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     fail_value("k_cache: batch " + std::to_string(kc.shape[0]) + " differs from q's " + std::to_string(b));
   }
   if (appending) {
-    if (va.shape != ka.shape) fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka));
+    if (!same_but_head_dim(va, ka) || va.shape[3] != dv) {
+      fail_value("v: shape " + shape_text(va) + " must equal k's " + shape_text(ka) +
+                 " but for the head dim, which is v_cache's (" + std::to_string(dv) + ")");
+    }
     if (ka.shape[0] != b || ka.shape[1] != hk || ka.shape[3] != d) {
       fail_value("k: expected [B, Hkv, Nnew, D] = [" + std::to_string(b) + ", " + std::to_string(hk) +
                  ", Nnew, " + std::to_string(d) + "], got " + shape_text(ka));
@@ -411,6 +423,7 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.heads = h;
   a.kv_heads = hk;
   a.head_dim = d;
+  a.v_head_dim = dv;
   a.seqlen_q = qa.shape[2];
   a.q = InputView{qa.data, {qa.stride[0], qa.stride[1], qa.stride[2], qa.stride[3]}};
   a.k_cache = OutputView{kc.data, {kc.stride[0], kc.stride[1], kc.stride[2], kc.stride[3]}};
@@ -432,9 +445,13 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   a.threads = threads;
 
   const ArrayView q_given = tm ? swap_rows_and_heads(qa) : qa;  // q as the caller shaped it
-  const nb::object o = o_given.is_none() ? new_array_like(q, q_given) : nb::borrow(o_given);
+  ArrayView o_shape = q_given;  // q's shape with V's head dim last
+  o_shape.shape[3] = dv;
+  const nb::object o = !o_given.is_none() ? nb::borrow(o_given)
+                       : dv == d          ? new_array_like(q, q_given)
+                                          : new_array_shaped(q, o_shape);
   ArrayView ov = o_given.is_none() ? read_array("o", o, Access::allocated)
-                                   : read_output("out", o, fw, qa.type, q, q_given.shape.data(), 4);
+                                   : read_output("out", o, fw, qa.type, q, o_shape.shape.data(), 4);
   if (tm) ov = swap_rows_and_heads(ov);
   a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
   nb::object lse = nb::none();

@@ -28,7 +28,7 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
                             float scale, bool causal, int64_t window_left, int64_t window_right,
                             int threads, float softcap, Address alibi_slopes, int64_t alibi_batch_stride,
                             Address sinks, Address cache_batch_idx, int64_t cache_batch, Address cache_leftpad,
-                            bool rotary_fa2_positions) {
+                            bool rotary_fa2_positions, int64_t v_head_dim) {
   if (dtype < 0 || dtype > int(DType::bf16)) throw Error("dtype: unknown code");
   KvCacheArgs a;
   a.dtype = DType(dtype);
@@ -36,6 +36,7 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
   a.heads = sizes[1];
   a.kv_heads = sizes[2];
   a.head_dim = sizes[3];
+  a.v_head_dim = v_head_dim;
   a.seqlen_q = sizes[4];
   a.seqlen_new = sizes[5];
   a.q = InputView{from_address<const void>(q), q_stride};
@@ -92,6 +93,7 @@ void bind_kvcache(nb::module_& m) {
         nb::arg("alibi_batch_stride") = int64_t(0), nb::arg("sinks") = Address(0),
         nb::arg("cache_batch_idx") = Address(0), nb::arg("cache_batch") = int64_t(0),
         nb::arg("cache_leftpad") = Address(0), nb::arg("rotary_fa2_positions") = false,
+        nb::arg("v_head_dim") = int64_t(0),
         "kv_cache.hpp attention_with_kvcache on raw addresses (element strides)");
 }
 

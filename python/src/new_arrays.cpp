@@ -68,6 +68,10 @@ nb::object new_array_like(nb::handle like, const ArrayView& view) {
   return empty(view.framework, shape_tuple(view), like.attr("dtype"));
 }
 
+nb::object new_array_shaped(nb::handle like, const ArrayView& view) {
+  return empty(view.framework, shape_tuple(view), like.attr("dtype"));
+}
+
 nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape) {
   ArrayView view;
   view.rank = static_cast<int>(shape.size());

@@ -16,6 +16,10 @@ namespace tileattn::python {
 // in its framework.
 nb::object new_array_like(nb::handle like, const ArrayView& view);
 
+// A new contiguous array of `view`'s shape and framework with the dtype of
+// `like` (O when V's head dim differs from q's).
+nb::object new_array_shaped(nb::handle like, const ArrayView& view);
+
 // A new float32 array of `shape` in framework `fw`.
 nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape);
 

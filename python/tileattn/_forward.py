@@ -23,7 +23,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
 
     Args:
         q: queries, ``[B, H, Nq, D]`` (layout "bhsd") or ``[B, Nq, H, D]`` ("bshd").
-        k, v: keys and values, ``[B, Hkv, Nk, D]`` / ``[B, Nk, Hkv, D]``. ``Hkv`` must divide
+        k, v: keys and values, ``[B, Hkv, Nk, D]`` / ``[B, Nk, Hkv, D]``; v may have its own
+            head dim ``Dv`` (D is 1..576, Dv 1..512: DeepSeek MLA's 192 / 128 and 576 / 512), and
+            the output then has q's shape with ``Dv`` last. ``Hkv`` must divide
             ``H`` (GQA; ``Hkv == 1`` is MQA): query head ``h`` uses kv head ``h // (H // Hkv)``,
             as ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` does.
             q, k, v are all NumPy arrays (float32 or float16) or all torch CPU tensors
@@ -54,7 +56,7 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             ``[B, H, Nq, Nk]``.
         return_lse: also return the log-sum-exp (natural log) of each row's scaled, masked
             scores, float32 ``[B, H, Nq]``; -inf for a row that sees no key.
-        out: optional output array to write instead of allocating one: q's shape, dtype and
+        out: optional output array to write instead of allocating one: q's shape (``Dv`` last), dtype and
             framework, writable, any strides, not overlapping an input. A decode loop that
             reuses one saves the allocation (about half of the call's time outside the kernel
             right after a decode-sized kernel, docs/python.md). With torch tensors only for

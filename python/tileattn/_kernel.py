@@ -100,7 +100,7 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
                     float(scale), float(dropout_p), int(seed), _settings["threads"], softcap=float(softcap),
                     alibi_slopes=alibi_addr, alibi_batch_stride=alibi_stride, sinks=sinks_address(sinks),
                     d_sinks=sinks_address(d_sinks), cu_seqlens_q=addr(cu_q),
-                    cu_seqlens_k=addr(cu_k))
+                    cu_seqlens_k=addr(cu_k), v_head_dim=v.shape[-1])
         return
     b, h, nq, d = heads_rows(tuple(q.shape), layout)
     _, hk, nk, _ = heads_rows(tuple(k.shape), layout)
@@ -120,4 +120,5 @@ def backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, mask, causal, window_left
                 addr(dv), order(es("dv", dv), layout), kind, m_addr, m_strides, bool(causal),
                 int(window_left), int(window_right), float(scale), float(dropout_p), int(seed),
                 _settings["threads"], softcap=float(softcap), alibi_slopes=alibi_addr,
-                alibi_batch_stride=alibi_stride, sinks=sinks_address(sinks), d_sinks=sinks_address(d_sinks))
+                alibi_batch_stride=alibi_stride, sinks=sinks_address(sinks), d_sinks=sinks_address(d_sinks),
+                v_head_dim=v.shape[-1])

@@ -33,7 +33,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             torch CPU tensors; every array argument comes from the same framework, any strides.
         k_cache, v_cache: the cache, q's dtype, updated in place. Contiguous cache:
             ``[B, Hkv, capacity, D]``; paged cache (with ``block_table``):
-            ``[num_pages, Hkv, page_size, D]``. ``Hkv`` divides ``H``. When ``k``/``v`` are
+            ``[num_pages, Hkv, page_size, D]``. ``Hkv`` divides ``H``. ``v_cache`` (and ``v``,
+            and the output) may have its own head dim ``Dv`` (1..512; D is 1..576): DeepSeek's
+            MLA keeps a 576-wide K cache and a 512-wide V cache with one KV head. When ``k``/``v`` are
             appended they must be writable: a read-only NumPy array, or an inference tensor
             outside ``torch.inference_mode()``, is refused (ValueError); attending alone only
             reads them.
@@ -214,8 +216,10 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
         _arrays.check_rank(name, x, 4, cache_what if "cache" in name else "[B, Hkv, Nnew, D]")
         if dtype_code(name, x) != code:
             raise TypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    # V's head dim may differ from K's (DeepSeek MLA: 576 / 512); the rest of the shapes match.
+    if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)} "
+                         "but for the head dim (the last dimension)")
     b, h, nq, d = q.shape
     hk = k_cache.shape[1]
     if k_cache.shape[3] != d:
@@ -225,8 +229,9 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
     if not paged and cache_batch_idx is None and k_cache.shape[0] != b:
         raise ValueError(f"k_cache: batch {k_cache.shape[0]} differs from q's {b}")
     if k is not None:
-        if tuple(v.shape) != tuple(k.shape):
-            raise ValueError(f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
+        if tuple(v.shape[:3]) != tuple(k.shape[:3]) or v.shape[3] != v_cache.shape[3]:
+            raise ValueError(f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)} but for the head dim, "
+                             f"which is v_cache's ({v_cache.shape[3]})")
         if (k.shape[0], k.shape[1], k.shape[3]) != (b, hk, d):
             raise ValueError(f"k: expected [B, Hkv, Nnew, D] = [{b}, {hk}, Nnew, {d}], got {tuple(k.shape)}")
 
@@ -409,4 +414,5 @@ def kvcache_into(q, k_cache, v_cache, k, v, seqlens, block_table, cos, sin, inte
         sinks=sinks_address(sinks),
         cache_batch_idx=0 if cache_batch_idx is None else addr(cache_batch_idx),
         cache_batch=0 if cache_batch_idx is None else k_cache.shape[0],
-        cache_leftpad=0 if cache_leftpad is None else addr(cache_leftpad), rotary_fa2_positions=rotary_fa2)
+        cache_leftpad=0 if cache_leftpad is None else addr(cache_leftpad), rotary_fa2_positions=rotary_fa2,
+        v_head_dim=v_cache.shape[3])

@@ -40,9 +40,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if qs[-3] != ks[-3] and not enable_gqa:
         raise SdpaArgumentError(f"key: {ks[-3]} heads differ from query's {qs[-3]}; pass enable_gqa=True for "
                          "grouped-query attention (as torch's scaled_dot_product_attention requires)")
-    if value.shape[-1] != qs[-1]:
-        raise NotImplementedError(f"value: head dim {value.shape[-1]} differs from query's {qs[-1]} "
-                                  "(tileattn needs Ev == E)")
     if rank != 4:
         return _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     causal = False
@@ -82,4 +79,4 @@ def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         mask = mask.reshape((-1,) + shape[-3:])
     o = scaled_dot_product_attention(as4(query), as4(key), as4(value), mask, dropout_p, is_causal, scale,
                                      enable_gqa)
-    return o.reshape(tuple(query.shape))
+    return o.reshape(tuple(query.shape[:-1]) + (value.shape[-1],))

@@ -104,7 +104,7 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         dk += torch.matmul(ds.transpose(-1, -2), qf[:, :, r]) * scale
 
     dk = dk.view(b, hk, group, nk, d).sum(2)
-    dv = dv.view(b, hk, group, nk, d).sum(2)
+    dv = dv.view(b, hk, group, nk, vf.shape[-1]).sum(2)  # V's head dim
     dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     if layout == 1:
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))

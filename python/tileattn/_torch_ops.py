@@ -23,6 +23,11 @@ is_compiling = torch.compiler.is_compiling
 dynamo_is_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
+def _o_shape(q, v):
+    """O's shape: q's with V's head dim (the last dimension of every layout)."""
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
 def _output_shapes(q, layout, packed=False):
     if packed:  # q [total_q, H, D] -> lse [H, total_q]
         return (q.shape[1], q.shape[0])
@@ -56,7 +61,7 @@ def _(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, wind
       softcap=0.0, alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=-1,
       max_seqlen_k=-1):
     lse_shape = _output_shapes(q, layout, cu_seqlens_q is not None)
-    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+    return q.new_empty(_o_shape(q, v)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
@@ -215,7 +220,7 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """(o, lse); appends k/v into k_cache/v_cache. cache_seqlens (integer [B]) is not modified;
     block_table is an integer [B, max_pages] tensor (narrowed to int32 here, values checked)."""
     from . import _kvcache
-    o = torch.empty(q.shape, dtype=q.dtype)
+    o = torch.empty(_o_shape(q, v_cache), dtype=q.dtype)
     lse = torch.empty(q.shape[:3], dtype=torch.float32)
     if k is not None and not torch.is_inference_mode_enabled():
         # The op's dispatch lets an inference tensor through (the direct call checks in C++).
@@ -235,7 +240,7 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
       rotary_interleaved, softmax_scale, is_causal, window_left, window_right, softcap=0.0,
       alibi_slopes=None, sinks=None, cache_batch_idx=None, cache_leftpad=None, rotary_fa2_positions=False):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return q.new_empty(_o_shape(q, v_cache)), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,

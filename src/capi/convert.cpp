@@ -50,7 +50,7 @@ ForwardArgs to_forward_args(const tileattn_forward_args* user) {
   if (c.reserved0 != 0) throw Error("args->reserved0 must be 0");
 
   ForwardArgs a;
-  a.shape = AttentionShape{c.batch, c.heads, c.kv_heads, c.seqlen_q, c.seqlen_k, c.head_dim};
+  a.shape = AttentionShape{c.batch, c.heads, c.kv_heads, c.seqlen_q, c.seqlen_k, c.head_dim, c.v_head_dim};
   a.dtype = to_dtype(c.dtype, "dtype");
   a.q = to_view(c.q);
   a.k = to_view(c.k);

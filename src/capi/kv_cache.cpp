@@ -67,6 +67,7 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.v_scale = c.v_scale;
   a.k_scale_stride = capi::to_array(c.k_scale_stride);
   a.v_scale_stride = capi::to_array(c.v_scale_stride);
+  a.v_head_dim = c.v_head_dim;
   return a;
 }
 

@@ -88,8 +88,8 @@ tileattn_status tileattn_choose_tiles(int32_t isa, int64_t head_dim, int32_t dty
   return capi::guarded(__func__, [&] {
     const Isa path = capi::to_isa(isa, "isa");
     const DType type = capi::to_dtype(dtype, "dtype");
-    if (head_dim < 1 || head_dim > 256)
-      throw Error("head_dim must be in 1..256, got " + std::to_string(head_dim));
+    if (head_dim < 1 || head_dim > kMaxHeadDim)
+      throw Error("head_dim must be in 1.." + std::to_string(kMaxHeadDim) + ", got " + std::to_string(head_dim));
     capi::require(block_q, "block_q");
     capi::require(block_kv, "block_kv");
     const TileShape tiles = choose_tiles(resolve_isa(path), head_dim, type);

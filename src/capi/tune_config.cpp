@@ -55,8 +55,8 @@ tileattn_status tileattn_tune_config_set(tileattn_tune_config* config, int32_t i
     if (path == Isa::automatic || path == Isa::reference)
       throw Error("isa: a tune entry names a concrete kernel path (generic, avx2 or avx512)");
     const DType type = capi::to_dtype(dtype, "dtype");
-    if (head_dim < 1 || head_dim > 256)
-      throw Error("head_dim must be in 1..256, got " + std::to_string(head_dim));
+    if (head_dim < 1 || head_dim > kMaxHeadDim)
+      throw Error("head_dim must be in 1.." + std::to_string(kMaxHeadDim) + ", got " + std::to_string(head_dim));
     if (block_q < 1 || block_q > 1024) throw Error("block_q must be in 1..1024, got " + std::to_string(block_q));
     if (block_kv < 1 || block_kv > 1024)
       throw Error("block_kv must be in 1..1024, got " + std::to_string(block_kv));

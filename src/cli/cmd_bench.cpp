@@ -30,7 +30,7 @@ namespace {
 
 const char* const kHelp =
     "usage: tileattn bench [--batch B] [--heads H] [--kv-heads HKV] [--seq N] [--kv-seq M]\n"
-    "                      [--dim D] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
+    "                      [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
     "                      [--softcap C] [--alibi] [--sinks S.npy] [--bf16-probabilities]\n"
     "                      [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
     "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
@@ -39,14 +39,15 @@ const char* const kHelp =
     "                      [--impls tileattn,openblas] [--max-naive-mb MB] [--out FILE.json|.csv]\n"
     "                      [--batch B] [--heads H] [--kv-heads HKV] [--window L,R] [--threads T]\n"
     "                      [--reps R] [--peak-gflops G] [--json]\n"
-    "Defaults: B=1 H=8 HKV=H N=M=1024 D=128 fp32, every hardware thread, R=5.\n"
-    "Reports ms (median of R after a warm-up), gflops (4*D flops per visible (query, key)\n"
-    "pair), fraction_of_peak (of the FMA peak measured now with the same threads;\n"
+    "Defaults: B=1 H=8 HKV=H N=M=1024 D=128 DV=D fp32, every hardware thread, R=5.\n"
+    "D (Q/K's head dim) is 1..576, DV (V's and O's) 1..512 (MLA: 192/128, 576/512).\n"
+    "Reports ms (median of R after a warm-up), gflops (2*(D+DV) flops per visible (query, key)\n"
+    "pair: 4*D when DV = D), fraction_of_peak (of the FMA peak measured now with the same threads;\n"
     "bf16 inputs on the amx / avx512bf16 rungs also give bf16_peak_gflops and\n"
     "fraction_of_bf16_peak, of the AMX or vdpbf16ps peak),\n"
     "peak_rss_mb (before the baseline runs), and for the naive OpenBLAS baseline (S = Q K^T\n"
     "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n"
-    "--backward times attention_backward instead (10*D flops per visible pair; the baseline\n"
+    "--backward times attention_backward instead (6*D+4*DV flops per visible pair; the baseline\n"
     "is the same sgemm formulation of dQ, dK, dV).\n"
     "--decode times one new query token per (batch, head) against a KV cache holding M keys\n"
     "(attention_with_kvcache; the baseline is the naive attention of that one row).\n"
@@ -97,7 +98,7 @@ int cmd_bench(int argc, char** argv) {
              {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
-             {"--out", true}});
+             {"--out", true}, {"--dim-v", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   if (args.has("--sweep")) return run_sweep(parse_sweep_plan(args), argc, argv);
   for (const char* flag : {"--seqs", "--dims", "--masks", "--dtypes", "--passes", "--impls", "--max-naive-mb", "--out"})
@@ -117,7 +118,11 @@ int cmd_bench(int argc, char** argv) {
   const int64_t kv_seq = args.integer("--kv-seq", seq_flag, 1, kMaxSize);
   // Decode: one new query token per sequence, attending to a cache of kv_seq keys.
   const int64_t seq = decode ? 1 : seq_flag;
-  const int64_t dim = args.integer("--dim", 128, 1, 256);
+  const int64_t dim = args.integer("--dim", 128, 1, kMaxHeadDim);
+  const int64_t dim_v = args.integer("--dim-v", dim, 1, kMaxValueHeadDim);
+  if (dim_v > kMaxValueHeadDim)
+    throw UsageError("--dim-v: V's head dim defaults to --dim (" + std::to_string(dim) + ") and must be in 1.." +
+                     std::to_string(kMaxValueHeadDim) + "; give --dim-v");
   const DType dtype = parse_dtype(args.text("--dtype", "fp32"));
   if (bf16_probabilities && dtype != DType::bf16) throw UsageError("--bf16-probabilities: only with --dtype bf16");
   const bool causal = args.has("--causal");
@@ -128,23 +133,25 @@ int cmd_bench(int argc, char** argv) {
   const double given_peak = args.number("--peak-gflops", 0, 1e-3, 1e9);
   if (heads % kv_heads != 0)
     throw UsageError("--kv-heads: " + std::to_string(kv_heads) + " must divide --heads " + std::to_string(heads));
-  int64_t q_elems = 0, k_elems = 0;
+  int64_t q_elems = 0, k_elems = 0, v_elems = 0, o_elems = 0;
   if (__builtin_mul_overflow(batch * heads, seq * dim, &q_elems) ||
-      __builtin_mul_overflow(batch * kv_heads, kv_seq * dim, &k_elems))
+      __builtin_mul_overflow(batch * kv_heads, kv_seq * dim, &k_elems) ||
+      __builtin_mul_overflow(batch * kv_heads, kv_seq * dim_v, &v_elems) ||
+      __builtin_mul_overflow(batch * heads, seq * dim_v, &o_elems))
     throw UsageError("bench: shape is too large");
 
   // Only q, k, v and o are allocated for our kernel (the memory target).
   const TypedBuffer q = random_buffer(dtype, q_elems, 1);
   const TypedBuffer k = random_buffer(dtype, k_elems, 2);
-  const TypedBuffer v = random_buffer(dtype, k_elems, 3);
-  TypedBuffer o = zeros(dtype, q_elems);
+  const TypedBuffer v = random_buffer(dtype, v_elems, 3);
+  TypedBuffer o = zeros(dtype, o_elems);
   ForwardArgs fa;
-  fa.shape = {batch, heads, kv_heads, seq, kv_seq, dim};
+  fa.shape = {batch, heads, kv_heads, seq, kv_seq, dim, dim_v};
   fa.dtype = dtype;
   fa.q = {q.data(), dense_strides(Layout::bhsd, batch, heads, seq, dim)};
   fa.k = {k.data(), dense_strides(Layout::bhsd, batch, kv_heads, kv_seq, dim)};
-  fa.v = {v.data(), fa.k.stride};
-  fa.o = {o.data(), fa.q.stride};
+  fa.v = {v.data(), dense_strides(Layout::bhsd, batch, kv_heads, kv_seq, dim_v)};
+  fa.o = {o.data(), dense_strides(Layout::bhsd, batch, heads, seq, dim_v)};
   fa.mask.causal = causal;
   fa.mask.window_left = window_left;
   fa.mask.window_right = window_right;
@@ -166,18 +173,18 @@ int cmd_bench(int argc, char** argv) {
     lse.assign(size_t(batch * heads * seq), 0.0f);
     fa.lse = lse.data();
     fa.lse_stride = {heads * seq, seq, 1};
-    d_o = random_buffer(dtype, q_elems, 4);
+    d_o = random_buffer(dtype, o_elems, 4);
     dq = zeros(dtype, q_elems);
     dk = zeros(dtype, k_elems);
-    dv = zeros(dtype, k_elems);
+    dv = zeros(dtype, v_elems);
     ba.forward = fa;
     ba.o = {o.data(), fa.o.stride};
-    ba.d_o = {d_o.data(), fa.q.stride};
+    ba.d_o = {d_o.data(), fa.o.stride};
     ba.lse = lse.data();
     ba.lse_stride = fa.lse_stride;
     ba.dq = {dq.data(), fa.q.stride};
     ba.dk = {dk.data(), fa.k.stride};
-    ba.dv = {dv.data(), fa.k.stride};
+    ba.dv = {dv.data(), fa.v.stride};
     if (!sinks.empty()) ba.d_sinks = d_sinks.data();
   }
   // Decode: k and v are a full contiguous cache [B, HKV, M, D]; nothing is
@@ -191,12 +198,13 @@ int cmd_bench(int argc, char** argv) {
     ca.heads = heads;
     ca.kv_heads = kv_heads;
     ca.head_dim = dim;
+    ca.v_head_dim = dim_v;
     ca.dtype = dtype;
     ca.seqlen_q = 1;
     ca.q = fa.q;
     ca.o = fa.o;
     ca.k_cache = {const_cast<void*>(k.data()), fa.k.stride};
-    ca.v_cache = {const_cast<void*>(v.data()), fa.k.stride};
+    ca.v_cache = {const_cast<void*>(v.data()), fa.v.stride};
     ca.capacity = kv_seq;
     ca.cache_seqlens = cache_seqlens.data();
     ca.causal = causal;
@@ -209,10 +217,12 @@ int cmd_bench(int argc, char** argv) {
   }
 
   const detail::Band band = detail::make_band(causal, window_left, window_right);
-  const double flops_per_pair = (backward ? 10.0 : 4.0) * double(dim);
+  // Q K^T and P V: 2 D + 2 DV per pair (4 D when DV = D). The backward's five
+  // products: S = Q K^T, dQ, dK (2 D each), dP = dO V^T and dV (2 DV each): 10 D when DV = D.
+  const double flops_per_pair = backward ? 6.0 * double(dim) + 4.0 * double(dim_v) : 2.0 * double(dim + dim_v);
   const double flops = flops_per_pair * double(detail::band_pairs(band, seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
-  const TileShape tiles = decode ? choose_tiles(isa, dim, dtype) : forward_tiles(fa);
+  const TileShape tiles = decode ? choose_tiles(isa, dim, dtype, dim_v) : forward_tiles(fa);
   // The peak is measured right before and right after the timed work, and the
   // larger taken: a neighbour that loads the machine during one of them
   // otherwise gives a fraction of peak above 1.
@@ -230,6 +240,7 @@ int cmd_bench(int argc, char** argv) {
   rep.integer("seq", seq);
   rep.integer("kv_seq", kv_seq);
   rep.integer("dim", dim);
+  rep.integer("dim_v", dim_v);
   rep.text("dtype", dtype_name(dtype));
   rep.boolean("causal", causal);
   rep.integer("window_left", window_left);
@@ -318,8 +329,8 @@ int cmd_bench(int argc, char** argv) {
   }
   blas.set_num_threads(threads);
   const std::vector<float> q32 = to_f32(q), k32 = to_f32(k), v32 = to_f32(v);
-  std::vector<float> o32(static_cast<size_t>(q_elems));
-  const BaselineShape shape{batch, heads, kv_heads, seq, kv_seq, dim};
+  std::vector<float> o32(static_cast<size_t>(o_elems));
+  const BaselineShape shape{batch, heads, kv_heads, seq, kv_seq, dim, dim_v};
   const float scale = float(1.0 / std::sqrt(double(dim)));
   // The baseline is slow at long sequences: at most 3 timed runs, no warm-up
   // beyond the median discarding a cold first run.
@@ -333,7 +344,7 @@ int cmd_bench(int argc, char** argv) {
   } else {
     naive_attention(blas, shape, band, scale, threads, q32.data(), k32.data(), v32.data(), o32.data());
     const std::vector<float> do32 = to_f32(d_o);
-    std::vector<float> dq32(o32.size()), dk32(k32.size()), dv32(k32.size());
+    std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
     for (int r = 0; r < baseline_reps; ++r) {
       std::fill(dk32.begin(), dk32.end(), 0.0f);  // accumulated over each KV group
       std::fill(dv32.begin(), dv32.end(), 0.0f);

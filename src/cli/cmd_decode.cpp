@@ -31,12 +31,14 @@ namespace {
 
 const char* const kHelp =
     "usage: tileattn decode [--prompt P] [--steps S] [--batch B] [--heads H] [--kv-heads HKV]\n"
-    "                       [--dim D] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
+    "                       [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
     "                       [--page-size N] [--recompute-steps R]\n"
     "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
     "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
     "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
+    "--dim-v DV: V's head dim (default D; D is 2..576, DV 1..512). DeepSeek MLA's absorbed\n"
+    "decode: --dim 576 --dim-v 512 --kv-heads 1 --heads 128.\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
     "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
     "(a streaming read of a buffer of the same bytes, same threads, each reading two streams,\n"
@@ -63,6 +65,7 @@ constexpr double kLlama3RopeTheta = 500000.0;
 
 struct Shape {
   int64_t batch, heads, kv_heads, dim, prompt, steps;
+  int64_t dim_v = 0;  // V's head dim (--dim-v; the default is dim)
   DType dtype;
   KvQuant kv_quant = KvQuant::none;  // --kv-dtype int8 / fp8_e4m3
   float fp8_scale = 1.0f;            // fp8: every KV head's scale (the prompt's max |x| / 224)
@@ -72,7 +75,7 @@ struct Shape {
 // head, plus an int8 cache's two scales.
 int64_t token_bytes(const Shape& s) {
   const int64_t element = int64_t(dtype_size(kv_storage_dtype(s.dtype, s.kv_quant)));
-  return 2 * s.batch * s.kv_heads * (s.dim * element + (s.kv_quant == KvQuant::int8 ? 4 : 0));
+  return s.batch * s.kv_heads * ((s.dim + s.dim_v) * element + (s.kv_quant == KvQuant::int8 ? 8 : 0));
 }
 
 // A cache (contiguous or paged) holding the prompt, ready for decode steps.
@@ -82,12 +85,13 @@ class DecodeLoop {
   DecodeLoop& operator=(const DecodeLoop&) = delete;
   DecodeLoop(const Shape& s, int64_t page_size, int threads, const RopeTables& rope)
       : s_(s), capacity_(s.prompt + s.steps) {
-    const int64_t kv_rows = s.batch * s.kv_heads * capacity_ * s.dim;
+    const int64_t kv_rows = s.batch * s.kv_heads * capacity_;
     KvCacheArgs& a = args_;
     a.batch = s.batch;
     a.heads = s.heads;
     a.kv_heads = s.kv_heads;
     a.head_dim = s.dim;
+    a.v_head_dim = s.dim_v;
     a.dtype = s.dtype;
     a.threads = threads;
     a.rotary_cos = rope.cos.data();
@@ -99,9 +103,8 @@ class DecodeLoop {
     if (page_size == 0) {
       allocate_cache(kv_rows, s.batch, capacity_);
       a.capacity = capacity_;
-      const auto stride = dense_strides(Layout::bhsd, s.batch, s.kv_heads, capacity_, s.dim);
-      a.k_cache = {k_data_, stride};
-      a.v_cache = {v_data_, stride};
+      a.k_cache = {k_data_, dense_strides(Layout::bhsd, s.batch, s.kv_heads, capacity_, s.dim)};
+      a.v_cache = {v_data_, dense_strides(Layout::bhsd, s.batch, s.kv_heads, capacity_, s.dim_v)};
     } else {
       // Pages scattered in a fixed random order, as an allocator serving
       // many requests would leave them.
@@ -110,10 +113,9 @@ class DecodeLoop {
       block_table_.resize(size_t(pages));
       std::iota(block_table_.begin(), block_table_.end(), 0);
       std::shuffle(block_table_.begin(), block_table_.end(), std::mt19937_64(7));
-      allocate_cache(pages * s.kv_heads * page_size * s.dim, pages, page_size);
-      const auto stride = dense_strides(Layout::bhsd, pages, s.kv_heads, page_size, s.dim);
-      a.k_cache = {k_data_, stride};
-      a.v_cache = {v_data_, stride};
+      allocate_cache(pages * s.kv_heads * page_size, pages, page_size);
+      a.k_cache = {k_data_, dense_strides(Layout::bhsd, pages, s.kv_heads, page_size, s.dim)};
+      a.v_cache = {v_data_, dense_strides(Layout::bhsd, pages, s.kv_heads, page_size, s.dim_v)};
       a.block_table = block_table_.data();
       a.block_table_stride = per_sequence;
       a.page_size = page_size;
@@ -125,9 +127,8 @@ class DecodeLoop {
   void prefill(const TypedBuffer& k, const TypedBuffer& v) {
     KvCacheArgs a = args_;
     a.seqlen_new = s_.prompt;
-    const auto stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, s_.prompt, s_.dim);
-    a.k_new = {k.data(), stride};
-    a.v_new = {v.data(), stride};
+    a.k_new = {k.data(), dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, s_.prompt, s_.dim)};
+    a.v_new = {v.data(), dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, s_.prompt, s_.dim_v)};
     kv_cache_append(a);
   }
 
@@ -136,15 +137,17 @@ class DecodeLoop {
     KvCacheArgs a = args_;
     const int64_t esize = int64_t(dtype_size(s_.dtype));
     const auto q_stride = dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim);
-    const auto kv_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, 1, s_.dim);
+    const auto k_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, 1, s_.dim);
+    const auto v_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, 1, s_.dim_v);
     const int64_t q_step = s_.batch * s_.heads * s_.dim * esize;
-    const int64_t kv_step = s_.batch * s_.kv_heads * s_.dim * esize;
+    const int64_t k_step = s_.batch * s_.kv_heads * s_.dim * esize;
+    const int64_t v_step = s_.batch * s_.kv_heads * s_.dim_v * esize;
     a.seqlen_q = 1;
     a.seqlen_new = 1;
     a.q = {static_cast<const char*>(q.data()) + step * q_step, q_stride};
-    a.k_new = {static_cast<const char*>(k.data()) + step * kv_step, kv_stride};
-    a.v_new = {static_cast<const char*>(v.data()) + step * kv_step, kv_stride};
-    a.o = {o.data(), q_stride};
+    a.k_new = {static_cast<const char*>(k.data()) + step * k_step, k_stride};
+    a.v_new = {static_cast<const char*>(v.data()) + step * v_step, v_stride};
+    a.o = {o.data(), dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim_v)};
     attention_with_kvcache(a);
   }
 
@@ -158,7 +161,7 @@ class DecodeLoop {
     a.seqlen_q = 1;
     a.seqlen_new = 0;
     a.q = {static_cast<const char*>(q.data()) + step * s_.batch * s_.heads * s_.dim * esize, q_stride};
-    a.o = {o.data(), q_stride};
+    a.o = {o.data(), dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim_v)};
     attention_with_kvcache(a);
   }
 
@@ -176,18 +179,19 @@ class DecodeLoop {
   const KvCacheArgs& args() const { return args_; }
 
  private:
-  // K and V storage of `elements` each (dtype, or int8 / fp8 bytes), and the
-  // scales of a quantized cache: int8 [outer, kv_heads, rows], fp8 [kv_heads].
-  void allocate_cache(int64_t elements, int64_t outer, int64_t rows) {
+  // K and V storage of `rows_total` rows each (dim and dim_v elements of
+  // dtype, or int8 / fp8 bytes), and the scales of a quantized cache: int8
+  // [outer, kv_heads, rows], fp8 [kv_heads].
+  void allocate_cache(int64_t rows_total, int64_t outer, int64_t rows) {
     if (s_.kv_quant == KvQuant::none) {
-      k_cache_ = zeros(s_.dtype, elements);
-      v_cache_ = zeros(s_.dtype, elements);
+      k_cache_ = zeros(s_.dtype, rows_total * s_.dim);
+      v_cache_ = zeros(s_.dtype, rows_total * s_.dim_v);
       k_data_ = k_cache_.data();
       v_data_ = v_cache_.data();
       return;
     }
-    k_bytes_.assign(size_t(elements), 0);
-    v_bytes_.assign(size_t(elements), 0);
+    k_bytes_.assign(size_t(rows_total * s_.dim), 0);
+    v_bytes_.assign(size_t(rows_total * s_.dim_v), 0);
     k_data_ = k_bytes_.data();
     v_data_ = v_bytes_.data();
     KvCacheArgs& a = args_;
@@ -347,7 +351,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
     loops.push_back(std::make_unique<DecodeLoop>(s, v.page_size, v.threads, rope));
     loops.back()->prefill(t.prompt_k, t.prompt_v);
   }
-  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim);
+  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim_v);
   const int64_t row_bytes = token_bytes(s);
   const size_t n = variants.size();
   std::vector<LoopResult> r(n);
@@ -416,17 +420,17 @@ double time_recompute(const Shape& s, const Tokens& t, int threads, const RopeTa
   loop.prefill(t.prompt_k, t.prompt_v);
   const int64_t capacity = s.prompt + s.steps;
   TypedBuffer q = random_buffer(s.dtype, s.batch * s.heads * capacity * s.dim, 11);
-  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * capacity * s.dim);
-  TypedBuffer step_o = zeros(s.dtype, s.batch * s.heads * s.dim);
+  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * capacity * s.dim_v);
+  TypedBuffer step_o = zeros(s.dtype, s.batch * s.heads * s.dim_v);
   std::vector<double> ms;
   for (int64_t i = 0; i < reps; ++i) {
     loop.step(t.q, t.k, t.v, step_o, i);  // the new token joins the cache
     const int64_t n = loop.length();
     ForwardArgs f;
-    f.shape = {s.batch, s.heads, s.kv_heads, n, capacity, s.dim};
+    f.shape = {s.batch, s.heads, s.kv_heads, n, capacity, s.dim, s.dim_v};
     f.dtype = s.dtype;
     f.q = {q.data(), dense_strides(Layout::bhsd, s.batch, s.heads, capacity, s.dim)};
-    f.o = {o.data(), f.q.stride};
+    f.o = {o.data(), dense_strides(Layout::bhsd, s.batch, s.heads, capacity, s.dim_v)};
     f.k = {loop.args().k_cache.data, loop.args().k_cache.stride};
     f.v = {loop.args().v_cache.data, loop.args().v_cache.stride};
     loop.set_kv_source(f);
@@ -445,7 +449,7 @@ int cmd_decode(int argc, char** argv) {
             {{"--prompt", true}, {"--steps", true}, {"--batch", true}, {"--heads", true},
              {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
              {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false},
-             {"--kv-dtype", true}});
+             {"--kv-dtype", true}, {"--dim-v", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   Shape s;
@@ -454,7 +458,11 @@ int cmd_decode(int argc, char** argv) {
   s.batch = args.integer("--batch", 1, 1, 1 << 16);
   s.heads = args.integer("--heads", 32, 1, 1 << 16);
   s.kv_heads = args.integer("--kv-heads", 8, 1, 1 << 16);
-  s.dim = args.integer("--dim", 128, 2, 256);
+  s.dim = args.integer("--dim", 128, 2, kMaxHeadDim);
+  s.dim_v = args.integer("--dim-v", s.dim, 1, kMaxValueHeadDim);
+  if (s.dim_v > kMaxValueHeadDim)
+    throw UsageError("--dim-v: V's head dim defaults to --dim (" + std::to_string(s.dim) + ") and must be in 1.." +
+                     std::to_string(kMaxValueHeadDim) + "; give --dim-v");
   s.dtype = parse_dtype(args.text("--dtype", "bf16"));
   // --kv-dtype: int8 / fp8_e4m3 quantize the cache; a float type is the
   // cache's (and so the queries') dtype: an unquantized cache holds q's dtype.
@@ -492,17 +500,17 @@ int cmd_decode(int argc, char** argv) {
   const int64_t capacity = s.prompt + s.steps;
   if (capacity > std::numeric_limits<int32_t>::max()) throw UsageError("--prompt: too long");
   int64_t kv_elems = 0;
-  if (__builtin_mul_overflow(s.batch * s.kv_heads, capacity * s.dim, &kv_elems) ||
+  if (__builtin_mul_overflow(s.batch * s.kv_heads, capacity * std::max(s.dim, s.dim_v), &kv_elems) ||
       kv_elems > (int64_t{1} << 34))
     throw UsageError("decode: the cache would be too large");
 
   const RopeTables rope = rope_tables(kLlama3RopeTheta, capacity, s.dim);
   Tokens t;
   t.prompt_k = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 1);
-  t.prompt_v = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 2);
+  t.prompt_v = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim_v, 2);
   t.q = random_buffer(s.dtype, s.steps * s.batch * s.heads * s.dim, 3);
   t.k = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 4);
-  t.v = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 5);
+  t.v = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim_v, 5);
 
   const Isa isa = resolve_isa(Isa::automatic);
   // The read buffer has the K/V bytes of the middle step. Caches of 4 MiB or
@@ -513,9 +521,11 @@ int cmd_decode(int argc, char** argv) {
   if (s.kv_quant == KvQuant::fp8_e4m3) {
     // One scale per KV head that maps the prompt's largest |x| to 224, half of e4m3's 448.
     float amax = 0.0f;
-    for (const TypedBuffer* b : {&t.prompt_k, &t.prompt_v})
-      for (int64_t i = 0; i < s.batch * s.kv_heads * s.prompt * s.dim; ++i)
+    for (const TypedBuffer* b : {&t.prompt_k, &t.prompt_v}) {
+      const int64_t dim = b == &t.prompt_k ? s.dim : s.dim_v;
+      for (int64_t i = 0; i < s.batch * s.kv_heads * s.prompt * dim; ++i)
         amax = std::max(amax, std::fabs(detail::load_element(b->data(), int(s.dtype), i)));
+    }
     s.fp8_scale = amax > 0.0f ? amax / 224.0f : 1.0f;
   }
   const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
@@ -535,6 +545,7 @@ int cmd_decode(int argc, char** argv) {
   rep.integer("heads", s.heads);
   rep.integer("kv_heads", s.kv_heads);
   rep.integer("dim", s.dim);
+  rep.integer("dim_v", s.dim_v);
   rep.text("dtype", dtype_name(s.dtype));
   rep.text("kv_dtype", dtype_name(kv_storage_dtype(s.dtype, s.kv_quant)));
   rep.integer("prompt", s.prompt);

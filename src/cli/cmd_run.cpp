@@ -24,13 +24,15 @@ const char* const kHelp =
     "                    [--layout bhsd|bshd] [--causal] [--window L,R] [--mask M.npy]\n"
     "                    [--scale S] [--softcap C] [--alibi] [--sinks S.npy] [--dtype fp32|fp16|bf16]\n"
     "                    [--dropout P --seed N]\n"
-    "                    [--threads T] [--dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
+    "                    [--threads T] [--dim-v DV] [--dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
     "                    [--dsinks DS.npy]]\n"
     "\n"
     "Computes O = softmax(scale * Q K^T + mask) V.\n"
-    "  Q: [B, Hq, Nq, D] (bhsd, default) or [B, Nq, Hq, D] (bshd); K and V: [B, Hkv, Nk, D]\n"
-    "     or [B, Nk, Hkv, D]; Hkv divides Hq (GQA/MQA). Q, K and V are all float32 or all\n"
-    "     float16.\n"
+    "  Q: [B, Hq, Nq, D] (bhsd, default) or [B, Nq, Hq, D] (bshd); K: [B, Hkv, Nk, D] or\n"
+    "     [B, Nk, Hkv, D]; V: K's shape with its own head dim Dv (D 1..576, Dv 1..512; MLA:\n"
+    "     192/128, 576/512); O: Q's shape with Dv. Hkv divides Hq (GQA/MQA). Q, K and V are\n"
+    "     all float32 or all float16.\n"
+    "  --dim-v DV: V's head dim, read from V.npy; when given it must match.\n"
     "  --dtype: the precision computed in (default: that of the inputs). Inputs are\n"
     "     converted to it, rounding to nearest even. .npy has no bfloat16, so O is written\n"
     "     as float16 for --dtype fp16 and as float32 otherwise (bf16 results widened exactly).\n"
@@ -50,7 +52,7 @@ const char* const kHelp =
     "  --dropout P --seed N: drop attention probabilities with probability P (counter-based\n"
     "     generator: the same seed gives the same mask in the forward and the backward).\n"
     "  --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy: the backward pass; dO is shaped like\n"
-    "     Q, gradients come back in the layout (and output dtype) of the inputs.\n"
+    "     O, gradients come back in the layout (and output dtype) of the inputs.\n"
     "Outputs are written only when everything succeeded; errors exit with status 2. Two\n"
     "output flags may not name the same file.\n";
 
@@ -122,7 +124,7 @@ int cmd_run(int argc, char** argv) {
              {"--layout", true}, {"--causal", false}, {"--window", true}, {"--mask", true},
              {"--scale", true}, {"--softcap", true}, {"--alibi", false}, {"--dtype", true}, {"--dropout", true}, {"--seed", true},
              {"--threads", true}, {"--dout", true}, {"--dq", true}, {"--dk", true}, {"--dv", true},
-             {"--sinks", true}, {"--dsinks", true}});
+             {"--sinks", true}, {"--dsinks", true}, {"--dim-v", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   for (const char* required : {"--q", "--k", "--v", "--out"})
     if (!args.has(required)) throw UsageError(std::string("run: ") + required + " is required");
@@ -161,15 +163,27 @@ int cmd_run(int argc, char** argv) {
       throw Error(name + ": dtype " + npy_type_name(f->type) + " differs from " + q_path + " (" +
                   npy_type_name(q_file.type) + "); Q, K and V must have the same dtype");
   }
-  if (backward && do_file.shape != q_file.shape)
-    throw Error(do_path + ": shape " + shape_text(do_file.shape) + " must be that of " + q_path + " " +
-                shape_text(q_file.shape));
   const Operands q = operands_of(q_file, layout, q_path);
   const Operands k = operands_of(k_file, layout, k_path);
-  operands_of(v_file, layout, v_path);  // checks its rank; its shape must equal K's
-  if (v_file.shape != k_file.shape)
-    throw Error(v_path + ": shape " + shape_text(v_file.shape) + " differs from " + k_path + " " +
-                shape_text(k_file.shape));
+  const Operands v = operands_of(v_file, layout, v_path);
+  // V: K's shape but for its head dim (the last dimension in both layouts),
+  // which is at least 1 (v_head_dim 0 would mean "Q/K's head dim").
+  if (v.dim < 1) throw Error(v_path + ": head dim must be >= 1, got shape " + shape_text(v_file.shape));
+  std::vector<int64_t> v_expected = k_file.shape;
+  v_expected[3] = v.dim;
+  if (v_file.shape != v_expected)
+    throw Error(v_path + ": shape " + shape_text(v_file.shape) + " does not fit " + k_path + " " +
+                shape_text(k_file.shape) + " (all but the head dim must match)");
+  if (args.has("--dim-v")) {
+    const int64_t dim_v = args.integer("--dim-v", 0, 1, kMaxValueHeadDim);
+    if (dim_v != v.dim)
+      throw Error("--dim-v " + std::to_string(dim_v) + " differs from the head dim of " + v_path + " (" +
+                  std::to_string(v.dim) + ")");
+  }
+  std::vector<int64_t> o_shape = q_file.shape;  // [B, Hq, Nq, Dv] or [B, Nq, Hq, Dv]
+  o_shape[3] = v.dim;
+  if (backward && do_file.shape != o_shape)
+    throw Error(do_path + ": shape " + shape_text(do_file.shape) + " must be that of O " + shape_text(o_shape));
   if (k.batch != q.batch || k.dim != q.dim)
     throw Error(k_path + ": shape " + shape_text(k_file.shape) + " does not fit " + q_path + " " +
                 shape_text(q_file.shape) + " (batch and head_dim must match)");
@@ -182,15 +196,15 @@ int cmd_run(int argc, char** argv) {
   const TypedBuffer q_data = convert_to(q_file, dtype, q_path);
   const TypedBuffer k_data = convert_to(k_file, dtype, k_path);
   const TypedBuffer v_data = convert_to(v_file, dtype, v_path);
-  TypedBuffer o_data = zeros(dtype, q_file.elements());
+  TypedBuffer o_data = zeros(dtype, q.batch * q.heads * q.rows * v.dim);
 
   ForwardArgs fa;
-  fa.shape = {q.batch, q.heads, k.heads, q.rows, k.rows, q.dim};
+  fa.shape = {q.batch, q.heads, k.heads, q.rows, k.rows, q.dim, v.dim};
   fa.dtype = dtype;
   fa.q = {q_data.data(), dense_strides(layout, q.batch, q.heads, q.rows, q.dim)};
   fa.k = {k_data.data(), dense_strides(layout, k.batch, k.heads, k.rows, k.dim)};
-  fa.v = {v_data.data(), fa.k.stride};
-  fa.o = {o_data.data(), fa.q.stride};
+  fa.v = {v_data.data(), dense_strides(layout, v.batch, v.heads, v.rows, v.dim)};
+  fa.o = {o_data.data(), dense_strides(layout, q.batch, q.heads, q.rows, v.dim)};
   std::vector<float> lse;
   if (!lse_path.empty() || backward) {  // the backward recomputes P from the LSE
     lse.assign(size_t(q.batch * q.heads * q.rows), 0.0f);
@@ -221,16 +235,16 @@ int cmd_run(int argc, char** argv) {
   if (backward) {
     const TypedBuffer do_data = convert_to(do_file, dtype, do_path);
     TypedBuffer dq = zeros(dtype, q_file.elements()), dk = zeros(dtype, k_file.elements()),
-                dv = zeros(dtype, k_file.elements());
+                dv = zeros(dtype, v_file.elements());
     BackwardArgs ba;
     ba.forward = fa;
     ba.o = {o_data.data(), fa.o.stride};
-    ba.d_o = {do_data.data(), fa.q.stride};
+    ba.d_o = {do_data.data(), fa.o.stride};
     ba.lse = lse.data();
     ba.lse_stride = fa.lse_stride;
     ba.dq = {dq.data(), fa.q.stride};
     ba.dk = {dk.data(), fa.k.stride};
-    ba.dv = {dv.data(), fa.k.stride};
+    ba.dv = {dv.data(), fa.v.stride};
     std::vector<float> d_sinks(sinks.size());
     if (args.has("--dsinks")) ba.d_sinks = d_sinks.data();
     attention_backward(ba);
@@ -238,9 +252,9 @@ int cmd_run(int argc, char** argv) {
       outputs.stage(args.text("--dsinks"), io::encode_npy(io::NpyType::f32, {q.heads}, d_sinks.data()));
     outputs.stage(args.text("--dq"), encode_output(dq, q_file.shape));
     outputs.stage(args.text("--dk"), encode_output(dk, k_file.shape));
-    outputs.stage(args.text("--dv"), encode_output(dv, k_file.shape));
+    outputs.stage(args.text("--dv"), encode_output(dv, v_file.shape));
   }
-  outputs.stage(out_path, encode_output(o_data, q_file.shape));
+  outputs.stage(out_path, encode_output(o_data, o_shape));
   if (!lse_path.empty()) outputs.stage(lse_path, io::encode_npy(io::NpyType::f32, {q.batch, q.heads, q.rows}, lse.data()));
   outputs.commit();
   return 0;

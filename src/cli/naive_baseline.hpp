@@ -12,10 +12,12 @@ namespace tileattn::cli {
 
 struct BaselineShape {
   int64_t batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
+  int64_t v_head_dim = 0;  // V, O, dO and dV; 0: head_dim
 };
 
-// q, o: [batch, heads, seqlen_q, head_dim]; k, v: [batch, kv_heads, seqlen_k,
-// head_dim], contiguous. The softmax rows are spread over `threads` threads;
+// q: [batch, heads, seqlen_q, head_dim]; k: [batch, kv_heads, seqlen_k,
+// head_dim]; v: [batch, kv_heads, seqlen_k, Dv]; o: [batch, heads, seqlen_q,
+// Dv] (Dv: v_head_dim, or head_dim), contiguous. The softmax rows are spread over `threads` threads;
 // OpenBLAS uses its own (set_num_threads).
 void naive_attention(const OpenBlas& blas, const BaselineShape& s, const detail::Band& band, float scale,
                      int threads, const float* q, const float* k, const float* v, float* o);

@@ -12,7 +12,7 @@
 //   S  = Q K^T                (Q pre-scaled by scale * log2(e))
 //   S  = C tanh(S / C)        (soft cap C, when on; the mask step)
 //   P  = exp2(S - LSE2)       (mask on partial tiles only)
-//   dV += (P o Z)^T dO
+//   dV += (P o Z)^T dO      (V's head dim Dv; Q and K take D)
 //   dP = dO V^T
 //   dS = P o (Z o dP - D)     (o (1 - tanh^2) through a soft cap)
 //   dQ_chunk += dS K,   dK += dS^T Q
@@ -116,7 +116,7 @@ class BackwardMainloop {
 
   void run(const BackwardItem& w) {
     const Sequence seq = sequence_of(p_.fwd, w.batch);
-    const int64_t dp = p_.fwd.head_dim_padded;
+    const int64_t dp = p_.fwd.head_dim_padded, dvp = p_.fwd.v_head_dim_padded;
     if constexpr (kHasBf16) {
       if (bf16_) K::bf16_begin();
     }
@@ -124,7 +124,7 @@ class BackwardMainloop {
       const int64_t n = min64(p_.fwd.block_kv, w.key_end - j0);
       load_kv_tile(seq, w, j0, n);
       std::memset(dk_, 0, sizeof(float) * n * dp);
-      std::memset(dv_, 0, sizeof(float) * n * dp);
+      std::memset(dv_, 0, sizeof(float) * n * dvp);
       const KeyRange queries = visible_queries(p_.fwd.band, seq, j0, j0 + n);
       const int64_t first_tile = queries.first / p_.fwd.block_q * p_.fwd.block_q;
       for (int64_t h = w.kv_head * p_.fwd.group; h < (w.kv_head + 1) * p_.fwd.group; ++h)
@@ -150,6 +150,7 @@ class BackwardMainloop {
   [[gnu::flatten]] void tile_pair(const Sequence& seq, const BackwardItem& w, int64_t h, int64_t i_begin,
                  int64_t i_end, int64_t j0, int64_t n) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;
     const int64_t rows = i_end - i_begin, n_pad = round_up(n, kPanelWidth);
     load_query_rows(seq, h, i_begin, rows);
     K::gemm(rows, n_pad, d, q_, dp, k_t_, kv_pad_, s_, kv_pad_, false);  // S (rows, n_pad)
@@ -171,15 +172,15 @@ class BackwardMainloop {
         for (int64_t c = 0; c < n_pad; ++c) pd[c] = p[c] * (c < n ? z[c] : 0.0f);
       }
     }
-    // dV += (P o Z)^T dO: (n, rows) x (rows, D_pad).
+    // dV += (P o Z)^T dO: (n, rows) x (rows, Dv_pad).
     transpose_tile(pd_, rows, n);
     if (bf16_) {
-      bf16_product_of_split(transposed_, bq_pad_, n, rows, d_o_pairs_, layout_.bf16_q, dv_);
-      bf16_dot(rows, n_pad, layout_.bf16_d, d_o16_, nullptr, layout_.bf16_d, v_pairs_, kPanelWidth * layout_.bf16_d,
-               dp_, kv_pad_, false);  // dP (rows, n_pad)
+      bf16_product_of_split(transposed_, bq_pad_, n, rows, d_o_pairs_, layout_.bf16_q, dv_, dvp);
+      bf16_dot(rows, n_pad, layout_.bf16_dv, d_o16_, nullptr, layout_.bf16_dv, v_pairs_,
+               kPanelWidth * layout_.bf16_dv, dp_, kv_pad_, false);  // dP (rows, n_pad)
     } else {
-      K::gemm(n, dp, rows, transposed_, bq_pad_, d_o_, dp, dv_, dp, true);
-      K::gemm(rows, n_pad, d, d_o_, dp, v_t_, kv_pad_, dp_, kv_pad_, false);  // dP (rows, n_pad)
+      K::gemm(n, dvp, rows, transposed_, bq_pad_, d_o_, dvp, dv_, dvp, true);
+      K::gemm(rows, n_pad, dv, d_o_, dvp, v_t_, kv_pad_, dp_, kv_pad_, false);  // dP (rows, n_pad)
     }
     for (int64_t t = 0; t < rows; ++t) {
       const float delta = p_.row_delta[row_slot(p_, w.batch, h, i_begin + t)];
@@ -202,11 +203,11 @@ class BackwardMainloop {
     }
     // dQ += dS K: (rows, n) x (n, D_pad), into this chunk's fp32 slice.
     float* dq = p_.dq_partial + dq_slot(p_, w.chunk, w.batch, h, i_begin) * dp;
-    if (bf16_) bf16_product_of_split(dp_, kv_pad_, rows, n, k_pairs_, layout_.bf16_kv, dq);
+    if (bf16_) bf16_product_of_split(dp_, kv_pad_, rows, n, k_pairs_, layout_.bf16_kv, dq, dp);
     else K::gemm(rows, dp, n, dp_, kv_pad_, k_rows_, dp, dq, dp, true);
     // dK += dS^T Q: (n, rows) x (rows, D_pad) (Q unscaled for the bf16 products).
     transpose_tile(dp_, rows, n);
-    if (bf16_) bf16_product_of_split(transposed_, bq_pad_, n, rows, q_pairs_, layout_.bf16_q, dk_);
+    if (bf16_) bf16_product_of_split(transposed_, bq_pad_, n, rows, q_pairs_, layout_.bf16_q, dk_, dp);
     else K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
   }
 
@@ -216,19 +217,19 @@ class BackwardMainloop {
     if constexpr (kHasBf16) K::bf16_gemm(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
   }
 
-  // c (m, D_pad) += a (m, k fp32 columns, row stride lda) B, where B holds k
+  // c (m, width) += a (m, k fp32 columns, row stride lda) B, where B holds k
   // rows in pairs along them (pad = k rounded up to 32, panel 16 x pad): a is
   // split into bf16 hi + lo first, or rounded to bf16 alone with
   // ForwardArgs::bf16_probabilities (P and dS in bf16, as FlashAttention-2's
-  // backward rounds them: one product instead of two).
+  // backward rounds them: one product instead of two). width: D_pad (dQ, dK)
+  // or Dv_pad (dV).
   void bf16_product_of_split(const float* a, int64_t lda, int64_t m, int64_t k, const uint16_t* b, int64_t pad,
-                             float* c) {
+                             float* c, int64_t width) {
     if constexpr (kHasBf16) {
       const int64_t k32 = round_up(k, kBf16PairBlock);
       uint16_t* lo = a_.bf16_probabilities ? nullptr : a_lo_;
       K::bf16_split_rows(a, lda, m, k, k32, a_hi_, lo, pad);
-      K::bf16_gemm(m, p_.fwd.head_dim_padded, k32, a_hi_, lo, pad, b, kPanelWidth * pad, c,
-                   p_.fwd.head_dim_padded, true);
+      K::bf16_gemm(m, width, k32, a_hi_, lo, pad, b, kPanelWidth * pad, c, width, true);
     }
   }
 
@@ -250,31 +251,33 @@ class BackwardMainloop {
   // along the rows.
   void load_query_rows(const Sequence& seq, int64_t h, int64_t i_begin, int64_t rows) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;  // dO's
     const BackwardArgs& b = *p_.args;
     for (int64_t t = 0; t < rows; ++t) {
       const int64_t row = seq.q_row0 + i_begin + t;
       K::load_row(row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row), a_.dtype, d,
                   a_.q.stride[3], p_.fwd.score_scale, q_ + t * dp);
       if (!bf16_)
-        K::load_row(row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, row), a_.dtype, d,
-                    b.d_o.stride[3], 1.0f, d_o_ + t * dp);
+        K::load_row(row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, row), a_.dtype, dv,
+                    b.d_o.stride[3], 1.0f, d_o_ + t * dvp);
     }
     if constexpr (kHasBf16) {
       if (!bf16_) return;
       for (int64_t t = 0; t < rows; ++t) {
         row_ptrs_[t] = row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, seq.q_row0 + i_begin + t);
-        K::bf16_copy_row(row_ptrs_[t], d, b.d_o.stride[3], d_o16_ + t * layout_.bf16_d, layout_.bf16_d);
+        K::bf16_copy_row(row_ptrs_[t], dv, b.d_o.stride[3], d_o16_ + t * layout_.bf16_dv, layout_.bf16_dv);
       }
-      K::bf16_pack_v(row_ptrs_, rows, d, b.d_o.stride[3], d_o_pairs_, layout_.bf16_q);
+      K::bf16_pack_v(row_ptrs_, rows, dv, b.d_o.stride[3], d_o_pairs_, layout_.bf16_q);
       for (int64_t t = 0; t < rows; ++t)
         row_ptrs_[t] = row_address(a_.q.data, a_.q.stride, seq.q_batch, h, seq.q_row0 + i_begin + t);
       K::bf16_pack_v(row_ptrs_, rows, d, a_.q.stride[3], q_pairs_, layout_.bf16_q);
     }
   }
 
-  // K rows (n, D_pad), K^T and V^T (D_pad, BLOCK_KV_pad), fp32, once per key tile.
+  // K rows (n, D_pad), K^T (D_pad, BLOCK_KV_pad) and V^T (Dv_pad, BLOCK_KV_pad),
+  // fp32, once per key tile.
   void load_kv_tile(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
-    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim, dv = p_.fwd.v_head_dim;
     for (int64_t c = 0; c < n; ++c) {
       key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
       if (!bf16_) K::load_row(key_ptrs_[c], a_.dtype, d, a_.k.stride[3], 1.0f, k_rows_ + c * dp);
@@ -287,11 +290,11 @@ class BackwardMainloop {
       key_ptrs_[c] = row_address(a_.v.data, a_.v.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
     if constexpr (kHasBf16) {
       if (bf16_) {
-        K::bf16_pack_k(key_ptrs_, n, d, a_.v.stride[3], v_pairs_, layout_.bf16_d);
+        K::bf16_pack_k(key_ptrs_, n, dv, a_.v.stride[3], v_pairs_, layout_.bf16_dv);
         return;
       }
     }
-    K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.v.stride[3], v_t_, kv_pad_);
+    K::pack_transposed(key_ptrs_, n, a_.dtype, dv, a_.v.stride[3], v_t_, kv_pad_);
   }
 
   // The forward's mask step (core/mask_row.hpp) on rows [i_begin, i_begin + rows) of head h.
@@ -306,6 +309,7 @@ class BackwardMainloop {
   // unscaled: ln(2) * scale * log2(e) then); dV as accumulated.
   void store_kv_gradients(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;
     const float dk_factor = bf16_ ? kLn2 * p_.fwd.score_scale : kLn2;
     const int64_t esize = int64_t(dtype_size(a_.dtype));
     const BackwardArgs& b = *p_.args;
@@ -313,10 +317,10 @@ class BackwardMainloop {
       const int64_t row = seq.k_row0 + j0 + c;
       char* dk = static_cast<char*>(b.dk.data) +
                  (seq.k_batch * b.dk.stride[0] + w.kv_head * b.dk.stride[1] + row * b.dk.stride[2]) * esize;
-      char* dv = static_cast<char*>(b.dv.data) +
-                 (seq.k_batch * b.dv.stride[0] + w.kv_head * b.dv.stride[1] + row * b.dv.stride[2]) * esize;
+      char* dv_row = static_cast<char*>(b.dv.data) +
+                     (seq.k_batch * b.dv.stride[0] + w.kv_head * b.dv.stride[1] + row * b.dv.stride[2]) * esize;
       K::store_row(dk_ + c * dp, dk_factor, d, a_.dtype, dk, b.dk.stride[3]);
-      K::store_row(dv_ + c * dp, 1.0f, d, a_.dtype, dv, b.dv.stride[3]);
+      K::store_row(dv_ + c * dvp, 1.0f, dv, a_.dtype, dv_row, b.dv.stride[3]);
     }
   }
 

@@ -44,18 +44,20 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // A quantized cache takes the fp32 products (its packed tiles convert
   // int8 / fp8 to fp32; decode reads them in place either way).
   p.product = args.kv.quant == KvQuant::none ? tile_product(isa, args.dtype) : TileProduct::fp32_fma;
-  TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype);
+  TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype, p.v_head_dim);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
   p.block_kv = args.block_kv > 0 ? args.block_kv : tiles.block_kv;
   // bf16 products without a band: 128-key tiles (each P V product then
   // reuses its accumulator tiles over twice the keys). AMX Xeon, paired, 2
   // threads: 256x128 took 0.95 of 256x64's time at H32 N2048 D128 and 0.91
   // at H16 N4096 D64; under a causal band it lost (1.06 at H8 N4096 D128, 1
-  // thread: more partial tiles).
+  // thread: more partial tiles). Only where the wider tiles still fit L2
+  // (the MLA head dims, 576 / 512, keep the cache model's keys).
   constexpr int kBf16UnbandedKeyTile = 128;
   const bool unbanded = p.band.left >= kUnbounded && p.band.right >= kUnbounded;
   if (p.product == TileProduct::bf16_dot && unbanded && args.block_kv <= 0 && tiles.reason.rfind("cache model", 0) == 0 &&
-      p.block_kv < kBf16UnbandedKeyTile)
+      p.block_kv < kBf16UnbandedKeyTile &&
+      tile_working_set_bytes(p.block_q, kBf16UnbandedKeyTile, args.shape.head_dim, p.v_head_dim) <= cache_sizes().l2)
     p.block_kv = kBf16UnbandedKeyTile;
   // Short query sequences (decode): shrink the query tile to what is there.
   int64_t max_nq = args.shape.seqlen_q;
@@ -68,7 +70,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   if (max_nq > 0 && max_nq < p.block_q) p.block_q = int(max_nq);
   // Query heads of one KV group share each packed K/V tile; cap the group's
   // Q and accumulator tiles at half of L2.
-  const int64_t per_head_bytes = 2 * int64_t(p.block_q) * p.head_dim_padded * 4;
+  const int64_t per_head_bytes = int64_t(p.block_q) * (p.head_dim_padded + p.v_head_dim_padded) * 4;
   p.heads_per_item = int(min64(p.group, max64(1, cache_sizes().l2 / 2 / per_head_bytes)));
   // Split-KV when there are too few work items to keep threads busy (decode:
   // few sequences and KV heads, one query tile). Decided from the shape alone
@@ -109,7 +111,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   int64_t walk = 1;  // KV heads per item, for the key splits
   if (p.heads_per_item == p.group && p.group * int64_t(p.block_q) <= kFewRowsMax) {
     if (args.block_kv <= 0 && tiles.reason != "TILEATTN_TILES") p.block_kv = kDecodeKeyTile;
-    const int64_t per_kv_head_bytes = 2 * p.group * int64_t(p.block_q) * p.head_dim_padded * 4;
+    const int64_t per_kv_head_bytes = p.group * int64_t(p.block_q) * (p.head_dim_padded + p.v_head_dim_padded) * 4;
     walk = min64(args.shape.kv_heads, max64(1, cache_sizes().l2 / 4 / per_kv_head_bytes));
     // Fewer heads per item where the keys are too few to split enough.
     const int64_t max_splits = max_nk >= 2 * kMinSplitKeys ? max_nk / kMinSplitKeys : 1;
@@ -118,9 +120,10 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
       walk = (walk + 1) / 2;
   }
   // One head's run of a page: page_size * head_dim * element bytes (divided,
-  // not multiplied: page sizes near INT64_MAX are valid).
-  const int64_t row_bytes =
-      max64(1, args.shape.head_dim * int64_t(dtype_size(kv_storage_dtype(args.dtype, args.kv.quant))));
+  // not multiplied: page sizes near INT64_MAX are valid); K's, the longer
+  // one where V's head dim differs.
+  const int64_t row_bytes = max64(1, max64(args.shape.head_dim, p.v_head_dim) *
+                                         int64_t(dtype_size(kv_storage_dtype(args.dtype, args.kv.quant))));
   if (args.kv.block_table && args.kv.page_size <= kMaxWalkedRunBytes / row_bytes)
     p.kv_heads_per_item = walk;
   const int64_t base_items = args.shape.batch * ((args.shape.kv_heads + walk - 1) / walk) * q_tiles *
@@ -147,8 +150,8 @@ void write_reference(const ForwardArgs& a) {
         const int64_t row = seq.q_row0 + i;
         const int64_t ref_row = (seq.q_batch * s.heads + h) * s.seqlen_q + row;
         const int64_t o_off = seq.q_batch * a.o.stride[0] + h * a.o.stride[1] + row * a.o.stride[2];
-        for (int64_t c = 0; c < s.head_dim; ++c) {
-          const float value = float(ref.o[size_t(ref_row * s.head_dim + c)]);
+        for (int64_t c = 0; c < p.v_head_dim; ++c) {
+          const float value = float(ref.o[size_t(ref_row * p.v_head_dim + c)]);
           const int64_t off = o_off + c * a.o.stride[3];
           store_element(a.o.data, int(a.dtype), off, value);
         }
@@ -165,7 +168,7 @@ void write_reference(const ForwardArgs& a) {
 // and the LSE.
 void merge_splits(const Problem& p) {
   const ForwardArgs& a = p.args;
-  const int64_t d = a.shape.head_dim, dp = p.head_dim_padded;
+  const int64_t d = p.v_head_dim, dp = p.v_head_dim_padded;  // O's rows
   const int64_t esize = int64_t(dtype_size(a.dtype));
   std::vector<float> row(static_cast<size_t>(d));
   for (int64_t b = 0; b < a.shape.batch; ++b) {
@@ -232,7 +235,7 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
   std::vector<float> partial_o, partial_lse;
   if (p.kv_splits > 1) {
     const int64_t slots = p.kv_splits * p.args.shape.batch * p.args.shape.heads * p.max_rows_q;
-    partial_o.resize(size_t(slots * p.head_dim_padded));
+    partial_o.resize(size_t(slots * p.v_head_dim_padded));
     partial_lse.resize(size_t(slots));
     p.partial_o = partial_o.data();
     p.partial_lse = partial_lse.data();
@@ -248,7 +251,7 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
 TileShape forward_tiles(const ForwardArgs& args) {
   detail::validate(args);
   const Isa isa = resolve_isa(args.isa);
-  TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype);
+  TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype, value_head_dim(args.shape));
   if (isa == Isa::reference) return tiles;
   const detail::Problem p = detail::plan_forward(args, isa, detail::effective_threads(args.threads));
   if (p.block_q != tiles.block_q || p.block_kv != tiles.block_kv) {

@@ -71,7 +71,7 @@ class Fp32Operands {
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
     for (int64_t c = 0; c < n; ++c)
-      K::load_row(rows[c], kv_dtype_, p_.args.shape.head_dim, stride, 1.0f, v_tile_ + c * kPanelWidth,
+      K::load_row(rows[c], kv_dtype_, p_.v_head_dim, stride, 1.0f, v_tile_ + c * kPanelWidth,
                   kPanelWidth * n);
   }
 
@@ -87,11 +87,11 @@ class Fp32Operands {
   // P = exp2(S - row_max) stays in the score tile (accumulate reads it).
   static constexpr bool kOwnExponentials = false;
 
-  // acc (m, D_pad) += P (m, n) V.
+  // acc (m, Dv_pad) += P (m, n) V.
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
                   bool /*p_in_operands*/, int64_t /*t0*/) {
-    const int64_t dp = p_.head_dim_padded;
-    K::gemm(m, dp, n, p, ldp, v_tile_, kPanelWidth, acc, dp, true, kPanelWidth * n, prefetch);
+    const int64_t dvp = p_.v_head_dim_padded;
+    K::gemm(m, dvp, n, p, ldp, v_tile_, kPanelWidth, acc, dvp, true, kPanelWidth * n, prefetch);
   }
 
   // The products run when called: nothing is pending.
@@ -138,7 +138,7 @@ class Bf16Operands {
     K::bf16_pack_k(rows, n, p_.args.shape.head_dim, stride, k_tile_, bf16_k_);
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
-    K::bf16_pack_v(rows, n, p_.args.shape.head_dim, stride, v_tile_, bf16_kv_pad_);
+    K::bf16_pack_v(rows, n, p_.v_head_dim, stride, v_tile_, bf16_kv_pad_);
   }
 
   // The factor the softmax still applies to the scores (1: none). A
@@ -208,11 +208,11 @@ class Bf16Operands {
     if (p_lo_) std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
   }
 
-  // acc (m, D_pad) += P V, P from exponentials() (p_in_operands) or the fp32
+  // acc (m, Dv_pad) += P V, P from exponentials() (p_in_operands) or the fp32
   // rows at p (dropout, which scales P in place, takes this route).
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
                   bool p_in_operands, int64_t t0) {
-    const int64_t dp = p_.head_dim_padded, k = round_up(n, kBf16PairBlock);
+    const int64_t dp = p_.v_head_dim_padded, k = round_up(n, kBf16PairBlock);
     uint16_t* hi = p_hi_ + t0 * bf16_kv_pad_;
     uint16_t* lo = p_lo_ ? p_lo_ + t0 * bf16_kv_pad_ : nullptr;
     if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, hi, lo, bf16_kv_pad_);
@@ -264,7 +264,7 @@ class Bf16Operands {
   int queued_ = 0, next_ = 0;  // queue_[next_, queued_) have not run
   uint16_t* q_tile_;  // (stacked rows + 16, bf16_k)
   uint16_t* k_tile_;  // kv_pad / 16 panels of (bf16_k / 2, 16, 2)
-  uint16_t* v_tile_;  // D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
+  uint16_t* v_tile_;  // Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
   uint16_t* p_hi_;    // (stacked rows + 16, bf16_kv_pad)
   uint16_t* p_lo_;    // as p_hi_; null: P is hi alone (ForwardArgs::bf16_probabilities)
 };
@@ -278,7 +278,7 @@ class ForwardMainloop {
     kv_pad_ = layout_.kv_pad;
     k_scales_ = scratch + layout_.kv_scales;  // quantized_: (kv_pad) K scales, then (kv_pad) V scales
     v_scales_ = k_scales_ + kv_pad_;
-    acc_ = scratch + layout_.acc;          // (heads * rows, D_pad), un-normalized O
+    acc_ = scratch + layout_.acc;          // (heads * rows, Dv_pad), un-normalized O
     row_max_ = scratch + layout_.row_max;  // (heads * rows), log2 units
     row_sum_ = scratch + layout_.row_sum;  // (heads * rows)
     s_tile_ = scratch + layout_.s_tile;    // (stacked rows, BLOCK_KV_pad): scores, then P
@@ -312,14 +312,14 @@ class ForwardMainloop {
   void run(const WorkItem& w) {
     const Sequence seq = sequence_of(p_, w.batch);
     rows_ = w.q_end - w.q_begin;
-    const int64_t dp = p_.head_dim_padded;
+    const int64_t dvp = p_.v_head_dim_padded;
     const int64_t stacked = w.head_count * rows_;
     if (!direct_) operands_.begin_item();
     // Dropout scales P in place, and the few-rows products read it there.
     // (Quantized caches scale P by the V scales there too.)
     p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f && !quantized_;
     load_q_tiles(seq, w);
-    std::memset(acc_, 0, sizeof(float) * stacked * dp);
+    std::memset(acc_, 0, sizeof(float) * stacked * dvp);
     for (int64_t s = 0; s < stacked; ++s) {
       row_max_[s] = -std::numeric_limits<float>::infinity();
       row_sum_[s] = 0.0f;
@@ -518,7 +518,7 @@ class ForwardMainloop {
 
   // acc (stacked rows [s0, s0 + m)) += P V.
   void accumulate(int64_t s0, int64_t m, int64_t n, int64_t t0) {
-    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dp = p_.v_head_dim_padded, d = p_.v_head_dim;
     if (quantized_) scale_columns(m, n, v_scales_, t0);
     if constexpr (kHasFewRows) {
       if (direct_) {
@@ -595,7 +595,7 @@ class ForwardMainloop {
     if (a_.k.stride[3] != 1 || a_.v.stride[3] != 1) return;
     fill_key_rows(a_.k, seq, batch, kv_head, j0, n, key_rows_);
     fill_key_rows(a_.v, seq, batch, kv_head, j0, n, key_rows_ + n);
-    prefetch_.reset(key_rows_, 2 * n, a_.shape.head_dim * int64_t(dtype_size(kv_dtype_)));
+    prefetch_.reset(key_rows_, 2 * n, max64(a_.shape.head_dim, p_.v_head_dim) * int64_t(dtype_size(kv_dtype_)));
   }
 
   // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
@@ -614,7 +614,7 @@ class ForwardMainloop {
   void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0, int64_t t0) {
     constexpr float kInf = std::numeric_limits<float>::infinity();
     constexpr int64_t kChunk = 32;
-    const int64_t dp = p_.head_dim_padded;
+    const int64_t dp = p_.v_head_dim_padded;  // accumulator rows
     float tile_max[kChunk], tile_sum[kChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kChunk) {
       const int64_t rows = min64(kChunk, m - c0);
@@ -676,7 +676,7 @@ class ForwardMainloop {
   }
 
   void epilogue(const Sequence& seq, const WorkItem& w) {
-    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dp = p_.v_head_dim_padded, d = p_.v_head_dim;
     const int64_t esize = int64_t(dtype_size(a_.dtype));
     for (int64_t s = 0; s < w.head_count * rows_; ++s) {
       const int64_t head = head_of(w, s), i = query_of(w, s);

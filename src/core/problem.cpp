@@ -16,6 +16,8 @@ Problem describe(const ForwardArgs& args) {
   p.softcap_log2 = args.softcap * kLog2e;  // core/softcap.hpp: the cap keeps its form in log2 units
   p.band = make_band(args.mask);
   p.head_dim_padded = round_up(args.shape.head_dim, kPanelWidth);
+  p.v_head_dim = value_head_dim(args.shape);
+  p.v_head_dim_padded = round_up(p.v_head_dim, kPanelWidth);
   return p;
 }
 

@@ -45,7 +45,9 @@ struct Problem {
   float score_scale = 0.0f;    // softmax scale * log2(e): scores live in log2 units
   float softcap_log2 = 0.0f;   // args.softcap * log2(e): the cap in those units (0: off)
   Band band;
-  int64_t head_dim_padded = 0;  // head_dim rounded up to kPanelWidth
+  int64_t head_dim_padded = 0;  // head_dim (Q, K) rounded up to kPanelWidth
+  int64_t v_head_dim = 0;       // value_head_dim(args.shape): V and O
+  int64_t v_head_dim_padded = 0;  // v_head_dim rounded up to kPanelWidth (the accumulator rows)
   int block_q = 0;              // query rows per tile
   int block_kv = 0;             // keys per tile
   int heads_per_item = 1;       // query heads of one KV group handled together
@@ -60,7 +62,7 @@ struct Problem {
   int stack_rows = 0;
   // Split-KV: each sequence's keys are cut into kv_splits ranges of
   // split_keys keys (a multiple of block_kv); each range's normalized O and
-  // LSE go to the partial buffers, [split, batch, heads, max_rows_q, D_pad]
+  // LSE go to the partial buffers, [split, batch, heads, max_rows_q, Dv_pad]
   // and [split, batch, heads, max_rows_q], and are merged afterwards. The
   // split depends on the shape only, never on the thread count, so results
   // are the same for any number of threads.
@@ -158,6 +160,10 @@ struct WorkItem {
   int64_t cost = 0;        // visible (query, key) pairs x heads, for ordering
 };
 
+// Bytes one thread's tiles take per (q-tile, kv-tile) step for one head, in
+// fp32 (tiles.cpp's cache model): Q and accumulator, K^T and V, scores.
+int64_t tile_working_set_bytes(int64_t block_q, int64_t block_kv, int64_t head_dim, int64_t v_head_dim);
+
 // The band of a mask spec: causal clips the right side to 0.
 Band make_band(const MaskSpec& mask);
 // Problem with everything but the tile fields filled in (args must be valid).
@@ -176,13 +182,14 @@ struct ForwardScratchLayout {
   int64_t bf16_kv_pad = 0;    // bf16_dot: BLOCK_KV rounded up to kBf16PairBlock (P V's reduction)
   int64_t q_tile = 0;         // fp32: (heads * rows, D_pad) pre-scaled Q;
                               // bf16_dot: (heads * rows + 16, bf16_k) bf16, unscaled Q
-  int64_t acc = 0;            // (heads * rows, D_pad) fp32, un-normalized O
+                              // (D: head_dim, Dv: v_head_dim, _pad: rounded up to 16)
+  int64_t acc = 0;            // (heads * rows, Dv_pad) fp32, un-normalized O
   int64_t row_max = 0;        // (heads * rows), log2 units
   int64_t row_sum = 0;        // (heads * rows)
   int64_t k_tile = 0;         // fp32: K^T (D, kv_pad) panel-major; bf16_dot: K pairs
                               // (kv_pad / 16 panels of (bf16_k / 2, 16, 2)) bf16
-  int64_t v_tile = 0;         // fp32: V (kv_pad, D_pad) panel-major; bf16_dot: V pairs
-                              // (D_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)) bf16
+  int64_t v_tile = 0;         // fp32: V (kv_pad, Dv_pad) panel-major; bf16_dot: V pairs
+                              // (Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)) bf16
   int64_t s_tile = 0;         // (stacked rows, kv_pad) fp32: scores, then P
   int64_t p_hi = 0;           // bf16_dot: P as bf16 hi, (stacked rows + 16, bf16_kv_pad)
   int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape

@@ -53,7 +53,7 @@ std::vector<WorkItem> make_schedule(const Problem& p, int threads) {
 
 ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   ForwardScratchLayout l;
-  const int64_t bq = p.block_q, dp = p.head_dim_padded;
+  const int64_t bq = p.block_q, dp = p.head_dim_padded, dvp = p.v_head_dim_padded;
   const int64_t rows = p.heads_per_item * p.kv_heads_per_item * bq;  // stacked rows of an item
   const bool bf16 = p.product == TileProduct::bf16_dot;
   l.kv_pad = round_up(p.block_kv, kPanelWidth);
@@ -69,13 +69,13 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
     return at;
   };
   l.q_tile = take(bf16 ? bf16_floats((rows + kSlackRows) * l.bf16_k) : rows * dp);
-  l.acc = take(rows * dp);
+  l.acc = take(rows * dvp);
   l.row_max = take(rows);
   l.row_sum = take(rows);
   // The few-rows products keep their row tables (4 x kv_pad pointers) in
   // k_tile instead: it always holds at least 8 x kv_pad floats.
   l.k_tile = take(bf16 ? bf16_floats(l.kv_pad * l.bf16_k) : dp * l.kv_pad);
-  l.v_tile = take(bf16 ? bf16_floats(l.bf16_kv_pad * dp) : l.kv_pad * dp);
+  l.v_tile = take(bf16 ? bf16_floats(l.bf16_kv_pad * dvp) : l.kv_pad * dvp);
   l.s_tile = take(score_tile_rows(p) * l.kv_pad);
   l.p_hi = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.p_lo = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);

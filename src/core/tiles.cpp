@@ -23,14 +23,18 @@ bool parse_tiles(const std::string& text, int& block_q, int& block_kv) {
   return true;
 }
 
-// Bytes one thread touches per (q-tile, kv-tile) step for one head.
-int64_t working_set_bytes(int64_t block_q, int64_t block_kv, int64_t head_dim) {
-  int64_t dp = detail::round_up(head_dim, detail::kPanelWidth);
-  int64_t kvp = detail::round_up(block_kv, detail::kPanelWidth);
-  return 4 * (2 * block_q * dp + 2 * kvp * dp + block_q * kvp);
+}  // namespace
+
+namespace detail {
+
+int64_t tile_working_set_bytes(int64_t block_q, int64_t block_kv, int64_t head_dim, int64_t v_head_dim) {
+  const int64_t dp = round_up(head_dim, kPanelWidth), dvp = round_up(v_head_dim, kPanelWidth);
+  const int64_t kvp = round_up(block_kv, kPanelWidth);
+  // Q (block_q, D_pad), acc (block_q, Dv_pad), K^T (D_pad, kv_pad), V (kv_pad, Dv_pad), S (block_q, kv_pad)
+  return 4 * (block_q * (dp + dvp) + kvp * (dp + dvp) + block_q * kvp);
 }
 
-}  // namespace
+}  // namespace detail
 
 std::string tune_file_path() {
   if (const char* env = std::getenv("TILEATTN_TUNE_FILE"); env && *env) return env;
@@ -70,7 +74,11 @@ void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entr
     throw Error("tune file: cannot rename '" + tmp + "' to '" + path + "'");
 }
 
-TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype) {
+TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype, int64_t v_head_dim) {
+  if (v_head_dim <= 0) v_head_dim = head_dim;
+  const auto working_set_bytes = [&](int64_t block_q, int64_t block_kv) {
+    return detail::tile_working_set_bytes(block_q, block_kv, head_dim, v_head_dim);
+  };
   TileShape t;
   if (const char* env = std::getenv("TILEATTN_TILES"); env && *env) {
     if (!parse_tiles(env, t.block_q, t.block_kv))
@@ -80,7 +88,8 @@ TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype) {
   }
   static const std::vector<TuneEntry> tuned = read_tune_file(tune_file_path());
   for (const TuneEntry& e : tuned) {
-    if (e.isa == isa_name(kernel_isa(isa, dtype)) && e.head_dim == head_dim && e.dtype == dtype_name(dtype)) {
+    if (v_head_dim == head_dim && e.isa == isa_name(kernel_isa(isa, dtype)) && e.head_dim == head_dim &&
+        e.dtype == dtype_name(dtype)) {
       t.block_q = e.block_q;
       t.block_kv = e.block_kv;
       t.reason = "tune file " + tune_file_path();
@@ -101,11 +110,11 @@ TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype) {
                                          {64, 32},  {32, 32},  {16, 16}};
   const int64_t budget = cache_sizes().l2;
   for (const Candidate& c : candidates) {
-    if (working_set_bytes(c.block_q, c.block_kv, head_dim) <= budget) {
+    if (working_set_bytes(c.block_q, c.block_kv) <= budget) {
       t.block_q = c.block_q;
       t.block_kv = c.block_kv;
       t.reason = "cache model: working set " +
-                 std::to_string(working_set_bytes(c.block_q, c.block_kv, head_dim) / 1024) +
+                 std::to_string(working_set_bytes(c.block_q, c.block_kv) / 1024) +
                  " KiB <= L2 = " + std::to_string(budget / 1024) + " KiB";
       return t;
     }

@@ -128,8 +128,13 @@ void validate(const ForwardArgs& a) {
   if (s.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(s.kv_heads));
   if (s.heads % s.kv_heads != 0)
     fail("kv_heads (" + str(s.kv_heads) + ") must divide heads (" + str(s.heads) + ")");
-  if (s.head_dim < 1 || s.head_dim > 256)
-    fail("head_dim must be in 1..256, got " + str(s.head_dim));
+  if (s.head_dim < 1 || s.head_dim > kMaxHeadDim)
+    fail("head_dim must be in 1.." + str(kMaxHeadDim) + ", got " + str(s.head_dim));
+  if (s.v_head_dim < 0 || s.v_head_dim > kMaxValueHeadDim)
+    fail("v_head_dim must be in 1.." + str(kMaxValueHeadDim) + " (0: head_dim), got " + str(s.v_head_dim));
+  if (value_head_dim(s) > kMaxValueHeadDim)
+    fail("v_head_dim: V's head dim is head_dim (" + str(s.head_dim) + ") when v_head_dim is 0, and must be in 1.." +
+         str(kMaxValueHeadDim) + "; set v_head_dim");
   if (s.seqlen_q < 0) fail("seqlen_q must be >= 0, got " + str(s.seqlen_q));
   if (s.seqlen_k < 0) fail("seqlen_k must be >= 0, got " + str(s.seqlen_k));
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
@@ -225,15 +230,20 @@ void validate(const ForwardArgs& a) {
 
   const bool has_work = s.batch > 0 && max_nq > 0;
   const int64_t q_batches = varlen_q ? 1 : s.batch, k_batches = varlen_k ? 1 : s.batch;
+  const int64_t dv = value_head_dim(s);
   const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
+  const int64_t o_sizes[4] = {q_batches, s.heads, s.seqlen_q, dv};
   int64_t k_sizes[4] = {a.kv.batch_index ? a.kv.cache_batch : k_batches, s.kv_heads, s.seqlen_k, s.head_dim};
   if (paged) {
     k_sizes[0] = a.kv.num_pages;
     k_sizes[2] = a.kv.page_size;
   }
+  const int64_t v_sizes[4] = {k_sizes[0], k_sizes[1], k_sizes[2], dv};
   // Total element counts must fit int64 even for views we will not touch.
   checked_mul(checked_mul(checked_mul(q_sizes[0], q_sizes[1], "q"), q_sizes[2], "q"), q_sizes[3], "q");
   checked_mul(checked_mul(checked_mul(k_sizes[0], k_sizes[1], "k"), k_sizes[2], "k"), k_sizes[3], "k");
+  checked_mul(checked_mul(checked_mul(v_sizes[0], v_sizes[1], "v"), v_sizes[2], "v"), v_sizes[3], "v");
+  checked_mul(checked_mul(checked_mul(o_sizes[0], o_sizes[1], "o"), o_sizes[2], "o"), o_sizes[3], "o");
   if (!has_work) return;
 
   if (!a.q.data) fail("q: data is null");
@@ -243,13 +253,13 @@ void validate(const ForwardArgs& a) {
   if (keys_needed && !a.v.data) fail("v: data is null");
 
   ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
-  ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
-  check_injective("o", q_sizes, a.o.stride.data(), 4);
+  ByteRange o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
+  check_injective("o", o_sizes, a.o.stride.data(), 4);
   ByteRange k, v, k_scale, v_scale;
   if (keys_needed) {
     const int64_t kv_esize = int64_t(dtype_size(kv_storage_dtype(a.dtype, a.kv.quant)));
     k = view_range("k", a.k.data, kv_esize, k_sizes, a.k.stride.data(), 4);
-    v = view_range("v", a.v.data, kv_esize, k_sizes, a.v.stride.data(), 4);
+    v = view_range("v", a.v.data, kv_esize, v_sizes, a.v.stride.data(), 4);
     if (a.kv.quant != KvQuant::none) {
       k_scale = validate_kv_scales("k_scale", a, a.kv.k_scale, a.kv.k_scale_stride, k_sizes);
       v_scale = validate_kv_scales("v_scale", a, a.kv.v_scale, a.kv.v_scale_stride, k_sizes);

@@ -1,5 +1,6 @@
 // Appending new keys/values into a contiguous or paged cache, quantizing
 // them on the way into an int8 or fp8 cache.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -36,11 +37,10 @@ float* scale_slot(const KvCacheArgs& a, float* scales, const std::array<int64_t,
   return scales + outer * stride[0] + h * stride[1] + row * stride[2];
 }
 
-// Quantizes one row (`dtype`, contiguous, head_dim elements) into dst
-// (element stride dst_stride) with the rules of KvCacheArgs::kv_quant; int8
-// writes its scale to *scale, fp8 reads it.
-void quantize_row(const KvCacheArgs& a, const void* row, char* dst, int64_t dst_stride, float* scale) {
-  const int64_t d = a.head_dim;
+// Quantizes one row (`dtype`, contiguous, d elements) into dst (element
+// stride dst_stride) with the rules of KvCacheArgs::kv_quant; int8 writes
+// its scale to *scale, fp8 reads it.
+void quantize_row(const KvCacheArgs& a, const void* row, int64_t d, char* dst, int64_t dst_stride, float* scale) {
   const int dtype = int(a.dtype);
   if (a.kv_quant == KvQuant::int8) {
     float amax = 0.0f;
@@ -85,7 +85,8 @@ void write_quantized_append(const KvCacheArgs& a, const AppendPlan& plan) {
   const bool rotary = a.rotary_cos != nullptr;
   const int64_t half = a.rotary_dim / 2;
   const int64_t esize = int64_t(dtype_size(a.dtype));
-  std::vector<char> row(size_t(a.head_dim * esize));
+  const int64_t dv = value_head_dim(a);
+  std::vector<char> row(size_t(std::max(a.head_dim, dv) * esize));
   for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t first = a.cache_seqlens[b];
     for (int64_t h = 0; h < a.kv_heads; ++h)
@@ -99,10 +100,10 @@ void write_quantized_append(const KvCacheArgs& a, const AppendPlan& plan) {
         } else {
           copy_row(k_src, a.k_new.stride[3], row.data(), 1, a.head_dim, a.dtype);
         }
-        quantize_row(a, row.data(), cache_row(a, a.k_cache, b, h, position), a.k_cache.stride[3],
+        quantize_row(a, row.data(), a.head_dim, cache_row(a, a.k_cache, b, h, position), a.k_cache.stride[3],
                      scale_slot(a, a.k_scale, a.k_scale_stride, b, h, position));
-        copy_row(new_row(a, a.v_new, b, h, t), a.v_new.stride[3], row.data(), 1, a.head_dim, a.dtype);
-        quantize_row(a, row.data(), cache_row(a, a.v_cache, b, h, position), a.v_cache.stride[3],
+        copy_row(new_row(a, a.v_new, b, h, t), a.v_new.stride[3], row.data(), 1, dv, a.dtype);
+        quantize_row(a, row.data(), dv, cache_row(a, a.v_cache, b, h, position), a.v_cache.stride[3],
                      scale_slot(a, a.v_scale, a.v_scale_stride, b, h, position));
       }
   }
@@ -112,6 +113,7 @@ void write_append(const KvCacheArgs& a, const AppendPlan& plan) {
   if (a.kv_quant != KvQuant::none) return write_quantized_append(a, plan);
   const bool rotary = a.rotary_cos != nullptr;
   const int64_t half = a.rotary_dim / 2;
+  const int64_t dv = value_head_dim(a);
   for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t first = a.cache_seqlens[b];
     for (int64_t h = 0; h < a.kv_heads; ++h)
@@ -127,7 +129,7 @@ void write_append(const KvCacheArgs& a, const AppendPlan& plan) {
           copy_row(k_src, a.k_new.stride[3], k_dst, a.k_cache.stride[3], a.head_dim, a.dtype);
         }
         copy_row(new_row(a, a.v_new, b, h, t), a.v_new.stride[3], cache_row(a, a.v_cache, b, h, position),
-                 a.v_cache.stride[3], a.head_dim, a.dtype);
+                 a.v_cache.stride[3], dv, a.dtype);
       }
   }
 }

@@ -14,7 +14,7 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   ForwardArgs f;
   const bool paged = a.block_table != nullptr;
   // Paged caches have no per-sequence row dimension: the pages bound it.
-  f.shape = {a.batch, a.heads, a.kv_heads, a.seqlen_q, paged ? 0 : a.capacity, a.head_dim};
+  f.shape = {a.batch, a.heads, a.kv_heads, a.seqlen_q, paged ? 0 : a.capacity, a.head_dim, a.v_head_dim};
   f.dtype = a.dtype;
   f.q = a.q;
   f.k = {a.k_cache.data, a.k_cache.stride};

@@ -24,10 +24,16 @@ int64_t cache_rows(const KvCacheArgs& a) { return a.cache_batch_idx && a.cache_b
 // for page sizes near INT64_MAX.
 int64_t pages_for(int64_t tokens, int64_t page_size) { return tokens == 0 ? 0 : (tokens - 1) / page_size + 1; }
 
-// Sizes of the cache views in [outer, head, row, dim] order.
+// Sizes of the K cache view in [outer, head, row, dim] order.
 std::array<int64_t, 4> cache_sizes_of(const KvCacheArgs& a) {
   if (paged(a)) return {a.num_pages, a.kv_heads, a.page_size, a.head_dim};
   return {cache_rows(a), a.kv_heads, a.capacity, a.head_dim};
+}
+// The V cache's: V's head dim in place of head_dim.
+std::array<int64_t, 4> v_cache_sizes_of(const KvCacheArgs& a) {
+  std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  sizes[3] = value_head_dim(a);
+  return sizes;
 }
 
 // cache_batch_idx / cache_leftpad: contiguous caches only; every index in
@@ -190,10 +196,11 @@ void check_scales(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRang
 void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
+  const int64_t v_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, value_head_dim(a)};
   if (!a.k_new.data) fail("k_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
   if (!a.v_new.data) fail("v_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
   const ByteRange k = view_range("k_new", a.k_new.data, esize, sizes, a.k_new.stride.data(), 4);
-  const ByteRange v = view_range("v_new", a.v_new.data, esize, sizes, a.v_new.stride.data(), 4);
+  const ByteRange v = view_range("v_new", a.v_new.data, esize, v_sizes, a.v_new.stride.data(), 4);
   const ScaleRanges scales = scale_ranges(a);
   fail_if_overlapping("k_new: overlaps", k,
                       {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}});
@@ -225,7 +232,13 @@ void check_rotary_position(const KvCacheArgs& a, const char* who, int64_t b, int
 void validate_cache(const KvCacheArgs& a) {
   if (a.batch < 0) fail("batch must be >= 0, got " + str(a.batch));
   if (a.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(a.kv_heads));
-  if (a.head_dim < 1 || a.head_dim > 256) fail("head_dim must be in 1..256, got " + str(a.head_dim));
+  if (a.head_dim < 1 || a.head_dim > kMaxHeadDim)
+    fail("head_dim must be in 1.." + str(kMaxHeadDim) + ", got " + str(a.head_dim));
+  if (a.v_head_dim < 0 || a.v_head_dim > kMaxValueHeadDim)
+    fail("v_head_dim must be in 1.." + str(kMaxValueHeadDim) + " (0: head_dim), got " + str(a.v_head_dim));
+  if (value_head_dim(a) > kMaxValueHeadDim)
+    fail("v_head_dim: V's head dim is head_dim (" + str(a.head_dim) + ") when v_head_dim is 0, and must be in 1.." +
+         str(kMaxValueHeadDim) + "; set v_head_dim");
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
     fail("dtype: expected fp32, fp16 or bf16 (a quantized cache sets kv_quant)");
   if (a.kv_quant != KvQuant::none && a.kv_quant != KvQuant::int8 && a.kv_quant != KvQuant::fp8_e4m3)
@@ -251,15 +264,15 @@ void validate_cache(const KvCacheArgs& a) {
   if (paged(a)) check_table_coverage(a, lengths, lengths);
   check_batch_index_and_leftpad(a);
 
-  const std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  const std::array<int64_t, 4> sizes = cache_sizes_of(a), v_sizes = v_cache_sizes_of(a);
   const int64_t esize = storage_size(a);
   const bool has_rows = sizes[0] > 0 && sizes[2] > 0;
   if (has_rows && !a.k_cache.data) fail("k_cache: data is null");
   if (has_rows && !a.v_cache.data) fail("v_cache: data is null");
   const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
-  check_injective("v_cache", sizes.data(), a.v_cache.stride.data(), 4);
+  check_injective("v_cache", v_sizes.data(), a.v_cache.stride.data(), 4);
   if (ranges_overlap(k, v)) fail("v_cache: overlaps k_cache");
   check_scales(a, k, v);
 }
@@ -299,10 +312,10 @@ AppendPlan validate_append(const KvCacheArgs& a) {
   }
   check_distinct_written_rows(a, plan);
 
-  const std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  const std::array<int64_t, 4> sizes = cache_sizes_of(a), v_sizes = v_cache_sizes_of(a);
   const int64_t cache_esize = storage_size(a);
   const ByteRange k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_new_rows(a, k, v);
 
   if (a.rotary_cos || a.rotary_sin) {
@@ -317,14 +330,15 @@ AppendPlan validate_append(const KvCacheArgs& a) {
 void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   if (a.batch <= 0 || a.heads <= 0 || a.seqlen_q <= 0 || a.head_dim <= 0) return;
   if (!a.q.data || !a.o.data) return;  // the forward's validation, next, names them
-  const std::array<int64_t, 4> sizes = cache_sizes_of(a);
+  const std::array<int64_t, 4> sizes = cache_sizes_of(a), v_sizes = v_cache_sizes_of(a);
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t cache_esize = storage_size(a);
   const ByteRange k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, sizes.data(), a.v_cache.stride.data(), 4);
+  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   const ScaleRanges scales = scale_ranges(a);
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
-  const ByteRange o = view_range("o", a.o.data, esize, q_sizes, a.o.stride.data(), 4);
+  const int64_t o_sizes[4] = {a.batch, a.heads, a.seqlen_q, value_head_dim(a)};
+  const ByteRange o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
   fail_if_overlapping("o: output overlaps input", o,
                       {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
   // lse, when asked for: its range, computed once for both checks below.
@@ -343,8 +357,9 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   // is that no output aliases an input).
   if (a.seqlen_new > 0 && a.k_new.data && a.v_new.data) {
     const int64_t new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
+    const int64_t v_new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, value_head_dim(a)};
     const ByteRange k_new = view_range("k_new", a.k_new.data, esize, new_sizes, a.k_new.stride.data(), 4);
-    const ByteRange v_new = view_range("v_new", a.v_new.data, esize, new_sizes, a.v_new.stride.data(), 4);
+    const ByteRange v_new = view_range("v_new", a.v_new.data, esize, v_new_sizes, a.v_new.stride.data(), 4);
     fail_if_overlapping("o: output overlaps input", o, {{"k_new", k_new}, {"v_new", v_new}});
     if (a.lse) fail_if_overlapping("lse: output overlaps input", lse, {{"k_new", k_new}, {"v_new", v_new}});
   }

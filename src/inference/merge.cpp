@@ -37,8 +37,10 @@ void check_apart(const char* output, const detail::ByteRange& out, const char* i
 void merge_states(const MergeArgs& m) {
   using detail::ByteRange;
   if (m.batch < 0 || m.heads < 0 || m.rows < 0) throw Error("merge_states: sizes must be >= 0");
-  if (m.head_dim < 1 || m.head_dim > 256)
-    throw Error("merge_states: head_dim must be in 1..256, got " + std::to_string(m.head_dim));
+  // O's head dim: V's (AttentionShape::v_head_dim), at most kMaxValueHeadDim.
+  if (m.head_dim < 1 || m.head_dim > kMaxValueHeadDim)
+    throw Error("merge_states: head_dim must be in 1.." + std::to_string(kMaxValueHeadDim) + ", got " +
+                std::to_string(m.head_dim));
   if (m.batch == 0 || m.heads == 0 || m.rows == 0) return;
   if (!m.o_a.data || !m.o_b.data || !m.o_out.data) throw Error("merge_states: o_a, o_b and o_out must not be null");
   if (!m.lse_a || !m.lse_b) throw Error("merge_states: lse_a and lse_b must not be null");

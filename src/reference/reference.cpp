@@ -36,13 +36,13 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
     return Real(scales[seq.k_batch * stride[0] + kvh * stride[1] + (seq.k_row0 + j) * stride[2]]);
   };
   const int64_t q_batches = a.cu_seqlens_q ? 1 : s.batch;
-  const int64_t d = s.head_dim;
+  const int64_t d = s.head_dim, dv = value_head_dim(s);  // Q/K, V/O
   const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale);
   ReferenceOutput out;
   // An empty batch computes nothing; validation does not bound seqlen_q then
   // (a packed Q may claim any row count), so nothing is sized by it either.
   if (s.batch == 0) return out;
-  out.o.assign(size_t(q_batches * s.heads * s.seqlen_q * d), 0.0);
+  out.o.assign(size_t(q_batches * s.heads * s.seqlen_q * dv), 0.0);
   out.lse.assign(size_t(q_batches * s.heads * s.seqlen_q), -std::numeric_limits<double>::infinity());
 
   std::vector<Real> scores, qrow, acc;
@@ -108,7 +108,7 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
         }
         if (sink > max_score) max_score = sink;  // a NaN max stays NaN
         Real sum = a.sinks ? std::exp(sink - max_score) : Real(0);
-        acc.assign(size_t(d), Real(0));
+        acc.assign(size_t(dv), Real(0));
         for (int64_t j = 0; j < seq.nk; ++j) {
           if (!visible[j]) continue;
           Real prob = std::exp(scores[j] - max_score);
@@ -126,10 +126,10 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
             v_off = seq.k_batch * a.v.stride[0] + kvh * a.v.stride[1] + (seq.k_row0 + j) * a.v.stride[2];
           }
           const Real v_scale = key_scale(a.kv.v_scale, a.kv.v_scale_stride, b, seq, kvh, j);
-          for (int64_t c = 0; c < d; ++c)
+          for (int64_t c = 0; c < dv; ++c)
             acc[c] += prob * (Real(load_element(a.v.data, kv_dt, v_off + c * a.v.stride[3])) * v_scale);
         }
-        for (int64_t c = 0; c < d; ++c) {
+        for (int64_t c = 0; c < dv; ++c) {
           double value = double(acc[c]);
           if (round_to_dtype) {
             float f = float(value);
@@ -137,7 +137,7 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
             if (a.dtype == DType::bf16) f = detail::bf16_to_float(detail::float_to_bf16(f));
             value = f;
           }
-          out.o[size_t(out_row * d + c)] = value;
+          out.o[size_t(out_row * dv + c)] = value;
         }
         out.lse[size_t(out_row)] = double(max_score) + std::log(double(sum));
       }

@@ -221,6 +221,74 @@ void add_sink_cases(const std::function<void(Case)>& add) {
   }
 }
 
+void add_head_dim_pair_cases(const std::function<void(Case)>& add) {
+  struct Pair {
+    int64_t d, dv, heads, kv_heads, nq, nk;
+    MaskCase mask;
+    DType dtype;
+  };
+  const Pair pairs[] = {
+      {192, 128, 2, 2, 97, 97, MaskCase::none, DType::f32},      // MLA prefill, MHA
+      {192, 128, 8, 2, 33, 70, MaskCase::causal, DType::f32},    // GQA, unequal lengths
+      {192, 128, 4, 4, 64, 64, MaskCase::causal, DType::bf16},
+      {576, 512, 4, 1, 33, 70, MaskCase::causal, DType::f32},    // MLA absorbed, MQA
+      {576, 512, 2, 1, 17, 97, MaskCase::none, DType::f16},
+      {576, 512, 4, 1, 40, 40, MaskCase::causal, DType::bf16},
+      {256, 128, 2, 2, 97, 17, MaskCase::window, DType::f32},
+      {64, 32, 8, 2, 33, 70, MaskCase::causal, DType::f32},
+      {64, 32, 4, 1, 97, 97, MaskCase::boolean, DType::f16},
+      {40, 72, 4, 2, 33, 70, MaskCase::additive, DType::f32},   // V wider than Q/K
+  };
+  for (const Pair& pair : pairs) {
+    Case c;
+    c.head_dim = pair.d;
+    c.v_head_dim = pair.dv;
+    c.heads = pair.heads;
+    c.kv_heads = pair.kv_heads;
+    c.seqlen_q = pair.nq;
+    c.seqlen_k = pair.nk;
+    c.mask = pair.mask;
+    c.dtype = pair.dtype;
+    add(c);
+  }
+  {
+    Case c;  // bshd, strided rows
+    c.head_dim = 192;
+    c.v_head_dim = 128;
+    c.layout = Layout::bshd;
+    c.strided = true;
+    c.seqlen_q = 17;
+    c.seqlen_k = 97;
+    c.mask = MaskCase::causal;
+    add(c);
+  }
+  {
+    Case c;  // packed sequences
+    c.head_dim = 192;
+    c.v_head_dim = 128;
+    c.varlen = true;
+    c.varlen_q_lengths = {5, 0, 40};
+    c.varlen_k_lengths = {9, 3, 40};
+    c.mask = MaskCase::causal;
+    add(c);
+  }
+  // MLA decode steps: one query per head against a long cache, one KV head.
+  // 8 heads stack into the few-rows products, 16 into the packed ones; both
+  // split the keys and merge.
+  for (auto [heads, dtype] : {std::pair<int64_t, DType>{8, DType::bf16}, {16, DType::f32}}) {
+    Case c;
+    c.head_dim = 576;
+    c.v_head_dim = 512;
+    c.heads = heads;
+    c.kv_heads = 1;
+    c.seqlen_q = 1;
+    c.seqlen_k = 1100;
+    c.mask = MaskCase::causal;
+    c.dtype = dtype;
+    add(c);
+  }
+}
+
 Case head_dim_case(int64_t d, MaskCase m) {
   Case c;
   c.head_dim = d;
@@ -355,6 +423,7 @@ std::vector<Case> correctness_cases() {
     c.sinks = true;
     add(c);
   }
+  add_head_dim_pair_cases(add);
   for (size_t i = 0; i < cases.size(); ++i) cases[i].seed = 1000 + i;
   // TILEATTN_TEST_QUICK=1 (sanitizer runs in CI): drop the cases whose float64
   // reference is expensive; every mask, dtype, layout and path stays covered.

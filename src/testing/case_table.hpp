@@ -20,6 +20,10 @@ void add_half_precision_cases(const std::function<void(Case)>& add);  // fp16, b
 void add_softcap_cases(const std::function<void(Case)>& add);         // soft cap c = 5 with masks, GQA, bf16
 void add_alibi_cases(const std::function<void(Case)>& add);           // ALiBi [H] / [B, H], masks, varlen, bf16
 void add_sink_cases(const std::function<void(Case)>& add);            // sinks [H]: lengths, masks, varlen, GQA/MQA, fp16/bf16
+// V's head dim apart from Q/K's (DeepSeek MLA 192/128 and 576/512, 256/128,
+// 64/32, and V wider than Q/K): MHA/GQA/MQA, masks, unequal lengths,
+// layouts, varlen, fp16/bf16, decode steps on the few-rows and split-KV paths.
+void add_head_dim_pair_cases(const std::function<void(Case)>& add);
 
 // Head dim d (97 queries and keys, the default heads) with mask m.
 Case head_dim_case(int64_t d, MaskCase m);

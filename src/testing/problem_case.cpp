@@ -18,9 +18,9 @@ struct Tensor {
   int64_t elements;
 };
 
-// [b, h, n, d] with the case's layout; `strided` pads each row.
-Tensor make_tensor(const Case& c, int64_t batches, int64_t heads, int64_t rows) {
-  const int64_t d_alloc = c.head_dim + (c.strided ? kRowPadding : 0);
+// [b, h, n, dim] with the case's layout; `strided` pads each row.
+Tensor make_tensor(const Case& c, int64_t batches, int64_t heads, int64_t rows, int64_t dim) {
+  const int64_t d_alloc = dim + (c.strided ? kRowPadding : 0);
   Tensor t;
   t.stride = c.varlen ? std::array<int64_t, 4>{0, d_alloc, heads * d_alloc, 1}
                       : dense_strides(c.layout, batches, heads, rows, d_alloc);
@@ -34,7 +34,8 @@ std::string Case::name() const {
   static const char* masks[] = {"none", "causal", "window", "bool", "additive", "causal+bool", "additive_extreme"};
   std::ostringstream s;
   s << "b" << batch << "_h" << heads << "_kv" << kv_heads << "_q" << seqlen_q << "_k" << seqlen_k
-    << "_d" << head_dim << "_" << dtype_name(dtype) << "_" << layout_name(layout) << "_"
+    << "_d" << head_dim << (v_head_dim > 0 ? "_dv" + std::to_string(v_head_dim) : std::string()) << "_"
+    << dtype_name(dtype) << "_" << layout_name(layout) << "_"
     << masks[int(mask)];
   if (mask == MaskCase::window) s << "(" << window_left << "," << window_right << ")";
   if (strided) s << "_strided";
@@ -66,8 +67,11 @@ CaseData::CaseData(const Case& cs) : c(cs) {
     rows_q = cu_q.back();
     rows_k = cu_k.back();
   }
-  const Tensor tq = make_tensor(c, batches, c.heads, rows_q);
-  const Tensor tk = make_tensor(c, batches, c.kv_heads, rows_k);
+  const int64_t dv = c.v_head_dim > 0 ? c.v_head_dim : c.head_dim;
+  const Tensor tq = make_tensor(c, batches, c.heads, rows_q, c.head_dim);
+  const Tensor tk = make_tensor(c, batches, c.kv_heads, rows_k, c.head_dim);
+  const Tensor tv = make_tensor(c, batches, c.kv_heads, rows_k, dv);  // V, and O below
+  const Tensor to = make_tensor(c, batches, c.heads, rows_q, dv);
   auto fill = [&](std::vector<float>& f32, std::vector<uint16_t>& f16, int64_t n) {
     if (c.dtype == DType::f32) {
       f32.resize(size_t(n));
@@ -80,18 +84,19 @@ CaseData::CaseData(const Case& cs) : c(cs) {
   };
   fill(q32, q16, tq.elements);
   fill(k32, k16, tk.elements);
-  fill(v32, v16, tk.elements);
-  if (c.dtype == DType::f32) o32.assign(size_t(tq.elements), 0.0f);
-  else o16.assign(size_t(tq.elements), 0);
+  fill(v32, v16, tv.elements);
+  if (c.dtype == DType::f32) o32.assign(size_t(to.elements), 0.0f);
+  else o16.assign(size_t(to.elements), 0);
 
   ForwardArgs& a = args;
-  a.shape = {c.varlen ? int64_t(c.varlen_q_lengths.size()) : c.batch, c.heads, c.kv_heads, rows_q, rows_k, c.head_dim};
+  a.shape = {c.varlen ? int64_t(c.varlen_q_lengths.size()) : c.batch, c.heads, c.kv_heads, rows_q, rows_k, c.head_dim,
+             c.v_head_dim};
   a.dtype = c.dtype;
   const bool f32 = c.dtype == DType::f32;
   a.q = {f32 ? static_cast<const void*>(q32.data()) : q16.data(), tq.stride};
   a.k = {f32 ? static_cast<const void*>(k32.data()) : k16.data(), tk.stride};
-  a.v = {f32 ? static_cast<const void*>(v32.data()) : v16.data(), tk.stride};
-  a.o = {f32 ? static_cast<void*>(o32.data()) : o16.data(), tq.stride};
+  a.v = {f32 ? static_cast<const void*>(v32.data()) : v16.data(), tv.stride};
+  a.o = {f32 ? static_cast<void*>(o32.data()) : o16.data(), to.stride};
   if (c.with_lse) {
     lse.assign(size_t(batches * c.heads * rows_q), 0.0f);
     a.lse = lse.data();
@@ -193,11 +198,12 @@ std::vector<double> dense_o(const CaseData& data) {
   const ForwardArgs& a = data.args;
   const int64_t batches = a.cu_seqlens_q ? 1 : a.shape.batch;
   std::vector<double> o;
-  o.reserve(size_t(batches * a.shape.heads * a.shape.seqlen_q * a.shape.head_dim));
+  const int64_t dv = value_head_dim(a.shape);
+  o.reserve(size_t(batches * a.shape.heads * a.shape.seqlen_q * dv));
   for (int64_t qb = 0; qb < batches; ++qb)
     for (int64_t h = 0; h < a.shape.heads; ++h)
       for (int64_t r = 0; r < a.shape.seqlen_q; ++r)
-        for (int64_t c = 0; c < a.shape.head_dim; ++c) o.push_back(data.o_at(qb, h, r, c));
+        for (int64_t c = 0; c < dv; ++c) o.push_back(data.o_at(qb, h, r, c));
   return o;
 }
 
@@ -217,7 +223,8 @@ Comparison compare_outputs(const ForwardArgs& a, const ReferenceOutput& ref, con
                            const std::vector<double>& row_allowance) {
   Comparison cmp;
   cmp.perturb = perturb;
-  const RowCheck rows = check_output(o, ref.o, naive.o, a.shape.head_dim, a.dtype, perturb, row_allowance);
+  const RowCheck rows =
+      check_output(o, ref.o, naive.o, value_head_dim(a.shape), a.dtype, perturb, row_allowance);
   cmp.max_error = rows.error;
   cmp.naive_error = rows.naive_error;
   cmp.tolerance = rows.tolerance;

@@ -19,6 +19,7 @@ enum class MaskCase { none, causal, window, boolean, additive, causal_boolean, a
 
 struct Case {
   int64_t batch = 1, heads = 2, kv_heads = 2, seqlen_q = 64, seqlen_k = 64, head_dim = 64;
+  int64_t v_head_dim = 0;    // V and O (AttentionShape::v_head_dim); 0: head_dim
   DType dtype = DType::f32;
   Layout layout = Layout::bhsd;
   MaskCase mask = MaskCase::none;
@@ -55,7 +56,7 @@ struct CaseData {
   ForwardArgs args;
 
   explicit CaseData(const Case& c);
-  // O element (q-batch, head, row, d) as float, from whichever storage.
+  // O element (q-batch, head, row, d < value_head_dim) as float, from whichever storage.
   float o_at(int64_t qb, int64_t h, int64_t row, int64_t d) const;
   float lse_at(int64_t qb, int64_t h, int64_t row) const;
   // Write value into q/k/v element (for NaN tests).
@@ -86,7 +87,7 @@ struct Comparison {
 Comparison compare_with_reference(const CaseData& data, double perturb = 0);
 
 // The same comparison for outputs held elsewhere: o dense [batches, heads,
-// seqlen_q, head_dim] as double, lse dense [batches, heads, seqlen_q] (empty:
+// seqlen_q, value_head_dim] as double, lse dense [batches, heads, seqlen_q] (empty:
 // not checked), against ref = reference_forward(args) and naive =
 // naive_forward(args) (batches: 1 for packed sequences, else shape.batch).
 // row_allowance (one per O row; empty: none) widens each row's tolerance by

@@ -45,10 +45,11 @@ BackwardItemFn backward_item_fn(Isa isa, DType dtype) {
   }
 }
 
-// Bytes one thread touches per (query tile, key tile) pair: K, K^T, V^T and
-// the dK/dV accumulators (5 key-tile panels), Q and dO, and the P/dS tiles.
-int64_t backward_working_set(int64_t block_q, int64_t block_kv, int64_t dp) {
-  return 4 * (5 * block_kv * dp + 2 * block_q * dp + 3 * block_q * block_kv);
+// Bytes one thread touches per (query tile, key tile) pair: K, K^T and the dK
+// accumulator (D wide), V^T and the dV accumulator (Dv wide), Q (D) and dO
+// (Dv), and the P/dS tiles.
+int64_t backward_working_set(int64_t block_q, int64_t block_kv, int64_t dp, int64_t dvp) {
+  return 4 * (block_kv * (3 * dp + 2 * dvp) + block_q * (dp + dvp) + 3 * block_q * block_kv);
 }
 
 // Tiles: the largest candidate whose working set fits 3/4 of L2 (the rest
@@ -61,7 +62,7 @@ void choose_backward_tiles(Problem& p, const ForwardArgs& args) {
   const int64_t budget = cache_sizes().l2 * 3 / 4;
   Candidate chosen = candidates[3];
   for (const Candidate& c : candidates)
-    if (backward_working_set(c.block_q, c.block_kv, p.head_dim_padded) <= budget) {
+    if (backward_working_set(c.block_q, c.block_kv, p.head_dim_padded, p.v_head_dim_padded) <= budget) {
       chosen = c;
       break;
     }
@@ -159,7 +160,7 @@ std::vector<int64_t> row_statistics(const BackwardProblem& p, int64_t b, int64_t
   const ForwardArgs& a = args.forward;
   const Sequence seq = sequence_of(p.fwd, b);
   const int dt = int(a.dtype);
-  const int64_t d = a.shape.head_dim, dp = p.fwd.head_dim_padded;
+  const int64_t dv = p.fwd.v_head_dim, dp = p.fwd.head_dim_padded;  // O and dO: Dv wide; dQ: D
   std::vector<int64_t> recompute;  // rows whose normalizer the LSE does not hold precisely
   for (int64_t i = 0; i < seq.nq; ++i) {
     const int64_t row = seq.q_row0 + i;
@@ -176,7 +177,7 @@ std::vector<int64_t> row_statistics(const BackwardProblem& p, int64_t b, int64_t
     const int64_t o_off = seq.q_batch * args.o.stride[0] + h * args.o.stride[1] + row * args.o.stride[2];
     const int64_t g_off = seq.q_batch * args.d_o.stride[0] + h * args.d_o.stride[1] + row * args.d_o.stride[2];
     float delta = 0.0f;
-    for (int64_t c = 0; c < d; ++c)
+    for (int64_t c = 0; c < dv; ++c)
       delta += load_element(args.o.data, dt, o_off + c * args.o.stride[3]) *
                load_element(args.d_o.data, dt, g_off + c * args.d_o.stride[3]);
     p.row_delta[slot] = delta;
@@ -233,7 +234,7 @@ void write_reference_backward(const BackwardArgs& args) {
   const ForwardArgs& a = args.forward;
   const AttentionShape& s = a.shape;
   const Problem p = describe(a);
-  const int64_t d = s.head_dim;
+  const int64_t d = s.head_dim, dv = p.v_head_dim;
   for (int64_t b = 0; b < s.batch; ++b) {
     const Sequence seq = sequence_of(p, b);
     for (int64_t h = 0; h < s.heads; ++h)
@@ -247,13 +248,15 @@ void write_reference_backward(const BackwardArgs& args) {
     for (int64_t h = 0; h < s.kv_heads; ++h)
       for (int64_t j = 0; j < seq.nk; ++j) {
         const int64_t row = seq.k_row0 + j;
-        const size_t at = size_t(((seq.k_batch * s.kv_heads + h) * s.seqlen_k + row) * d);
+        const size_t key = size_t((seq.k_batch * s.kv_heads + h) * s.seqlen_k + row);
         const int64_t k_out = seq.k_batch * args.dk.stride[0] + h * args.dk.stride[1] + row * args.dk.stride[2];
         const int64_t v_out = seq.k_batch * args.dv.stride[0] + h * args.dv.stride[1] + row * args.dv.stride[2];
-        for (int64_t c = 0; c < d; ++c) {
-          store_element(args.dk.data, int(a.dtype), k_out + c * args.dk.stride[3], float(ref.dk[at + size_t(c)]));
-          store_element(args.dv.data, int(a.dtype), v_out + c * args.dv.stride[3], float(ref.dv[at + size_t(c)]));
-        }
+        for (int64_t c = 0; c < d; ++c)
+          store_element(args.dk.data, int(a.dtype), k_out + c * args.dk.stride[3],
+                        float(ref.dk[key * size_t(d) + size_t(c)]));
+        for (int64_t c = 0; c < dv; ++c)
+          store_element(args.dv.data, int(a.dtype), v_out + c * args.dv.stride[3],
+                        float(ref.dv[key * size_t(dv) + size_t(c)]));
       }
   }
   if (args.d_sinks)

@@ -89,8 +89,9 @@ struct BackwardScratchLayout {
   int64_t bf16_kv;     // BLOCK_KV rounded up to 32
   int64_t bf16_q;      // BLOCK_Q rounded up to 32
   int64_t bf16_d;      // head_dim rounded up to 32
+  int64_t bf16_dv;     // V's head dim rounded up to 32 (dP = dO V^T's reduction)
   int64_t k_pairs;     // K, pairs along keys (B of dQ += dS K)
-  int64_t v_pairs;     // V, pairs along D (B of dP = dO V^T)
+  int64_t v_pairs;     // V, pairs along Dv (B of dP = dO V^T)
   int64_t d_o16;       // dO rows bf16 (A of dP), 16 slack rows
   int64_t d_o_pairs;   // dO, pairs along query rows (B of dV += P^T dO)
   int64_t q_pairs;     // Q unscaled, pairs along query rows (B of dK += dS^T Q)
@@ -99,7 +100,7 @@ struct BackwardScratchLayout {
 };
 static inline BackwardScratchLayout backward_scratch_layout(const BackwardProblem& p) {
   const int64_t bq = round_up(p.fwd.block_q, kPanelWidth), kv = round_up(p.fwd.block_kv, kPanelWidth);
-  const int64_t dp = p.fwd.head_dim_padded;
+  const int64_t dp = p.fwd.head_dim_padded, dvp = p.fwd.v_head_dim_padded;  // Q/K's, V's (O's)
   const int64_t tile = bq * kv;  // (BLOCK_Q, BLOCK_KV_pad)
   BackwardScratchLayout l{};
   int64_t cursor = 0;
@@ -110,11 +111,11 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
   };
   l.k_rows = take(kv * dp);   // (BLOCK_KV_pad, D_pad)  K rows
   l.k_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  K^T
-  l.v_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  V^T
+  l.v_t = take(dvp * kv);     // (Dv_pad, BLOCK_KV_pad) V^T
   l.dk = take(kv * dp);       // (BLOCK_KV_pad, D_pad)  dK accumulator
-  l.dv = take(kv * dp);       // (BLOCK_KV_pad, D_pad)  dV accumulator
+  l.dv = take(kv * dvp);      // (BLOCK_KV_pad, Dv_pad) dV accumulator
   l.q = take(bq * dp);        // (BLOCK_Q, D_pad)       Q * scale * log2(e)
-  l.d_o = take(bq * dp);      // (BLOCK_Q, D_pad)       dO
+  l.d_o = take(bq * dvp);     // (BLOCK_Q, Dv_pad)      dO
   l.s = take(tile);           // scores, then P
   l.dp = take(tile);          // dO V^T, then dS
   l.z = p.dropout.active ? take(tile) : 0;   // dropout factors
@@ -128,11 +129,12 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
     l.bf16_kv = round_up(p.fwd.block_kv, kBf16PairBlock);
     l.bf16_q = round_up(p.fwd.block_q, kBf16PairBlock);
     l.bf16_d = round_up(p.fwd.args.shape.head_dim, kBf16PairBlock);
+    l.bf16_dv = round_up(p.fwd.v_head_dim, kBf16PairBlock);
     const int64_t a_rows = max64(kv, bq) + 16, a_cols = max64(l.bf16_kv, l.bf16_q);
     l.k_pairs = take(bf16(l.bf16_kv * dp));
-    l.v_pairs = take(bf16(kv * l.bf16_d));
-    l.d_o16 = take(bf16((bq + 16) * l.bf16_d));
-    l.d_o_pairs = take(bf16(l.bf16_q * dp));
+    l.v_pairs = take(bf16(kv * l.bf16_dv));
+    l.d_o16 = take(bf16((bq + 16) * l.bf16_dv));
+    l.d_o_pairs = take(bf16(l.bf16_q * dvp));
     l.q_pairs = take(bf16(l.bf16_q * dp));
     l.a_hi = take(bf16(a_rows * a_cols));
     l.a_lo = take(bf16(a_rows * a_cols));

@@ -36,8 +36,11 @@ void validate(const BackwardArgs& b) {
     max_nq = std::max<int64_t>(max_nq, a.cu_seqlens_q[i + 1] - a.cu_seqlens_q[i]);
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t q_batches = varlen_q ? 1 : s.batch, k_batches = varlen_k ? 1 : s.batch;
+  const int64_t dv_dim = value_head_dim(s);  // V, O, dO and dV
   const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
   const int64_t k_sizes[4] = {k_batches, s.kv_heads, s.seqlen_k, s.head_dim};
+  const int64_t o_sizes[4] = {q_batches, s.heads, s.seqlen_q, dv_dim};
+  const int64_t v_sizes[4] = {k_batches, s.kv_heads, s.seqlen_k, dv_dim};
   const int64_t l_sizes[3] = {q_batches, s.heads, s.seqlen_q};
 
   auto required = [](const void* data, const char* name, int64_t elements) {
@@ -56,9 +59,9 @@ void validate(const BackwardArgs& b) {
 
   const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   const ByteRange k = view_range("k", a.k.data, esize, k_sizes, a.k.stride.data(), 4);
-  const ByteRange v = view_range("v", a.v.data, esize, k_sizes, a.v.stride.data(), 4);
-  const ByteRange o = view_range("o", b.o.data, esize, q_sizes, b.o.stride.data(), 4);
-  const ByteRange d_o = view_range("d_o", b.d_o.data, esize, q_sizes, b.d_o.stride.data(), 4);
+  const ByteRange v = view_range("v", a.v.data, esize, v_sizes, a.v.stride.data(), 4);
+  const ByteRange o = view_range("o", b.o.data, esize, o_sizes, b.o.stride.data(), 4);
+  const ByteRange d_o = view_range("d_o", b.d_o.data, esize, o_sizes, b.d_o.stride.data(), 4);
   const ByteRange lse = view_range("lse", b.lse, 4, l_sizes, b.lse_stride.data(), 3);
   ByteRange mask;
   if (a.mask.kind != MaskSpec::Kind::none) {
@@ -71,10 +74,10 @@ void validate(const BackwardArgs& b) {
   }
   const ByteRange dq = view_range("dq", b.dq.data, esize, q_sizes, b.dq.stride.data(), 4);
   const ByteRange dk = view_range("dk", b.dk.data, esize, k_sizes, b.dk.stride.data(), 4);
-  const ByteRange dv = view_range("dv", b.dv.data, esize, k_sizes, b.dv.stride.data(), 4);
+  const ByteRange dv = view_range("dv", b.dv.data, esize, v_sizes, b.dv.stride.data(), 4);
   check_injective("dq", q_sizes, b.dq.stride.data(), 4);
   check_injective("dk", k_sizes, b.dk.stride.data(), 4);
-  check_injective("dv", k_sizes, b.dv.stride.data(), 4);
+  check_injective("dv", v_sizes, b.dv.stride.data(), 4);
 
   // d_sinks: fp32 [heads], dense; only with the forward's sinks.
   if (b.d_sinks && !a.sinks) fail("d_sinks: given without forward.sinks (there is no sink to differentiate)");

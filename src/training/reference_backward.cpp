@@ -27,7 +27,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
   const AttentionShape& s = a.shape;
   const int dt = static_cast<int>(a.dtype);
   const int64_t q_batches = a.cu_seqlens_q ? 1 : s.batch, k_batches = a.cu_seqlens_k ? 1 : s.batch;
-  const int64_t d = s.head_dim;
+  const int64_t d = s.head_dim, dv_dim = value_head_dim(s);  // Q/K/dQ/dK; V/O/dO/dV
   const Real scale = Real(std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale));
   auto round = [&](Real x) -> Real {
     if (!naive) return x;
@@ -38,11 +38,12 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
   };
 
   BackwardReference out;
-  out.o.assign(size_t(q_batches * s.heads * s.seqlen_q * d), 0.0);
+  out.o.assign(size_t(q_batches * s.heads * s.seqlen_q * dv_dim), 0.0);
   out.lse.assign(size_t(q_batches * s.heads * s.seqlen_q), -std::numeric_limits<double>::infinity());
   out.delta.assign(out.lse.size(), 0.0);
-  std::vector<Real> dq(out.o.size(), Real(0));
-  std::vector<Real> dk(size_t(k_batches * s.kv_heads * s.seqlen_k * d), Real(0)), dv(dk.size(), Real(0));
+  std::vector<Real> dq(size_t(q_batches * s.heads * s.seqlen_q * d), Real(0));
+  std::vector<Real> dk(size_t(k_batches * s.kv_heads * s.seqlen_k * d), Real(0));
+  std::vector<Real> dv(size_t(k_batches * s.kv_heads * s.seqlen_k * dv_dim), Real(0));
   std::vector<Real> d_sinks(a.sinks ? size_t(s.heads) : 0, Real(0));
 
   std::vector<Real> q, o, g, prob, zeta, dcap, krows, vrows;
@@ -54,14 +55,14 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
       const int64_t kvh = h / p.group;
       // This head's keys and values, as Real.
       krows.assign(size_t(nk * d), Real(0));
-      vrows.assign(size_t(nk * d), Real(0));
+      vrows.assign(size_t(nk * dv_dim), Real(0));
       for (int64_t j = 0; j < nk; ++j) {
         const int64_t k_off = seq.k_batch * a.k.stride[0] + kvh * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
         const int64_t v_off = seq.k_batch * a.v.stride[0] + kvh * a.v.stride[1] + (seq.k_row0 + j) * a.v.stride[2];
-        for (int64_t c = 0; c < d; ++c) {
+        for (int64_t c = 0; c < d; ++c)
           krows[size_t(j * d + c)] = Real(load_element(a.k.data, dt, k_off + c * a.k.stride[3]));
-          vrows[size_t(j * d + c)] = Real(load_element(a.v.data, dt, v_off + c * a.v.stride[3]));
-        }
+        for (int64_t c = 0; c < dv_dim; ++c)
+          vrows[size_t(j * dv_dim + c)] = Real(load_element(a.v.data, dt, v_off + c * a.v.stride[3]));
       }
       for (int64_t i = 0; i < seq.nq; ++i) {
         const int64_t row = seq.q_row0 + i;
@@ -122,35 +123,35 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
           if (dropout.active)
             zeta[j] = detail::dropout_factor(dropout, b, h, i, j) != 0.0f ? keep_scale : Real(0);
         }
-        o.assign(size_t(d), Real(0));
+        o.assign(size_t(dv_dim), Real(0));
         for (int64_t j = 0; j < nk; ++j)
           if (visible[j])
-            for (int64_t c = 0; c < d; ++c) o[c] += prob[j] * zeta[j] * vrows[size_t(j * d + c)];
-        for (int64_t c = 0; c < d; ++c) {
+            for (int64_t c = 0; c < dv_dim; ++c) o[c] += prob[j] * zeta[j] * vrows[size_t(j * dv_dim + c)];
+        for (int64_t c = 0; c < dv_dim; ++c) {
           o[c] = round(o[c]);
-          out.o[size_t(out_row * d + c)] = double(o[c]);
+          out.o[size_t(out_row * dv_dim + c)] = double(o[c]);
         }
         out.lse[size_t(out_row)] = double(max_score) + std::log(double(sum));
         if (!d_o) continue;
         const int64_t g_off = seq.q_batch * d_o->stride[0] + h * d_o->stride[1] + row * d_o->stride[2];
-        g.assign(size_t(d), Real(0));
-        for (int64_t c = 0; c < d; ++c) g[c] = Real(load_element(d_o->data, dt, g_off + c * d_o->stride[3]));
+        g.assign(size_t(dv_dim), Real(0));
+        for (int64_t c = 0; c < dv_dim; ++c) g[c] = Real(load_element(d_o->data, dt, g_off + c * d_o->stride[3]));
         Real delta = 0;
-        for (int64_t c = 0; c < d; ++c) delta += g[c] * o[c];
+        for (int64_t c = 0; c < dv_dim; ++c) delta += g[c] * o[c];
         out.delta[size_t(out_row)] = double(delta);
         if (a.sinks) d_sinks[size_t(h)] -= std::exp(sink - max_score) / sum * delta;
         for (int64_t j = 0; j < nk; ++j) {
           if (!visible[j]) continue;
           Real dp = 0;
-          for (int64_t c = 0; c < d; ++c) dp += g[c] * vrows[size_t(j * d + c)];
+          for (int64_t c = 0; c < dv_dim; ++c) dp += g[c] * vrows[size_t(j * dv_dim + c)];
           const Real ds = prob[j] * (zeta[j] * dp - delta) * dcap[j];
           const Real pz = prob[j] * zeta[j];
-          const size_t kv_row = size_t(((seq.k_batch * s.kv_heads + kvh) * s.seqlen_k + seq.k_row0 + j) * d);
+          const size_t key = size_t((seq.k_batch * s.kv_heads + kvh) * s.seqlen_k + seq.k_row0 + j);
           for (int64_t c = 0; c < d; ++c) {
             dq[size_t(out_row * d + c)] += scale * ds * krows[size_t(j * d + c)];
-            dk[kv_row + size_t(c)] += scale * ds * q[c];
-            dv[kv_row + size_t(c)] += pz * g[c];
+            dk[key * size_t(d) + size_t(c)] += scale * ds * q[c];
           }
+          for (int64_t c = 0; c < dv_dim; ++c) dv[key * size_t(dv_dim) + size_t(c)] += pz * g[c];
         }
       }
     }

@@ -18,12 +18,12 @@
 namespace tileattn::training {
 
 struct BackwardReference {
-  std::vector<double> o;    // [q_batches, heads, seqlen_q, head_dim] (dropout applied)
+  std::vector<double> o;    // [q_batches, heads, seqlen_q, v_head_dim] (dropout applied)
   std::vector<double> lse;  // [q_batches, heads, seqlen_q]; -inf where no key is visible
   std::vector<double> delta;  // [q_batches, heads, seqlen_q]: D = rowsum(dO o O)
   std::vector<double> dq;   // [q_batches, heads, seqlen_q, head_dim]
   std::vector<double> dk;   // [k_batches, kv_heads, seqlen_k, head_dim]
-  std::vector<double> dv;   // [k_batches, kv_heads, seqlen_k, head_dim]
+  std::vector<double> dv;   // [k_batches, kv_heads, seqlen_k, v_head_dim]
   std::vector<double> d_sinks;  // [heads] with ForwardArgs::sinks, else empty
 };
 

@@ -23,6 +23,7 @@ inline tileattn_forward_args to_c_args(const ForwardArgs& a) {
   c.seqlen_q = a.shape.seqlen_q;
   c.seqlen_k = a.shape.seqlen_k;
   c.head_dim = a.shape.head_dim;
+  c.v_head_dim = a.shape.v_head_dim;
   c.dtype = int32_t(a.dtype);
   c.q = c_tensor(a.q);
   c.k = c_tensor(a.k);

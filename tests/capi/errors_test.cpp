@@ -61,7 +61,7 @@ TEST(CApiErrors, BadForwardArguments) {
   expect_rejected([](tileattn_forward_args& a, CaseData&) { a.o.data = nullptr; }, "o");
   expect_rejected([](tileattn_forward_args& a, CaseData&) { a.mask_data = nullptr; }, "mask");
   expect_rejected([](tileattn_forward_args& a, CaseData&) { a.head_dim = 0; }, "head_dim");
-  expect_rejected([](tileattn_forward_args& a, CaseData&) { a.head_dim = 300; }, "head_dim");
+  expect_rejected([](tileattn_forward_args& a, CaseData&) { a.head_dim = 600; }, "head_dim");
   expect_rejected([](tileattn_forward_args& a, CaseData&) { a.heads = -1; }, "heads");
   expect_rejected([](tileattn_forward_args& a, CaseData&) { a.kv_heads = 3; }, "kv_heads");
   expect_rejected([](tileattn_forward_args& a, CaseData&) { a.seqlen_q = -5; }, "seqlen_q");

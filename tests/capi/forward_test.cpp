@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "capi/c_args.hpp"
@@ -108,6 +109,16 @@ std::vector<Case> cases() {
   varlen.varlen_k_lengths = {9, 4, 40};
   varlen.mask = MaskCase::causal;
   out.push_back(varlen);
+  // V's head dim apart from Q/K's (the appended v_head_dim field).
+  for (auto [d, dv, dtype] : {std::tuple<int64_t, int64_t, DType>{192, 128, DType::f32}, {576, 512, DType::bf16}}) {
+    Case mla = base;
+    mla.head_dim = d;
+    mla.v_head_dim = dv;
+    mla.kv_heads = 1;
+    mla.mask = MaskCase::causal;
+    mla.dtype = dtype;
+    out.push_back(mla);
+  }
   return out;
 }
 
@@ -234,6 +245,22 @@ TEST(CApiForward, SoftcapVersioningAndBadValues) {
   c.reserved0 = 1;
   EXPECT_EQ(tileattn_forward(&c), TILEATTN_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tileattn_last_error()).find("reserved0"), std::string::npos) << tileattn_last_error();
+}
+
+// v_head_dim out of range is an invalid argument naming it; nothing is written.
+TEST(CApiForward, BadValueHeadDim) {
+  Case c;
+  c.head_dim = 192;
+  c.v_head_dim = 128;
+  CaseData data(c);
+  tileattn_forward_args args = capi_testing::to_c_args(data.args);
+  for (int64_t bad : {int64_t{-1}, int64_t{513}}) {
+    args.v_head_dim = bad;
+    EXPECT_EQ(tileattn_forward(&args), TILEATTN_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tileattn_last_error()).find("v_head_dim must be in 1..512"), std::string::npos)
+        << tileattn_last_error();
+    for (float x : data.o32) ASSERT_EQ(x, 0.0f);
+  }
 }
 
 // tileattn_merge_states: a NaN LSE against an empty side (-inf) gives NaN in

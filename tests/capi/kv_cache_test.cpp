@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "inference/decode_fixture.hpp"
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/tileattn.h"
 
@@ -125,6 +126,7 @@ tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
   c.k_scale = a.k_scale;
   c.v_scale = a.v_scale;
   for (int i = 0; i < 3; ++i) c.k_scale_stride[i] = a.k_scale_stride[i], c.v_scale_stride[i] = a.v_scale_stride[i];
+  c.v_head_dim = a.v_head_dim;
   return c;
 }
 
@@ -149,6 +151,37 @@ struct QuantizedCache {
     a.k_scale_stride = a.v_scale_stride = {kKvHeads * rows, rows, 1};
   }
 };
+
+// MLA decode (K 576 wide, V 512, one KV head) through the appended
+// v_head_dim: the same bits as C++ (cache, lengths, O, LSE), contiguous and paged.
+TEST(CApiKvCache, MlaHeadDimsBitwiseEqualToCpp) {
+  for (int64_t page_size : {0, 16}) {
+    kvtest::DecodeSpec spec;
+    spec.head_dim = 576;
+    spec.v_head_dim = 512;
+    spec.heads = 8;
+    spec.kv_heads = 1;
+    spec.cached = {40, 7};
+    spec.page_size = page_size;
+    spec.dtype = DType::bf16;
+    SCOPED_TRACE(spec.name());
+    kvtest::DecodeRun cpp(spec), via_c(spec);
+    cpp.prefill();
+    via_c.prefill();
+    cpp.decode();
+    KvCacheArgs a = via_c.args;
+    a.seqlen_new = spec.new_tokens;
+    a.k_new = {via_c.k_new.data(), via_c.new_stride};
+    a.v_new = {via_c.v_new.data(), via_c.v_new_stride};
+    const tileattn_kv_cache_args c = to_c(a);
+    ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+    EXPECT_EQ(via_c.seqlens, cpp.seqlens);
+    EXPECT_EQ(via_c.k_cache.bytes(), cpp.k_cache.bytes());
+    EXPECT_EQ(via_c.v_cache.bytes(), cpp.v_cache.bytes());
+    EXPECT_EQ(via_c.o.bytes(), cpp.o.bytes());
+    EXPECT_EQ(via_c.lse, cpp.lse);
+  }
+}
 
 TEST(CApiKvCache, InitGivesTheCppDefaults) {
   tileattn_kv_cache_args c;

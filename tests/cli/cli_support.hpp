@@ -83,11 +83,14 @@ inline Result run_cli(const std::string& args, const TempDir& dir) {
   return r;
 }
 
-// Shape of a q-like ([heads]) or k-like tensor file in the case's layout.
-inline std::vector<int64_t> file_shape(const testing::Case& c, int64_t heads, int64_t rows) {
-  return c.layout == Layout::bhsd ? std::vector<int64_t>{c.batch, heads, rows, c.head_dim}
-                                  : std::vector<int64_t>{c.batch, rows, heads, c.head_dim};
+// Shape of a q-like ([heads]) or k-like tensor file in the case's layout,
+// `dim` wide (0: the case's head_dim; V and O take its V head dim).
+inline std::vector<int64_t> file_shape(const testing::Case& c, int64_t heads, int64_t rows, int64_t dim = 0) {
+  const int64_t d = dim > 0 ? dim : c.head_dim;
+  return c.layout == Layout::bhsd ? std::vector<int64_t>{c.batch, heads, rows, d}
+                                  : std::vector<int64_t>{c.batch, rows, heads, d};
 }
+inline int64_t value_dim(const testing::Case& c) { return c.v_head_dim > 0 ? c.v_head_dim : c.head_dim; }
 
 // Writes q/k/v of a (contiguous, non-varlen) case as float32 or float16 files.
 // bf16 cases are written as float32 (exact) for `--dtype bf16`.
@@ -111,7 +114,7 @@ inline void write_inputs(const testing::CaseData& d, const TempDir& dir) {
   };
   write("q.npy", d.q32, d.q16, qs);
   write("k.npy", d.k32, d.k16, ks);
-  write("v.npy", d.v32, d.v16, ks);
+  write("v.npy", d.v32, d.v16, file_shape(c, c.kv_heads, c.seqlen_k, value_dim(c)));
 }
 
 // A minimal JSON parser: enough to check that output is one valid object and

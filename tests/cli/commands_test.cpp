@@ -158,6 +158,28 @@ TEST(cliBench, JsonHasEveryDesignField) {
   EXPECT_GT(j.get("peak_rss_mb")->num, 0);
 }
 
+// --dim-v: V's head dim apart from Q/K's; flops count 2 (D + DV) per pair,
+// the baseline runs with it too; the backward takes it.
+TEST(cliBench, ValueHeadDim) {
+  TempDir dir;
+  const Result r = run_cli("bench --heads 2 --kv-heads 1 --seq 64 --dim 192 --dim-v 128 --reps 1 --threads 1 --json", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  EXPECT_EQ(j.get("dim")->num, 192);
+  EXPECT_EQ(j.get("dim_v")->num, 128);
+  EXPECT_EQ(j.get("flops")->num, 2.0 * (192 + 128) * 64 * 64 * 2);
+  EXPECT_GT(j.get("speedup_vs_baseline") ? j.get("speedup_vs_baseline")->num : 1.0, 0);
+  for (const char* flags : {"--dim 576", "--dim 64 --dim-v 513", "--dim 577 --dim-v 512"}) {
+    const Result bad = run_cli(std::string("bench --heads 2 --seq 64 --reps 1 --threads 1 --no-baseline ") + flags, dir);
+    EXPECT_EQ(bad.status, 2) << flags;
+    EXPECT_NE(bad.err.find("--dim"), std::string::npos) << flags << ": " << bad.err;
+  }
+  const Result backward =
+      run_cli("bench --heads 2 --seq 64 --dim 64 --dim-v 32 --reps 1 --threads 1 --no-baseline --backward --json", dir);
+  ASSERT_EQ(backward.status, 0) << backward.err;
+  EXPECT_EQ(parse_or_fail(backward.out).get("dim_v")->num, 32);
+}
+
 // bf16 inputs on a bf16 rung also report the matrix unit's peak and the
 // fraction of it; other paths give null there.
 TEST(cliBench, Bf16RungsReportTheirUnitsPeak) {

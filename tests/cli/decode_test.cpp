@@ -96,6 +96,20 @@ TEST(cliDecode, KvDtypeQuantizesTheCache) {
   EXPECT_EQ(j.get("memory_read_gb_per_s")->type, Json::null);
 }
 
+// MLA's absorbed decode: K 576 wide, V 512, one KV head; the bytes a step
+// reads count each at its own width.
+TEST(cliDecode, ValueHeadDim) {
+  for (const char* paged : {"", "--paged"}) {
+    const Json j = decode_json(paged, "decode --prompt 64 --steps 2 --heads 8 --kv-heads 1 --dim 576 --dim-v 512 "
+                                      "--recompute-steps 1 --json");
+    EXPECT_EQ(number(j, "dim"), 576);
+    EXPECT_EQ(number(j, "dim_v"), 512);
+    // batch 1 x 1 KV head x (64 + 2) tokens x (576 + 512) dims x 2 bytes.
+    EXPECT_EQ(number(j, "kv_bytes_per_step"), 66.0 * (576 + 512) * 2);
+    EXPECT_GT(number(j, "speedup_vs_recompute"), 0);
+  }
+}
+
 TEST(cliDecode, UsageErrorsNameTheFlag) {
   TempDir dir;
   const struct {
@@ -109,6 +123,8 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
       {"--dtype fp64", "fp64"},
       {"--kv-dtype int4", "--kv-dtype"},
       {"--dtype fp32 --kv-dtype bf16", "--kv-dtype bf16 differs from --dtype fp32"},
+      {"--dim 576", "--dim-v"},          // V would be 576 wide
+      {"--dim-v 600", "--dim-v"},
   };
   for (const auto& c : cases) {
     const Result r = run_cli(std::string("decode --prompt 16 --steps 2 --json ") + c.flags, dir);

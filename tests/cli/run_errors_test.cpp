@@ -80,7 +80,8 @@ TEST_F(cliRunErrors, ShapeMismatches) {
   const std::vector<float> x(1 * 2 * 7 * 16, 0.0f);
   io::write_npy(dir / "k16d.npy", io::NpyType::f32, {1, 2, 7, 16}, x.data());
   expect_failure(inputs("q.npy", "k16d.npy", "k16d.npy"), "head_dim must match");
-  expect_failure(inputs("q.npy", "k.npy", "k16d.npy"), "differs from");
+  io::write_npy(dir / "k6.npy", io::NpyType::f32, {1, 2, 6, 8}, x.data());
+  expect_failure(inputs("q.npy", "k.npy", "k6.npy"), "does not fit");
   io::write_npy(dir / "k3.npy", io::NpyType::f32, {1, 3, 7, 8}, x.data());
   expect_failure(inputs("q.npy", "k3.npy", "k3.npy"), "must divide");
   io::write_npy(dir / "q3d.npy", io::NpyType::f32, {2, 5, 8}, x.data());
@@ -221,6 +222,34 @@ TEST_F(cliRunErrors, BackwardFlags) {
   expect_failure(inputs() + " --dout '" + (dir / "nope.npy") + "'" + grads, "nope.npy: cannot open");
   expect_failure(inputs() + " --dropout 1.5", "--dropout");
   expect_failure(inputs() + " --dropout 0.1 --seed -4", "--seed");
+}
+
+// V with its own head dim: --dim-v must match V.npy's, V's head dim is at
+// most 512; dO is O's shape (V's head dim), dV comes back V's shape.
+TEST_F(cliRunErrors, ValueHeadDim) {
+  const std::vector<float> x(1 * 2 * 7 * 600, 0.25f);
+  io::write_npy(dir / "v16.npy", io::NpyType::f32, {1, 2, 7, 16}, x.data());
+  {
+    const Result r = run_cli(inputs("q.npy", "k.npy", "v16.npy"), dir);
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(io::read_npy(dir / "o.npy").shape, (std::vector<int64_t>{1, 2, 5, 16}));
+    std::remove((dir / "o.npy").c_str());
+    std::remove((dir / "lse.npy").c_str());
+  }
+  expect_failure(inputs("q.npy", "k.npy", "v16.npy") + " --dim-v 8", "--dim-v 8 differs from the head dim");
+  io::write_npy(dir / "v600.npy", io::NpyType::f32, {1, 2, 7, 600}, x.data());
+  expect_failure(inputs("q.npy", "k.npy", "v600.npy"), "v_head_dim must be in 1..512");
+  const std::vector<float> o16(1 * 2 * 5 * 16, 0.5f);
+  io::write_npy(dir / "do16.npy", io::NpyType::f32, {1, 2, 5, 16}, o16.data());
+  const std::string grads = " --dq '" + (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" +
+                            (dir / "dv.npy") + "'";
+  expect_failure(inputs("q.npy", "k.npy", "v16.npy") + " --dout '" + (dir / "q.npy") + "'" + grads,
+                 "must be that of O (1, 2, 5, 16)");
+  const Result r = run_cli(inputs("q.npy", "k.npy", "v16.npy") + " --dout '" + (dir / "do16.npy") + "'" + grads, dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(io::read_npy(dir / "dq.npy").shape, (std::vector<int64_t>{1, 2, 5, 8}));
+  EXPECT_EQ(io::read_npy(dir / "dk.npy").shape, (std::vector<int64_t>{1, 2, 7, 8}));
+  EXPECT_EQ(io::read_npy(dir / "dv.npy").shape, (std::vector<int64_t>{1, 2, 7, 16}));
 }
 
 }  // namespace

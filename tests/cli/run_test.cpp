@@ -58,7 +58,7 @@ testing::Comparison run_case(const Case& c, const std::string& extra = "", bool 
   if (r.status != 0) return {};
 
   const io::NpyArray o = io::read_npy(dir / "o.npy");
-  EXPECT_EQ(o.shape, file_shape(c, c.heads, nq));
+  EXPECT_EQ(o.shape, file_shape(c, c.heads, nq, value_dim(c)));
   EXPECT_EQ(o.type, c.dtype == DType::f16 ? io::NpyType::f16 : io::NpyType::f32);
   const size_t n = size_t(o.elements());
   if (c.dtype == DType::f32) std::memcpy(d.o32.data(), o.f32(), n * 4);
@@ -131,6 +131,24 @@ TEST(cliRun, Fp16AndBf16) {
   c.dtype = DType::bf16;
   c.layout = Layout::bshd;
   cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+}
+
+// V with its own head dim (MLA's 192 / 128 and 576 / 512), read from V.npy;
+// O comes back that wide. --dim-v given equal to it changes nothing.
+TEST(cliRun, ValueHeadDimFromTheVFile) {
+  Case c = base();
+  c.head_dim = 192;
+  c.v_head_dim = 128;
+  c.mask = MaskCase::causal;
+  testing::Comparison cmp = run_case(c);
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  c.kv_heads = 1;
+  c.layout = Layout::bshd;
+  c.dtype = DType::bf16;
+  cmp = run_case(c, "--dim-v 512");
   EXPECT_TRUE(cmp.ok()) << cmp.describe();
 }
 

@@ -99,7 +99,7 @@ std::vector<double> p_abs_v_allowance(const Case& c) {
   CaseData abs_v(c);
   for (uint16_t& bits : abs_v.v16) bits &= 0x7fff;
   const ReferenceOutput pv = reference_forward(abs_v.args);
-  const size_t d = size_t(c.head_dim);
+  const size_t d = size_t(c.v_head_dim > 0 ? c.v_head_dim : c.head_dim);  // an O row
   std::vector<double> allowance(pv.o.size() / d, 0.0);
   for (size_t row = 0; row < allowance.size(); ++row)
     for (size_t e = row * d; e < (row + 1) * d; ++e)

@@ -36,8 +36,36 @@ TEST(Validate, HeadDimOutOfRange) {
   CaseData data(small());
   data.args.shape.head_dim = 0;
   expect_rejected(data, "head_dim");
-  data.args.shape.head_dim = 257;
-  expect_rejected(data, "head_dim");
+  data.args.shape.head_dim = 577;
+  expect_rejected(data, "head_dim must be in 1..576, got 577");
+}
+
+// V's head dim: 1..512 (0: head_dim, which must then be <= 512 too); the
+// output's rows are V's width, so O strides laid out for another width
+// are refused.
+TEST(Validate, ValueHeadDimOutOfRangeOrMismatched) {
+  Case c = small();
+  c.v_head_dim = 8;
+  {
+    CaseData data(c);
+    data.args.shape.v_head_dim = 513;
+    expect_rejected(data, "v_head_dim must be in 1..512 (0: head_dim), got 513");
+    data.args.shape.v_head_dim = -1;
+    expect_rejected(data, "v_head_dim must be in 1..512");
+  }
+  {
+    Case mla = small();
+    mla.head_dim = 576;
+    mla.v_head_dim = 512;
+    CaseData data(mla);
+    data.args.shape.v_head_dim = 0;  // V would be 576 wide
+    expect_rejected(data, "v_head_dim: V's head dim is head_dim (576)");
+  }
+  {
+    CaseData data(c);  // O laid out [b, h, n, 8]
+    data.args.shape.v_head_dim = 16;
+    expect_rejected(data, "o: output strides overlap");
+  }
 }
 
 TEST(Validate, NegativeSizes) {

@@ -66,7 +66,7 @@ void expect_same_as_plain(const Case& c) {
   a.cache_leftpad = c.pad.data();
   a.seqlen_new = c.spec.new_tokens;
   a.k_new = {plain.k_new.data(), plain.new_stride};
-  a.v_new = {plain.v_new.data(), plain.new_stride};
+  a.v_new = {plain.v_new.data(), plain.v_new_stride};
   const std::vector<int32_t> before = permuted.seqlens;
   attention_with_kvcache(a);
 
@@ -119,7 +119,7 @@ void expect_refused(const Edit& edit, const std::string& needle, bool is_not_sup
   KvCacheArgs a = run.args;
   a.seqlen_new = spec.new_tokens;
   a.k_new = {run.k_new.data(), run.new_stride};
-  a.v_new = {run.v_new.data(), run.new_stride};
+  a.v_new = {run.v_new.data(), run.v_new_stride};
   a.cache_batch_idx = rows.data();
   a.cache_leftpad = pad.data();
   edit(a, rows, pad);

@@ -15,6 +15,8 @@ namespace tileattn::kvtest {
 
 struct DecodeSpec {
   int64_t heads = 4, kv_heads = 2, head_dim = 64;
+  int64_t v_head_dim = 0;  // V and O (KvCacheArgs::v_head_dim); 0: head_dim
+  int64_t dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   DType dtype = DType::f32;
   std::vector<int32_t> cached{15};  // per sequence, before this step
   int64_t new_tokens = 1;
@@ -33,7 +35,7 @@ struct DecodeSpec {
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream s;
-    s << dtype_name(dtype) << " h" << heads << "/" << kv_heads << " d" << head_dim << " cached";
+    s << dtype_name(dtype) << " h" << heads << "/" << kv_heads << " d" << head_dim << " dv" << dv() << " cached";
     for (int32_t c : cached) s << " " << c;
     s << " new " << new_tokens << (causal ? " causal" : "") << " window " << window_left << ","
       << window_right << " page " << page_size << " rotary " << rotary_dim
@@ -82,28 +84,28 @@ inline void rotate_reference(const Buffer& src, int64_t src_off, Buffer& dst, in
 struct DecodeRun {
   DecodeSpec spec;
   int64_t batch = 0, max_len = 0, capacity = 0;
-  Buffer k_full, v_full;        // [batch, kv_heads, max_len, D] raw tokens
+  Buffer k_full, v_full;        // [batch, kv_heads, max_len, D] raw tokens (V: Dv)
   Buffer k_expected;            // k_full rotated to each row's position (or a copy)
   Buffer q, q_expected;         // [batch, heads, new_tokens, D]
-  Buffer k_new, v_new;          // [batch, new_tokens, kv_heads, D] (bshd strides)
-  std::array<int64_t, 4> new_stride{};
+  Buffer k_new, v_new;          // [batch, new_tokens, kv_heads, D] (bshd strides; V: Dv)
+  std::array<int64_t, 4> new_stride{}, v_new_stride{};
   Buffer k_cache, v_cache;          // in kv_storage_dtype(dtype, kv_quant)
   std::vector<float> k_scale, v_scale;  // quantized caches: int8 [outer, kv_heads, rows] (NaN
                                         // until written), fp8 [kv_heads]
   std::vector<int32_t> seqlens, block_table;
   RopeTables rope;
-  Buffer o;
+  Buffer o;                     // [batch, heads, new_tokens, Dv]
   std::vector<float> lse;
   KvCacheArgs args;
 
   explicit DecodeRun(const DecodeSpec& s) : spec(s) {
     std::mt19937_64 rng(s.seed);
-    const int64_t d = s.head_dim, n = s.new_tokens;
+    const int64_t d = s.head_dim, dv = s.dv(), n = s.new_tokens;
     batch = int64_t(s.cached.size());
     max_len = *std::max_element(s.cached.begin(), s.cached.end()) + n;
     capacity = max_len + 3;
     k_full = Buffer(s.dtype, batch * s.kv_heads * max_len * d);
-    v_full = Buffer(s.dtype, k_full.elements());
+    v_full = Buffer(s.dtype, batch * s.kv_heads * max_len * dv);
     k_full.fill_uniform(rng);
     v_full.fill_uniform(rng);
     q = Buffer(s.dtype, batch * s.heads * n * d);
@@ -128,19 +130,20 @@ struct DecodeRun {
         }
     // New tokens in [batch, n, kv_heads, D] order: a layout other than the cache's.
     k_new = Buffer(s.dtype, batch * n * s.kv_heads * d);
-    v_new = Buffer(s.dtype, k_new.elements());
+    v_new = Buffer(s.dtype, batch * n * s.kv_heads * dv);
     new_stride = dense_strides(Layout::bshd, batch, s.kv_heads, n, d);
+    v_new_stride = dense_strides(Layout::bshd, batch, s.kv_heads, n, dv);
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t h = 0; h < s.kv_heads; ++h)
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t c = 0; c < d; ++c) {
-            const int64_t from = ((b * s.kv_heads + h) * max_len + s.cached[size_t(b)] + t) * d + c;
-            const int64_t to = b * new_stride[0] + h * new_stride[1] + t * new_stride[2] + c;
-            k_new.set(to, k_full.get(from));
-            v_new.set(to, v_full.get(from));
-          }
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t row = (b * s.kv_heads + h) * max_len + s.cached[size_t(b)] + t;
+          for (int64_t c = 0; c < d; ++c)
+            k_new.set(b * new_stride[0] + h * new_stride[1] + t * new_stride[2] + c, k_full.get(row * d + c));
+          for (int64_t c = 0; c < dv; ++c)
+            v_new.set(b * v_new_stride[0] + h * v_new_stride[1] + t * v_new_stride[2] + c, v_full.get(row * dv + c));
+        }
     make_cache(rng);
-    o = Buffer(s.dtype, q.elements());
+    o = Buffer(s.dtype, batch * s.heads * n * dv);
     lse.assign(size_t(batch * s.heads * n), 0.0f);
 
     KvCacheArgs& a = args;
@@ -148,10 +151,11 @@ struct DecodeRun {
     a.heads = s.heads;
     a.kv_heads = s.kv_heads;
     a.head_dim = d;
+    a.v_head_dim = s.v_head_dim;
     a.dtype = s.dtype;
     a.seqlen_q = n;
     a.q = {q.data(), bhsd(batch, s.heads, n, d)};
-    a.o = {o.data(), bhsd(batch, s.heads, n, d)};
+    a.o = {o.data(), bhsd(batch, s.heads, n, dv)};
     a.lse = lse.data();
     a.lse_stride = {s.heads * n, n, 1};
     a.cache_seqlens = seqlens.data();
@@ -206,12 +210,11 @@ struct DecodeRun {
     seqlens.assign(size_t(batch), 0);
     if (s.page_size == 0) {
       k_cache = Buffer(storage, batch * s.kv_heads * capacity * s.head_dim);
-      v_cache = Buffer(storage, k_cache.elements());
+      v_cache = Buffer(storage, batch * s.kv_heads * capacity * s.dv());
       make_scales(batch, capacity);
-      const auto stride = dense_strides(s.cache_bshd ? Layout::bshd : Layout::bhsd, batch, s.kv_heads,
-                                        capacity, s.head_dim);
-      args.k_cache = {k_cache.data(), stride};
-      args.v_cache = {v_cache.data(), stride};
+      const Layout layout = s.cache_bshd ? Layout::bshd : Layout::bhsd;
+      args.k_cache = {k_cache.data(), dense_strides(layout, batch, s.kv_heads, capacity, s.head_dim)};
+      args.v_cache = {v_cache.data(), dense_strides(layout, batch, s.kv_heads, capacity, s.dv())};
       args.capacity = capacity;
       return;
     }
@@ -223,11 +226,10 @@ struct DecodeRun {
     std::shuffle(order.begin(), order.end(), rng);
     block_table.assign(order.begin(), order.begin() + batch * per_sequence);
     k_cache = Buffer(storage, num_pages * s.kv_heads * s.page_size * s.head_dim);
-    v_cache = Buffer(storage, k_cache.elements());
+    v_cache = Buffer(storage, num_pages * s.kv_heads * s.page_size * s.dv());
     make_scales(num_pages, s.page_size);
-    const auto page_stride = bhsd(num_pages, s.kv_heads, s.page_size, s.head_dim);
-    args.k_cache = {k_cache.data(), page_stride};
-    args.v_cache = {v_cache.data(), page_stride};
+    args.k_cache = {k_cache.data(), bhsd(num_pages, s.kv_heads, s.page_size, s.head_dim)};
+    args.v_cache = {v_cache.data(), bhsd(num_pages, s.kv_heads, s.page_size, s.dv())};
     args.block_table = block_table.data();
     args.block_table_stride = per_sequence;
     args.page_size = s.page_size;
@@ -240,7 +242,7 @@ struct DecodeRun {
     KvCacheArgs a = args;
     a.seqlen_new = *std::max_element(s.cached.begin(), s.cached.end());
     a.k_new = {k_full.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
-    a.v_new = {v_full.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
+    a.v_new = {v_full.data(), bhsd(batch, s.kv_heads, max_len, s.dv())};
     a.new_counts = s.cached.data();
     kv_cache_append(a);
   }
@@ -250,7 +252,7 @@ struct DecodeRun {
     KvCacheArgs a = args;
     a.seqlen_new = spec.new_tokens;
     a.k_new = {k_new.data(), new_stride};
-    a.v_new = {v_new.data(), new_stride};
+    a.v_new = {v_new.data(), v_new_stride};
     attention_with_kvcache(a);
   }
 
@@ -261,13 +263,13 @@ struct DecodeRun {
     lengths.resize(size_t(batch));
     for (int64_t b = 0; b < batch; ++b) lengths[size_t(b)] = s.cached[size_t(b)] + int32_t(s.new_tokens);
     ForwardArgs f;
-    f.shape = {batch, s.heads, s.kv_heads, s.new_tokens, max_len, s.head_dim};
+    f.shape = {batch, s.heads, s.kv_heads, s.new_tokens, max_len, s.head_dim, s.v_head_dim};
     f.dtype = s.dtype;
     f.q = {q_expected.data(), bhsd(batch, s.heads, s.new_tokens, s.head_dim)};
     f.k = {k_expected.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
-    f.v = {v_full.data(), bhsd(batch, s.kv_heads, max_len, s.head_dim)};
-    out = Buffer(s.dtype, q.elements());
-    f.o = {out.data(), bhsd(batch, s.heads, s.new_tokens, s.head_dim)};
+    f.v = {v_full.data(), bhsd(batch, s.kv_heads, max_len, s.dv())};
+    out = Buffer(s.dtype, o.elements());
+    f.o = {out.data(), bhsd(batch, s.heads, s.new_tokens, s.dv())};
     f.mask.causal = s.causal;
     f.mask.window_left = s.window_left;
     f.mask.window_right = s.window_right;

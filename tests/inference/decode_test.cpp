@@ -19,23 +19,24 @@ void expect_decode_matches_full_sequence(const DecodeSpec& spec) {
   for (size_t b = 0; b < spec.cached.size(); ++b) ASSERT_EQ(run.seqlens[b], spec.cached[b]);
   run.decode();
 
-  const int64_t d = spec.head_dim;
+  const int64_t d = spec.head_dim, dv = spec.dv();
   for (int64_t b = 0; b < run.batch; ++b) {
     const int64_t length = spec.cached[size_t(b)] + spec.new_tokens;
     ASSERT_EQ(run.seqlens[size_t(b)], length) << "cache_seqlens advanced by the new tokens";
     for (int64_t h = 0; h < spec.kv_heads; ++h)
-      for (int64_t j = 0; j < length; ++j)
-        for (int64_t c = 0; c < d; ++c) {
-          const int64_t full = ((b * spec.kv_heads + h) * run.max_len + j) * d + c;
-          ASSERT_EQ(run.cache_k(b, h, j, c), run.k_expected.get(full)) << "k b" << b << " h" << h << " j" << j;
-          ASSERT_EQ(run.cache_v(b, h, j, c), run.v_full.get(full)) << "v b" << b << " h" << h << " j" << j;
-        }
+      for (int64_t j = 0; j < length; ++j) {
+        const int64_t row = (b * spec.kv_heads + h) * run.max_len + j;
+        for (int64_t c = 0; c < d; ++c)
+          ASSERT_EQ(run.cache_k(b, h, j, c), run.k_expected.get(row * d + c)) << "k b" << b << " h" << h << " j" << j;
+        for (int64_t c = 0; c < dv; ++c)
+          ASSERT_EQ(run.cache_v(b, h, j, c), run.v_full.get(row * dv + c)) << "v b" << b << " h" << h << " j" << j;
+      }
   }
 
   Buffer forward_out;
   std::vector<int32_t> lengths;
   ForwardArgs full = run.full_sequence_args(forward_out, lengths);
-  const auto o_stride = bhsd(run.batch, spec.heads, spec.new_tokens, d);
+  const auto o_stride = bhsd(run.batch, spec.heads, spec.new_tokens, dv);
   const Check decode = check_against_reference(full, run.o, o_stride, run.lse.data());
   EXPECT_TRUE(decode.ok()) << "decode: " << decode.describe();
 
@@ -185,6 +186,32 @@ TEST(Decode, GroupedAndMultiQueryHeads) {
     spec.kv_heads = hs.kv_heads;
     spec.cached = {130};
     spec.new_tokens = 1;
+    expect_decode_matches_full_sequence(spec);
+  }
+}
+
+// DeepSeek MLA's absorbed decode: K 576 wide, V 512, one KV head shared by
+// every query head; contiguous and paged caches (pages of 16 walk the KV
+// heads, of 64 do not), 8 heads (the few-rows products) and 16 (packed
+// tiles), caches long enough for split-KV, and 192 / 128 prefill-sized steps.
+TEST(Decode, MlaHeadDimsContiguousAndPaged) {
+  struct Mla {
+    int64_t d, dv, heads, new_tokens, page_size;
+    int32_t cached;
+    DType dtype;
+  };
+  for (Mla m : {Mla{576, 512, 8, 1, 0, 1100, DType::bf16}, Mla{576, 512, 16, 1, 0, 1100, DType::f32},
+                Mla{576, 512, 8, 1, 16, 1100, DType::bf16}, Mla{576, 512, 16, 2, 64, 700, DType::f16},
+                Mla{192, 128, 4, 5, 16, 40, DType::f32}, Mla{64, 32, 4, 3, 0, 70, DType::bf16}}) {
+    DecodeSpec spec;
+    spec.head_dim = m.d;
+    spec.v_head_dim = m.dv;
+    spec.heads = m.heads;
+    spec.kv_heads = m.d == 576 ? 1 : 2;
+    spec.new_tokens = m.new_tokens;
+    spec.page_size = m.page_size;
+    spec.cached = {m.cached};
+    spec.dtype = m.dtype;
     expect_decode_matches_full_sequence(spec);
   }
 }

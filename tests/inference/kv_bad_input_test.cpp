@@ -36,7 +36,7 @@ void expect_rejected(DecodeSpec spec, const std::function<void(KvCacheArgs&, Dec
   KvCacheArgs a = run.args;
   a.seqlen_new = spec.new_tokens;
   a.k_new = {run.k_new.data(), run.new_stride};
-  a.v_new = {run.v_new.data(), run.new_stride};
+  a.v_new = {run.v_new.data(), run.v_new_stride};
   corrupt(a, run);
   const Snapshot before(run);  // after `corrupt`, which may edit cache_seqlens or the table
   try {
@@ -116,7 +116,26 @@ TEST(KvCacheBadInput, CacheDescription) {
                   "cache_seqlens[0] must be >= 0");
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.v_cache = a.k_cache; }, "v_cache: overlaps k_cache");
   expect_rejected(paged_spec(), [](KvCacheArgs& a, DecodeRun&) { a.page_size = 0; }, "page_size");
-  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.head_dim = 300; }, "head_dim");
+  expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.head_dim = 600; }, "head_dim must be in 1..576");
+}
+
+// V's head dim out of range, or left at 0 (V as wide as K) with a 576-wide
+// K; and a V cache or new V laid out for another width than v_head_dim.
+TEST(KvCacheBadInput, ValueHeadDim) {
+  DecodeSpec mla = contiguous_spec();
+  mla.head_dim = 576;
+  mla.v_head_dim = 512;
+  mla.kv_heads = 1;
+  for (DecodeSpec spec : {mla, paged_spec()}) {
+    expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.v_head_dim = 513; }, "v_head_dim must be in 1..512");
+    expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.v_head_dim = -2; }, "v_head_dim must be in 1..512");
+  }
+  expect_rejected(mla, [](KvCacheArgs& a, DecodeRun&) { a.v_head_dim = 0; }, "v_head_dim: V's head dim is head_dim (576)");
+  expect_rejected(mla, [](KvCacheArgs& a, DecodeRun&) { a.v_head_dim = 0; }, "v_head_dim: V's head dim", true);
+  // A V cache laid out with rows 32 wide, described as 48 wide: its rows overlap.
+  DecodeSpec narrow_v = contiguous_spec();
+  narrow_v.v_head_dim = 32;
+  expect_rejected(narrow_v, [](KvCacheArgs& a, DecodeRun&) { a.v_head_dim = 48; }, "v_cache: output strides overlap");
 }
 
 // A non-finite sink: an error naming it, and neither the append nor the

@@ -115,10 +115,11 @@ void expect_quantized_step_correct(DecodeSpec spec) {
   run.decode();
   ForwardArgs f = kvcache_forward_args(run.args, run.seqlens.data());
   f.q = {run.q_expected.data(), bhsd(run.batch, spec.heads, spec.new_tokens, spec.head_dim)};
-  Buffer unused(spec.dtype, run.q.elements());
-  f.o = {unused.data(), f.q.stride};
+  Buffer unused(spec.dtype, run.o.elements());
+  const auto o_stride = bhsd(run.batch, spec.heads, spec.new_tokens, spec.dv());
+  f.o = {unused.data(), o_stride};
   f.lse = nullptr;
-  const Check c = check_against_reference(f, run.o, f.q.stride, run.lse.data());
+  const Check c = check_against_reference(f, run.o, o_stride, run.lse.data());
   EXPECT_TRUE(c.ok()) << c.describe();
   if (spec.page_size == 0) return;
   spec.page_size = 0;
@@ -153,6 +154,53 @@ TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
         s.page_size = 3;
         expect_quantized_step_correct(s);
       }
+}
+
+// MLA's absorbed decode on a quantized cache: K 576 wide, V 512 (each row
+// with its own scale), one KV head, 8 heads (few-rows products) and 16
+// (packed tiles), contiguous and paged, 1100 keys (split-KV).
+TEST(KvQuant, MlaHeadDims) {
+  for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+    for (int64_t heads : {8, 16}) {
+      DecodeSpec s;
+      s.kv_quant = quant;
+      s.dtype = DType::bf16;
+      s.heads = heads;
+      s.kv_heads = 1;
+      s.head_dim = 576;
+      s.v_head_dim = 512;
+      s.cached = {1100};
+      expect_quantized_step_correct(s);
+      s.page_size = 16;
+      expect_quantized_step_correct(s);
+    }
+  // The append quantizes all 512 columns of each V row: the stored row, times
+  // its scale, is the row given within the rounding of int8 (half a scale) or
+  // of e4m3 (2^-4 relative, 2^-9 of the scale near 0).
+  for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3}) {
+    DecodeSpec s;
+    s.kv_quant = quant;
+    s.dtype = DType::f32;
+    s.heads = 8;
+    s.kv_heads = 1;
+    s.head_dim = 576;
+    s.v_head_dim = 512;
+    s.cached = {20};
+    SCOPED_TRACE(s.name());
+    DecodeRun run(s);
+    run.prefill();
+    run.decode();
+    const auto& st = run.args.v_scale_stride;
+    for (int64_t j = 0; j < run.max_len; ++j) {
+      const float scale = quant == KvQuant::int8 ? run.v_scale[size_t(j * st[2])] : run.v_scale[0];
+      for (int64_t c = 0; c < 512; ++c) {
+        const float x = run.v_full.get(j * 512 + c), stored = run.cache_v(0, 0, j, c) * scale;
+        const float bound = quant == KvQuant::int8 ? 0.5001f * scale
+                                                   : std::max(std::fabs(x) * 0.0625f, scale * 0.002f);
+        ASSERT_LE(std::fabs(stored - x), bound) << "row " << j << " column " << c;
+      }
+    }
+  }
 }
 
 // Prefill against a quantized cache: 2 x 20 stacked rows take the packed

@@ -58,18 +58,19 @@ inline std::array<int64_t, 4> bhsd(int64_t b, int64_t h, int64_t n, int64_t d) {
 // one implementation of the rule (src/testing/tolerance.hpp).
 using Check = testing::Comparison;
 
-// Compares o ([batch, heads, seqlen_q, head_dim] with `o_stride`) and the
+// Compares o ([batch, heads, seqlen_q, value_head_dim] with `o_stride`) and the
 // optional dense lse with reference_forward(args), bounded by naive_forward(args).
 inline Check check_against_reference(const ForwardArgs& args, const Buffer& o,
                                      const std::array<int64_t, 4>& o_stride, const float* lse) {
   const AttentionShape& s = args.shape;
   const int64_t batches = args.cu_seqlens_q ? 1 : s.batch;
   std::vector<double> got, got_lse;
-  got.reserve(size_t(batches * s.heads * s.seqlen_q * s.head_dim));
+  const int64_t dv = value_head_dim(s);
+  got.reserve(size_t(batches * s.heads * s.seqlen_q * dv));
   for (int64_t b = 0; b < batches; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        for (int64_t d = 0; d < s.head_dim; ++d)
+        for (int64_t d = 0; d < dv; ++d)
           got.push_back(o.get(b * o_stride[0] + h * o_stride[1] + i * o_stride[2] + d * o_stride[3]));
         if (lse) got_lse.push_back(lse[(b * s.heads + h) * s.seqlen_q + i]);
       }

@@ -64,8 +64,8 @@ def test_bad_arrays():
         tileattn.flash_attention(q.tolist(), k, v)
     with pytest.raises(TypeError, match="k: is a torch array"):
         tileattn.flash_attention(q, torch.from_numpy(k), v)
-    big = qkv(d=300)
-    with pytest.raises(ValueError, match="head_dim"):
+    big = qkv(d=600)
+    with pytest.raises(ValueError, match="q: head_dim must be in 1..576"):
         tileattn.flash_attention(*big)
 
 

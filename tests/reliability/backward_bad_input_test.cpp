@@ -46,7 +46,7 @@ TEST(BackwardBadInput, ShapesDtypeHeadsAndHeadDim) {
   expect_backward_refused(data, [](BackwardArgs& a) { a.forward.shape.heads = 0; }, {"heads", ">= 1"});
   expect_backward_refused(data, [](BackwardArgs& a) { a.forward.shape.kv_heads = 3; },
                           {"kv_heads (3) must divide heads (4)"});
-  expect_backward_refused(data, [](BackwardArgs& a) { a.forward.shape.head_dim = 257; }, {"head_dim", "1..256"});
+  expect_backward_refused(data, [](BackwardArgs& a) { a.forward.shape.head_dim = 577; }, {"head_dim", "1..576"});
   expect_backward_refused(data, [](BackwardArgs& a) { a.forward.shape.seqlen_q = -1; }, {"seqlen_q", ">= 0"});
   expect_backward_refused(data, [](BackwardArgs& a) { a.forward.dtype = static_cast<DType>(7); }, {"dtype"});
 }

@@ -33,9 +33,9 @@ TEST(BadInput, Shapes) {
     expect_forward_refused(data, {"kv_heads (3) must divide heads (4)"});
     data.args = good;
     data.args.shape.head_dim = 0;
-    expect_forward_refused(data, {"head_dim", "1..256", "0"});
-    data.args.shape.head_dim = 257;
-    expect_forward_refused(data, {"head_dim", "1..256", "257"});
+    expect_forward_refused(data, {"head_dim", "1..576", "0"});
+    data.args.shape.head_dim = 577;
+    expect_forward_refused(data, {"head_dim", "1..576", "577"});
     data.args = good;
     data.args.shape.seqlen_q = -3;
     expect_forward_refused(data, {"seqlen_q", ">= 0", "-3"});

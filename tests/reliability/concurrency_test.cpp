@@ -123,7 +123,7 @@ TEST(Concurrency, CApiStatusAndMessagesArePerThread) {
       a.batch = 1;
       a.heads = a.kv_heads = 2;
       a.seqlen_q = a.seqlen_k = 16;
-      a.head_dim = t % 2 ? 300 : 16;  // odd callers fail
+      a.head_dim = t % 2 ? 600 : 16;  // odd callers fail
       a.dtype = TILEATTN_F32;
       const int64_t s[4] = {2 * 16 * 16, 16 * 16, 16, 1};
       a.q = {data.q32.data(), {s[0], s[1], s[2], s[3]}};

@@ -88,7 +88,7 @@ TEST(KvCacheHostile, DtypeAndHeadCounts) {
                  {"dtype", "fp32, fp16 or bf16"});
   expect_refused(spec, [](KvCacheArgs& a, DecodeRun&) { a.batch = -1; }, {"batch", ">= 0"});
   expect_refused(spec, [](KvCacheArgs& a, DecodeRun&) { a.kv_heads = 0; }, {"kv_heads", ">= 1"});
-  expect_refused(spec, [](KvCacheArgs& a, DecodeRun&) { a.head_dim = 0; }, {"head_dim", "1..256"});
+  expect_refused(spec, [](KvCacheArgs& a, DecodeRun&) { a.head_dim = 0; }, {"head_dim", "1..576"});
   expect_refused(spec, [](KvCacheArgs& a, DecodeRun&) { a.heads = 0; }, {"heads", ">= 1"}, true);
   expect_refused(spec, [](KvCacheArgs& a, DecodeRun&) { a.seqlen_new = -1; }, {"seqlen_new", ">= 0"});
 }

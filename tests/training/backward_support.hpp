@@ -65,30 +65,32 @@ struct BackwardData {
     attention_forward(fwd.args);
     const size_t q_elems = dt == DType::f32 ? fwd.q32.size() : fwd.q16.size();
     const size_t k_elems = dt == DType::f32 ? fwd.k32.size() : fwd.k16.size();
+    const size_t v_elems = dt == DType::f32 ? fwd.v32.size() : fwd.v16.size();  // V's head dim
+    const size_t o_elems = dt == DType::f32 ? fwd.o32.size() : fwd.o16.size();
     std::mt19937_64 rng(c.c.seed * 31 + 5);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     if (dt == DType::f32) {
-      d_o.f32.resize(q_elems);
+      d_o.f32.resize(o_elems);
       for (float& x : d_o.f32) x = uniform(rng);
       dq.f32.assign(q_elems, 0.0f);
       dk.f32.assign(k_elems, 0.0f);
-      dv.f32.assign(k_elems, 0.0f);
+      dv.f32.assign(v_elems, 0.0f);
     } else {
-      d_o.f16.resize(q_elems);
+      d_o.f16.resize(o_elems);
       for (uint16_t& x : d_o.f16)
         x = dt == DType::f16 ? detail::float_to_f16(uniform(rng)) : detail::float_to_bf16(uniform(rng));
       dq.f16.assign(q_elems, 0);
       dk.f16.assign(k_elems, 0);
-      dv.f16.assign(k_elems, 0);
+      dv.f16.assign(v_elems, 0);
     }
     args.forward = fwd.args;
     args.o = InputView{fwd.args.o.data, fwd.args.o.stride};
-    args.d_o = InputView{d_o.data(dt), fwd.args.q.stride};
+    args.d_o = InputView{d_o.data(dt), fwd.args.o.stride};
     args.lse = fwd.lse.data();
     args.lse_stride = fwd.args.lse_stride;
     args.dq = OutputView{dq.data(dt), fwd.args.q.stride};
     args.dk = OutputView{dk.data(dt), fwd.args.k.stride};
-    args.dv = OutputView{dv.data(dt), fwd.args.k.stride};
+    args.dv = OutputView{dv.data(dt), fwd.args.v.stride};
     if (c.c.sinks) {
       d_sinks.assign(size_t(c.c.heads), std::numeric_limits<float>::quiet_NaN());  // all overwritten
       args.d_sinks = d_sinks.data();
@@ -135,51 +137,53 @@ inline GradientAllowances bf16_rounding_allowances(const BackwardData& data) {
   const ForwardArgs& a = data.args.forward;
   const AttentionShape& s = a.shape;
   const int64_t B = s.batch, H = s.heads, G = s.heads / s.kv_heads, Nq = s.seqlen_q, Nk = s.seqlen_k,
-                D = s.head_dim;
+                D = s.head_dim, Dv = value_head_dim(s);
   const DType dt = a.dtype;
   std::vector<float> p(size_t(B * H * Nq * Nk));
   attention_probabilities(a, p.data(), {H * Nq * Nk, Nq * Nk, Nk, 1});
   const std::vector<double> q = dense(a.q.data, dt, a.q.stride, B, H, Nq, D);
   const std::vector<double> k = dense(a.k.data, dt, a.k.stride, B, s.kv_heads, Nk, D);
-  const std::vector<double> v = dense(a.v.data, dt, a.v.stride, B, s.kv_heads, Nk, D);
-  const std::vector<double> d_o = dense(data.args.d_o.data, dt, data.args.d_o.stride, B, H, Nq, D);
+  const std::vector<double> v = dense(a.v.data, dt, a.v.stride, B, s.kv_heads, Nk, Dv);
+  const std::vector<double> d_o = dense(data.args.d_o.data, dt, data.args.d_o.stride, B, H, Nq, Dv);
   const training::BackwardReference ref = training::reference_backward(data.args);
   const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(D)) : double(a.scale);
-  std::vector<double> bq(size_t(B * H * Nq * D)), bk(size_t(B * s.kv_heads * Nk * D)), bv(bk.size());
+  std::vector<double> bq(size_t(B * H * Nq * D)), bk(size_t(B * s.kv_heads * Nk * D)),
+      bv(size_t(B * s.kv_heads * Nk * Dv));
   std::vector<double> ds(static_cast<size_t>(Nk));  // |dS| of one query row
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / G;
       const double* kb = k.data() + (b * s.kv_heads + kvh) * Nk * D;
-      const double* vb = v.data() + (b * s.kv_heads + kvh) * Nk * D;
+      const double* vb = v.data() + (b * s.kv_heads + kvh) * Nk * Dv;
       for (int64_t i = 0; i < Nq; ++i) {
         const int64_t row = (b * H + h) * Nq + i;
-        const double* doi = d_o.data() + row * D;
+        const double* doi = d_o.data() + row * Dv;
         const double* qi = q.data() + row * D;
         const float* pi = p.data() + row * Nk;
         for (int64_t j = 0; j < Nk; ++j) {
           double dp = 0;
-          for (int64_t c = 0; c < D; ++c) dp += doi[c] * vb[j * D + c];
+          for (int64_t c = 0; c < Dv; ++c) dp += doi[c] * vb[j * Dv + c];
           ds[size_t(j)] = double(pi[j]) * std::abs(dp - ref.delta[size_t(row)]);
         }
         for (int64_t j = 0; j < Nk; ++j) {
           double* bkj = bk.data() + ((b * s.kv_heads + kvh) * Nk + j) * D;
-          double* bvj = bv.data() + ((b * s.kv_heads + kvh) * Nk + j) * D;
+          double* bvj = bv.data() + ((b * s.kv_heads + kvh) * Nk + j) * Dv;
           for (int64_t c = 0; c < D; ++c) {
             bq[size_t(row * D + c)] += scale * ds[size_t(j)] * std::abs(kb[j * D + c]);
             bkj[c] += scale * ds[size_t(j)] * std::abs(qi[c]);
-            bvj[c] += double(pi[j]) * std::abs(doi[c]);
           }
+          for (int64_t c = 0; c < Dv; ++c) bvj[c] += double(pi[j]) * std::abs(doi[c]);
         }
       }
     }
-  const auto per_row = [&](const std::vector<double>& bound) {
-    std::vector<double> rows(bound.size() / size_t(D), 0.0);
+  const auto per_row = [](const std::vector<double>& bound, int64_t width) {
+    std::vector<double> rows(bound.size() / size_t(width), 0.0);
     for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t c = 0; c < D; ++c) rows[r] = std::max(rows[r], 1.125 * std::ldexp(bound[r * size_t(D) + size_t(c)], -8));
+      for (int64_t c = 0; c < width; ++c)
+        rows[r] = std::max(rows[r], 1.125 * std::ldexp(bound[r * size_t(width) + size_t(c)], -8));
     return rows;
   };
-  return {per_row(bq), per_row(bk), per_row(bv)};
+  return {per_row(bq, D), per_row(bk, D), per_row(bv, Dv)};
 }
 
 // Checks dQ, dK, dV of `data` (already run) against the float64 reference
@@ -209,8 +213,8 @@ inline void expect_gradients_match_reference(const BackwardData& data, const std
        naive.dq, max_delta, allowances ? &allowances->dq : &none},
       {"dK", dense(data.args.dk.data, dt, data.args.dk.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dk,
        naive.dk, max_delta, allowances ? &allowances->dk : &none},
-      {"dV", dense(data.args.dv.data, dt, data.args.dv.stride, kb, s.kv_heads, s.seqlen_k, s.head_dim), ref.dv,
-       naive.dv, 0.0, allowances ? &allowances->dv : &none}};
+      {"dV", dense(data.args.dv.data, dt, data.args.dv.stride, kb, s.kv_heads, s.seqlen_k, value_head_dim(s)),
+       ref.dv, naive.dv, 0.0, allowances ? &allowances->dv : &none}};
   if (data.args.d_sinks) {
     // d_sinks [heads], one row: -sum_rows P_sink D, so D's rounding enters its floor as it enters dQ's.
     const std::vector<double> got(data.d_sinks.begin(), data.d_sinks.end());
@@ -231,10 +235,11 @@ inline void expect_gradients_match_reference(const BackwardData& data, const std
   // those query rows, so every key row carries their naive error (~0.1).
   const double perturb = dt == DType::f32 ? 1e-3 : 1e-2;
   for (const Gradient& g : gradients) {
-    const GradientCheck check = check_gradient(g.got, g.ref, g.naive, dt, s.head_dim, g.max_delta, 0, *g.allowance);
+    const int64_t row = g.name[1] == 'V' ? value_head_dim(s) : s.head_dim;  // a gradient row's length
+    const GradientCheck check = check_gradient(g.got, g.ref, g.naive, dt, row, g.max_delta, 0, *g.allowance);
     EXPECT_TRUE(check.ok()) << label << ": " << describe(g.name, check);
     if (allowances) continue;
-    const GradientCheck off = check_gradient(g.got, g.ref, g.naive, dt, s.head_dim, g.max_delta, perturb);
+    const GradientCheck off = check_gradient(g.got, g.ref, g.naive, dt, row, g.max_delta, perturb);
     const bool extreme_rows = data.bc.c.mask == MaskCase::additive_extreme && g.name[1] != 'Q';
     if (off.magnitude > 1e-12 && !extreme_rows) {
       EXPECT_FALSE(off.ok()) << label << ": " << g.name << " x (1 + " << perturb

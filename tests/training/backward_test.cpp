@@ -123,6 +123,19 @@ std::vector<BackwardCase> backward_cases() {
     c.sink_shift = 40.0f;
     add(c, 0.0f);
   }
+  // V's head dim apart from Q/K's (MLA 192/128, 576/512; dV Dv wide, dQ/dK D wide).
+  add_head_dim_pair_cases(add_case);
+  {
+    Case c;  // with dropout
+    c.head_dim = 192;
+    c.v_head_dim = 128;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.seqlen_q = 33;
+    c.seqlen_k = 70;
+    c.mask = MaskCase::causal;
+    add(c, 0.2f);
+  }
   for (size_t i = 0; i < cases.size(); ++i) cases[i].c.seed = 5000 + i;
   return cases;
 }

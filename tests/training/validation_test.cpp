@@ -75,6 +75,13 @@ TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
     a.forward.kv.seqlens = seqlens;
     expect_rejected<NotSupported>(data, a, "KV-cache");
   }
+  {
+    BackwardArgs a = data.args;
+    a.forward.shape.v_head_dim = 32;  // O, dO, V and dV laid out 16 wide, described as 32
+    expect_rejected<Error>(data, a, "o: output strides overlap");
+    a.forward.shape.v_head_dim = 513;
+    expect_rejected<Error>(data, a, "v_head_dim must be in 1..512");
+  }
 }
 
 TEST(BackwardValidation, RejectsBadSinkArgumentsAndWritesNothing) {

@@ -109,7 +109,6 @@ template <int M>
 constexpr int kChunksPerPass = M <= 2 ? 2 : 1;  // P V (M <= 4): 16-column chunks per pass
 
 constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
-constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows).
 // Meanwhile the rows of `ahead` are prefetched toward L1, one K row and one
@@ -133,7 +132,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   constexpr int64_t kSize = kElementSize<kType>;
   const int64_t d16 = d / 16 * 16, d8 = d / 8 * 8;
   // q over [0, d16) in chunk order, once per tile.
-  alignas(32) float qc[M][kMaxHeadDim];
+  alignas(32) float qc[M][tileattn::kMaxHeadDim];  // (M, head_dim) Q rows
   for (int r = 0; r < M; ++r)
     for (int64_t t = 0; t < d16; t += 16) {
       __m256 a = _mm256_loadu_ps(q + r * ldq + t), b = _mm256_loadu_ps(q + r * ldq + t + 8);

@@ -140,7 +140,6 @@ template <int M>
 constexpr int kVectorsPerPass = M == 1 ? 16 : M == 2 ? 8 : M <= 4 ? 4 : 2;
 
 constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
-constexpr int64_t kMaxHeadDim = 256;   // validate.cpp's limit
 
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows);
 // prefetches the rows of `ahead` (one K row and one V row per key scored, as
@@ -153,7 +152,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   const int64_t d32 = d / 32 * 32, d16 = d / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (d - d16)) - 1u);
   // q once per tile: chunk order over [0, d32), then in order, zero past d.
-  alignas(64) float qc[M][kMaxHeadDim];
+  alignas(64) float qc[M][tileattn::kMaxHeadDim];  // (M, head_dim) Q rows
   for (int r = 0; r < M; ++r) {
     const float* qr = q + r * ldq;
     for (int64_t t = 0; t < d32; t += 32) {

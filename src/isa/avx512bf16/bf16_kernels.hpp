@@ -286,10 +286,10 @@ template <int M>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows, float scale,
                    float* s, int64_t lds, const RowsToPrefetch& ahead) {
   constexpr int KJ = kKeysPerPass<M>;
-  constexpr int64_t kMaxHeadDim = 256;  // validate.cpp's limit
   const int64_t chunks = (d + 31) / 32;
   // q once per tile as bf16 pairs (exact: its values are bf16), zero past d.
-  alignas(64) uint16_t qb[M][kMaxHeadDim];
+  static_assert(tileattn::kMaxHeadDim % 32 == 0, "qb holds whole 32-element chunks");
+  alignas(64) uint16_t qb[M][tileattn::kMaxHeadDim];
   for (int r = 0; r < M; ++r)
     for (int64_t t = 0; t < chunks * 32; t += 32) {
       const __m512 lo = _mm512_maskz_loadu_ps(lanes16(d - t), q + r * ldq + t);

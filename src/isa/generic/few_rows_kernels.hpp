@@ -23,7 +23,7 @@ struct FewRowsKernels {
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
                               int64_t lds, const RowsToPrefetch& ahead = {}) {
-    float k[kMaxHeadDim];
+    float k[tileattn::kMaxHeadDim];  // (head_dim,)
     const int64_t d8 = d / 8 * 8;
     // Prefetch contiguous rows only: an element stride may be negative or so
     // large that d * stride overflows (head_dim 1 allows any stride; found by
@@ -51,7 +51,7 @@ struct FewRowsKernels {
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                   const void* const* value_rows, DType dtype, int64_t stride,
                                   float* acc, int64_t ldacc) {
-    float v[kMaxHeadDim];
+    float v[tileattn::kMaxValueHeadDim];  // (v_head_dim,)
     for (int64_t c = 0; c < n; ++c) {
       to_float_row(value_rows[c], dtype, stride, d, v);
       for (int64_t r = 0; r < m; ++r) {
@@ -63,8 +63,6 @@ struct FewRowsKernels {
   }
 
  private:
-  static constexpr int64_t kMaxHeadDim = 256;  // validate.cpp's limit
-
   static void to_float_row(const void* src, DType dtype, int64_t stride, int64_t d, float* dst) {
     switch (dtype) {
       case DType::f32:
