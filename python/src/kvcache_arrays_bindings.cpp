@@ -437,6 +437,7 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
   // The same value as flash_attention's default (and the custom op's float).
   a.scale = static_cast<float>(scale ? *scale : d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0);
   a.softcap = static_cast<float>(softcap);
+  a.bf16_probabilities = bf16_probabilities_setting().load(std::memory_order_relaxed);
   read_alibi_slopes(alibi_slopes, Access::read, b, h, a.alibi_slopes, a.alibi_batch_stride);
   a.sinks = read_sinks(sinks, Access::read, h);
   a.causal = causal;

@@ -60,6 +60,7 @@ void attention_with_kvcache(int dtype, const std::array<int64_t, 6>& sizes, Addr
   a.rotary_interleaved = rotary_interleaved;
   a.scale = scale;
   a.softcap = softcap;
+  a.bf16_probabilities = bf16_probabilities_setting().load(std::memory_order_relaxed);
   a.alibi_slopes = from_address<const float>(alibi_slopes);
   a.alibi_batch_stride = alibi_batch_stride;
   a.sinks = from_address<const float>(sinks);

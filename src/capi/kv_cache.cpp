@@ -14,8 +14,8 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   tileattn_kv_cache_args c;
   tileattn_kv_cache_args_init(&c);
   capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_kv_cache_args, reserved1), c);
-  if (c.reserved0 != 0 || c.reserved1 != 0 || c.reserved2 != 0 || c.reserved4 != 0)
-    throw Error("args->reserved0, reserved1, reserved2 and reserved4 must be 0");
+  if (c.reserved0 != 0 || c.reserved1 != 0 || c.reserved4 != 0)
+    throw Error("args->reserved0, reserved1 and reserved4 must be 0");
   KvCacheArgs a;
   a.batch = c.batch;
   a.heads = c.heads;
@@ -49,6 +49,7 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.window_right = c.window_right;
   a.scale = c.scale;
   a.softcap = c.softcap;
+  a.bf16_probabilities = c.bf16_probabilities != 0;
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
   a.sinks = c.sinks;

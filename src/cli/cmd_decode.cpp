@@ -33,12 +33,14 @@ const char* const kHelp =
     "usage: tileattn decode [--prompt P] [--steps S] [--batch B] [--heads H] [--kv-heads HKV]\n"
     "                       [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
     "                       [--page-size N] [--recompute-steps R]\n"
-    "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--json]\n"
+    "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--bf16-probabilities] [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
     "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
     "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
     "--dim-v DV: V's head dim (default D; D is 2..576, DV 1..512). DeepSeek MLA's absorbed\n"
     "decode: --dim 576 --dim-v 512 --kv-heads 1 --heads 128.\n"
+    "--bf16-probabilities (bf16): P rounded to bf16 in the packed P V products, which steps\n"
+    "stacking more than 8 query rows per KV head take (KvCacheArgs::bf16_probabilities).\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
     "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
     "(a streaming read of a buffer of the same bytes, same threads, each reading two streams,\n"
@@ -68,6 +70,7 @@ struct Shape {
   int64_t dim_v = 0;  // V's head dim (--dim-v; the default is dim)
   DType dtype;
   KvQuant kv_quant = KvQuant::none;  // --kv-dtype int8 / fp8_e4m3
+  bool bf16_probabilities = false;   // --bf16-probabilities (KvCacheArgs::bf16_probabilities)
   float fp8_scale = 1.0f;            // fp8: every KV head's scale (the prompt's max |x| / 224)
 };
 
@@ -93,6 +96,7 @@ class DecodeLoop {
     a.head_dim = s.dim;
     a.v_head_dim = s.dim_v;
     a.dtype = s.dtype;
+    a.bf16_probabilities = s.bf16_probabilities;
     a.threads = threads;
     a.rotary_cos = rope.cos.data();
     a.rotary_sin = rope.sin.data();
@@ -449,7 +453,7 @@ int cmd_decode(int argc, char** argv) {
             {{"--prompt", true}, {"--steps", true}, {"--batch", true}, {"--heads", true},
              {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
              {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false},
-             {"--kv-dtype", true}, {"--dim-v", true}});
+             {"--kv-dtype", true}, {"--dim-v", true}, {"--bf16-probabilities", false}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   Shape s;
@@ -483,6 +487,9 @@ int cmd_decode(int argc, char** argv) {
                        ": an unquantized cache holds the queries' dtype");
     s.dtype = cache_dtype;
   }
+  s.bf16_probabilities = args.has("--bf16-probabilities");
+  if (s.bf16_probabilities && (s.dtype != DType::bf16 || s.kv_quant != KvQuant::none))
+    throw UsageError("--bf16-probabilities: only with a bf16 cache (--dtype bf16, no --kv-dtype int8 / fp8_e4m3)");
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const bool paged = args.has("--paged");
   const int64_t page_size = args.integer("--page-size", 16, 1, kMaxSize);
@@ -548,6 +555,7 @@ int cmd_decode(int argc, char** argv) {
   rep.integer("dim_v", s.dim_v);
   rep.text("dtype", dtype_name(s.dtype));
   rep.text("kv_dtype", dtype_name(kv_storage_dtype(s.dtype, s.kv_quant)));
+  rep.boolean("bf16_probabilities", s.bf16_probabilities);
   rep.integer("prompt", s.prompt);
   rep.integer("steps", s.steps);
   rep.integer("threads", threads);

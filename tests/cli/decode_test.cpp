@@ -108,6 +108,9 @@ TEST(cliDecode, ValueHeadDim) {
     EXPECT_EQ(number(j, "kv_bytes_per_step"), 66.0 * (576 + 512) * 2);
     EXPECT_GT(number(j, "speedup_vs_recompute"), 0);
   }
+  const Json rounded = decode_json("", "decode --prompt 64 --steps 2 --heads 16 --kv-heads 1 --dim 64 "
+                                       "--recompute-steps 1 --bf16-probabilities --json");
+  EXPECT_TRUE(rounded.get("bf16_probabilities")->flag);
 }
 
 TEST(cliDecode, UsageErrorsNameTheFlag) {
@@ -125,6 +128,8 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
       {"--dtype fp32 --kv-dtype bf16", "--kv-dtype bf16 differs from --dtype fp32"},
       {"--dim 576", "--dim-v"},          // V would be 576 wide
       {"--dim-v 600", "--dim-v"},
+      {"--dtype fp32 --bf16-probabilities", "--bf16-probabilities"},
+      {"--kv-dtype int8 --bf16-probabilities", "--bf16-probabilities"},
   };
   for (const auto& c : cases) {
     const Result r = run_cli(std::string("decode --prompt 16 --steps 2 --json ") + c.flags, dir);

@@ -216,6 +216,54 @@ TEST(Decode, MlaHeadDimsContiguousAndPaged) {
   }
 }
 
+// KvCacheArgs::bf16_probabilities on the bf16 rungs: the packed P V of a step
+// stacking 64 query rows (16 heads of one KV head, 4 new tokens) rounds P to
+// bf16, so the output moves, by at most 2^-8 (P |V|) <= 2^-8 max |V| from the
+// exact result's own error, plus both outputs' bf16 rounding.
+TEST(Decode, Bf16ProbabilitiesOnThePackedProducts) {
+  int rungs = 0;
+  for (Isa isa : {Isa::avx512bf16, Isa::amx}) {
+    if (!isa_available(isa)) continue;
+    ++rungs;
+    DecodeSpec spec;
+    spec.dtype = DType::bf16;
+    spec.heads = 16;
+    spec.kv_heads = 1;
+    spec.new_tokens = 4;
+    spec.cached = {300, 200};
+    spec.isa = isa;
+    DecodeRun exact(spec), rounded(spec);
+    rounded.args.bf16_probabilities = true;
+    for (DecodeRun* run : {&exact, &rounded}) {
+      run->prefill();
+      run->decode();
+    }
+    double max_v = 0, max_o = 0, max_diff = 0;
+    for (int64_t i = 0; i < exact.v_full.elements(); ++i) max_v = std::max(max_v, std::abs(double(exact.v_full.get(i))));
+    for (int64_t i = 0; i < exact.o.elements(); ++i) {
+      max_o = std::max(max_o, std::abs(double(exact.o.get(i))));
+      max_diff = std::max(max_diff, std::abs(double(rounded.o.get(i)) - double(exact.o.get(i))));
+    }
+    EXPECT_GT(max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing";
+    EXPECT_LE(max_diff, std::ldexp(max_v, -8) + std::ldexp(max_o, -7)) << isa_name(isa);
+  }
+  if (rungs == 0) {
+    // No bf16 dot-product rung: the flag must change nothing.
+    DecodeSpec spec;
+    spec.dtype = DType::bf16;
+    spec.heads = 16;
+    spec.kv_heads = 1;
+    spec.new_tokens = 4;
+    DecodeRun exact(spec), rounded(spec);
+    rounded.args.bf16_probabilities = true;
+    for (DecodeRun* run : {&exact, &rounded}) {
+      run->prefill();
+      run->decode();
+    }
+    for (int64_t i = 0; i < exact.o.elements(); ++i) ASSERT_EQ(rounded.o.get(i), exact.o.get(i));
+  }
+}
+
 TEST(Decode, BatchOfDifferentLengthsAndOddHeadDim) {
   DecodeSpec spec;
   spec.cached = {0, 1, 63, 200};
