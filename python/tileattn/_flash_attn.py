@@ -56,12 +56,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     be at least the longest sequence. Returns ``out [total_q, H, D]``, or ``(out, softmax_lse
     [H, total_q], S_dmask [B, H, longest q, longest k])`` (FlashAttention-2 pads S_dmask to
     multiples of 128). Autograd for q, k, v.
-    block_table (paged k/v) is not supported here (NotImplementedError): use
-    flash_attn_with_kvcache for paged caches.
+    With block_table (torch tensors, as in FlashAttention-2): k, v are pages ``[num_blocks,
+    block_size, Hkv, D]``, block_table ``[B, max_blocks]`` int32 names sequence b's pages, and
+    sequence b's keys are the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` tokens of its
+    pages; each sequence is one attention_with_kvcache call (nothing appended), inference only
+    (no autograd, dropout or return_attn_probs: FlashAttention-2's backward has no block_table).
     """
     if block_table is not None:
-        raise NotImplementedError("block_table: not supported by tileattn's flash_attn_varlen_func "
-                                  "(paged keys are read by flash_attn_with_kvcache)")
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                             block_table)
     window = None if window_size == (-1, -1) else _window(window_size)
     if not return_attn_probs:
         # Keywords from softcap on: the native signature grows there (sinks go after alibi_slopes).
@@ -74,6 +78,52 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse, probs = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, return_attn_probs=True,
                                       **options)
     return out, lse, _fa2_probs(q, k, v, dropout_p, probs, **options)
+
+
+def _varlen_paged(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, return_attn_probs, block_table):
+    """flash_attn_varlen_func with block_table: one attention_with_kvcache call per sequence."""
+    import torch
+    if not all(isinstance(t, torch.Tensor) for t in (q, k_pages, v_pages, cu_q, cu_k, block_table)):
+        raise TypeError("block_table: q, k, v, cu_seqlens_q, cu_seqlens_k and block_table must be torch tensors")
+    if dropout_p != 0.0 or return_attn_probs:
+        raise NotImplementedError("block_table: inference only here (no dropout_p, no return_attn_probs), "
+                                  "as FlashAttention-2's backward has no block_table")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
+        raise NotImplementedError("block_table: no autograd (FlashAttention-2's backward has no block_table); "
+                                  "call under torch.no_grad()")
+    if q.dim() != 3 or k_pages.dim() != 4 or v_pages.dim() != 4:
+        raise ValueError(f"block_table: expected q [total_q, H, D] and pages k, v [num_blocks, block_size, Hkv, D], "
+                         f"got q {tuple(q.shape)}, k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}")
+    batch = cu_q.shape[0] - 1 if cu_q.dim() == 1 else -1
+    if batch < 0 or cu_k.shape != cu_q.shape:
+        raise ValueError(f"cu_seqlens_q, cu_seqlens_k: expected two [B + 1] arrays, got {tuple(cu_q.shape)} "
+                         f"and {tuple(cu_k.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table: expected [B, max_blocks] with B = {batch}, got {tuple(block_table.shape)}")
+    lengths_q = (cu_q[1:] - cu_q[:-1]).tolist()
+    lengths_k = (cu_k[1:] - cu_k[:-1]).tolist()
+    if int(cu_q[0]) != 0 or int(cu_k[0]) != 0 or min(lengths_q + lengths_k, default=0) < 0:
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: must start at 0 and not decrease")
+    if int(cu_q[-1]) != q.shape[0]:
+        raise ValueError(f"cu_seqlens_q: ends at {int(cu_q[-1])}, q has {q.shape[0]} rows")
+    if max_q < max(lengths_q, default=0) or max_k < max(lengths_k, default=0):
+        raise ValueError(f"max_seqlen_q, max_seqlen_k: {max_q}, {max_k} are below the longest sequences "
+                         f"({max(lengths_q, default=0)}, {max(lengths_k, default=0)})")
+    window = None if window_size == (-1, -1) else _window(window_size)
+    slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes)
+    out = q.new_zeros(q.shape[:2] + (v_pages.shape[3],))
+    for b in range(batch):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        if lengths_q[b] == 0:
+            continue
+        seq_slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
+        out[rows] = attention_with_kvcache(
+            q[rows].unsqueeze(0), k_pages, v_pages, None, None, torch.tensor([lengths_k[b]], dtype=torch.int32),
+            block_table[b:b + 1],
+            None, None, False, softmax_scale, causal, window, False, None, softcap=softcap,
+            alibi_slopes=seq_slopes, _token_major=True)[0]
+    return out
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

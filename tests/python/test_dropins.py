@@ -206,8 +206,57 @@ def test_flash_attn_varlen_func(rng, case):
         torch.testing.assert_close(a.grad, n.grad, rtol=0, atol=0)
     _, lse, s_dmask = tileattn.flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), return_attn_probs=True)
     assert lse.shape == (h, sum(lq)) and s_dmask.shape == (3, h, max(lq), max(lk))
-    with pytest.raises(NotImplementedError, match="block_table"):
+    with pytest.raises(NotImplementedError, match="block_table"):  # inference only, as in FlashAttention-2
         tileattn.flash_attn_varlen_func(q, k, v, cq, ck, 9, 9, block_table=torch.zeros(3, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("case", ["causal", "causal+window+softcap", "alibi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_attn_varlen_func_block_table(rng, case, dtype):
+    # Keys in pages of 4 tokens, shuffled: the same attention as the packed varlen call on the
+    # keys gathered back, against the float64 model per sequence.
+    lq, lk, page = [4, 0, 9, 3], [6, 8, 13, 0], 4
+    cq = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32)
+    ck = torch.tensor(np.concatenate([[0], np.cumsum(lk)]), dtype=torch.int32)
+    h, hk, d, dv = 4, 2, 16, 8
+    blocks = [(n + page - 1) // page for n in lk]
+    order = rng.permutation(sum(blocks) + 3)  # 3 unused pages
+    table = torch.zeros(len(lk), max(blocks), dtype=torch.int32)
+    k_pages = torch.from_numpy(rng.standard_normal((len(order), page, hk, d)).astype(np.float32)).to(dtype)
+    v_pages = torch.from_numpy(rng.standard_normal((len(order), page, hk, dv)).astype(np.float32)).to(dtype)
+    k = torch.zeros(sum(lk), hk, d, dtype=dtype)
+    v = torch.zeros(sum(lk), hk, dv, dtype=dtype)
+    used = 0
+    for b, n in enumerate(lk):
+        for i in range(blocks[b]):
+            table[b, i] = int(order[used])
+            used += 1
+        for j in range(n):
+            k[int(ck[b]) + j] = k_pages[table[b, j // page], j % page]
+            v[int(ck[b]) + j] = v_pages[table[b, j // page], j % page]
+    q = torch.from_numpy(rng.standard_normal((sum(lq), h, d)).astype(np.float32)).to(dtype)
+    opts = dict(FA2_CASES[case])
+    slopes = torch.from_numpy((rng.random(h) * 0.5).astype(np.float32)) if opts.pop("alibi", False) else None
+    out = tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, max(lq), max(lk), alibi_slopes=slopes,
+                                          block_table=table, **opts)
+    assert out.shape == (sum(lq), h, dv) and out.dtype == dtype
+    model = fa2_mask_options(opts, None if slopes is None else slopes.numpy())
+    name = "float32" if dtype == torch.float32 else "bfloat16"
+    for b in range(len(lq)):
+        rq, rk = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        if lq[b] == 0:
+            continue
+        if lk[b] == 0:
+            assert not out[rq].any()  # no key: zeros
+            continue
+        seq = lambda t, r: bhsd(t.float()[r][None])  # noqa: E731
+        check_close(seq(out, rq), seq(q, rq), seq(k, rk), seq(v, rk), name, **model)
+    packed = tileattn.flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), alibi_slopes=slopes, **opts)
+    torch.testing.assert_close(out, packed, rtol=0, atol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+    with pytest.raises(ValueError, match="block_table"):
+        tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, max(lq), max(lk), block_table=table[:2])
+    with pytest.raises(ValueError, match="max_seqlen"):
+        tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, 2, max(lk), block_table=table)
 
 
 # ---------------------------------------------------------------- flash_attn_with_kvcache
