@@ -27,9 +27,10 @@ Semantics, as transformers' "sdpa" implementation has them:
 ``TileattnCache`` (tileattn/_hf_cache.py) is a DynamicCache whose full-attention layers append
 in place instead of concatenating the whole cache every token; pass it to generate().
 gpt-oss's sink logits (``s_aux``) go to ``flash_attention(sinks=...)``, with their gradient.
-Features tileattn does not have yet (output of the attention weights, a
-position bias tensor, a value head_dim other than the query's as in DeepSeek's MLA) raise
-``NotImplementedError`` naming the feature, never a silent fallback.
+DeepSeek's multi-head latent attention (a value head_dim other than the query's: 192 / 128 in
+DeepSeek-V3) runs as it is (flash_attention takes V's own head dim).
+Features tileattn does not have yet (output of the attention weights, a position bias tensor)
+raise ``NotImplementedError`` naming the feature, never a silent fallback.
 """
 import inspect
 
@@ -62,9 +63,6 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
         extra["softcap"] = float(softcap)
     if kwargs.get("position_bias") is not None:
         raise _not_supported("position_bias")
-    if value.shape[-1] != query.shape[-1]:  # DeepSeek's MLA: q/k head_dim 192, v head_dim 128
-        raise _not_supported(f"a value head_dim ({value.shape[-1]}) other than the query/key head_dim "
-                             f"({query.shape[-1]}), as multi-head latent attention (MLA, DeepSeek) has,")
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = False
     if attention_mask is None:

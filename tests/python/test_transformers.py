@@ -37,6 +37,13 @@ MODELS = {
                                                   num_key_value_heads=2, max_position_embeddings=128,
                                                   sliding_window=6, initializer_range=0.3),
 }
+if hasattr(transformers, "DeepseekV3Config"):
+    # DeepSeek-V3: multi-head latent attention, q/k head_dim 24 (16 + 8 rotary) against v head_dim 16.
+    MODELS["deepseek_v3"] = lambda: transformers.DeepseekV3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128, q_lora_rank=32, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, initializer_range=0.3)
 if hasattr(transformers, "GptOssConfig"):
     # gpt-oss: a sink logit per query head (s_aux), alternating sliding-window and full layers.
     MODELS["gpt_oss"] = lambda: transformers.GptOssConfig(
@@ -82,7 +89,7 @@ def test_left_padded_batch_matches_eager(kind):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"] + (["gpt_oss"] if "gpt_oss" in MODELS else []))
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"] + [k for k in ("gpt_oss", "deepseek_v3") if k in MODELS])
 def test_greedy_generate_gives_eager_tokens(kind, cache):
     tileattn.transformers.register()
     ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
@@ -97,7 +104,7 @@ def test_greedy_generate_gives_eager_tokens(kind, cache):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("kind", ["llama"] + (["gpt_oss"] if "gpt_oss" in MODELS else []))
+@pytest.mark.parametrize("kind", ["llama"] + [k for k in ("gpt_oss", "deepseek_v3") if k in MODELS])
 def test_gradients_match_eager(kind):
     """Every parameter's gradient, gpt-oss's sink logits included."""
     tileattn.transformers.register()
@@ -213,29 +220,3 @@ def test_tileattn_cache_says_not_supported_without_cache_layers(monkeypatch):
         tileattn.transformers.TileattnCache  # noqa: B018
 
 
-def tiny_deepseek_v3():  # multi-head latent attention: q/k head_dim 24, v head_dim 16
-    return transformers.DeepseekV3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                                         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                                         v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
-                                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1)
-
-
-def tiny_gpt_oss():  # attention sinks
-    return transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)
-
-
-@pytest.mark.parametrize("config,feature", [("DeepseekV3Config", "value head_dim .16. other than the query/key "
-                                                                  "head_dim .24., as multi-head latent attention")])
-def test_models_with_unsupported_attention_say_so(config, feature):
-    """DeepSeek-V3 (MLA) where this transformers has it: a forward raises NotImplementedError
-    naming the feature, never a silent fallback. (gpt-oss's sinks run: see MODELS.)"""
-    if not hasattr(transformers, config):
-        pytest.skip(f"this transformers has no {config}")
-    tileattn.transformers.register()
-    make_config = tiny_deepseek_v3 if config == "DeepseekV3Config" else tiny_gpt_oss
-    model = transformers.AutoModelForCausalLM.from_config(make_config(), attn_implementation="tileattn").eval()
-    with torch.no_grad(), pytest.raises(NotImplementedError, match=feature):
-        model(torch.randint(0, 97, (1, 9)))
