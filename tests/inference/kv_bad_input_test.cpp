@@ -221,8 +221,11 @@ TEST(KvCacheBadInput, QuantizedCacheScales) {
                   "lse: output overlaps input v_scale");
   expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.o = {a.k_scale, a.o.stride}; },
                   "o: output overlaps input k_scale");
+  // k_new laid over v_scale spans past its end: which scale the check names
+  // first depends on where the allocator put k_scale (next to v_scale under
+  // ASan), so the test asks for the refusal, not the name.
   expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.k_new = {a.v_scale, a.k_new.stride}; },
-                  "k_new: overlaps v_scale", true);
+                  "k_new: overlaps ", true);
 }
 
 // The forward operator's own view of a quantized source: an fp8 cache with
