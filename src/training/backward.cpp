@@ -23,12 +23,15 @@ namespace detail {
 
 namespace {
 
-// The bf16 rungs run the AVX-512 backward for fp32 and fp16 inputs and for
-// the normalizer pass (FP32 FMAs, as the scores of the main loop).
-BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
+// The bf16 rungs run the AVX-512 backward for fp32 and fp16 inputs. The
+// normalizer pass forms the scores with the main loop's kernels (bf16 dot
+// products for bf16 inputs on these rungs): a row's max must be bitwise one
+// of the scores the main loop subtracts it from.
+BackwardNormalizersFn backward_normalizers_fn(Isa isa, DType dtype) {
   switch (isa) {
-    case Isa::amx:
+    case Isa::amx: return dtype == DType::bf16 ? backward_normalizers_amx : backward_normalizers_avx512;
     case Isa::avx512bf16:
+      return dtype == DType::bf16 ? backward_normalizers_avx512bf16 : backward_normalizers_avx512;
     case Isa::avx512: return backward_normalizers_avx512;
     case Isa::avx2: return backward_normalizers_avx2;
     default: return backward_normalizers_generic;
@@ -306,7 +309,7 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   if (!heads_to_recompute.empty()) {
     const int workers = int(detail::min64(threads, int64_t(heads_to_recompute.size())));
     detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
-    const detail::BackwardNormalizersFn recompute_rows = detail::backward_normalizers_fn(isa);
+    const detail::BackwardNormalizersFn recompute_rows = detail::backward_normalizers_fn(isa, args.forward.dtype);
     detail::parallel_for(int64_t(heads_to_recompute.size()), workers, [&](int64_t i, int worker) {
       const int64_t item = heads_to_recompute[size_t(i)];
       const std::vector<int64_t>& rows = recompute[size_t(item)];

@@ -90,6 +90,8 @@ struct BackwardScratchLayout {
   int64_t bf16_q;      // BLOCK_Q rounded up to 32
   int64_t bf16_d;      // head_dim rounded up to 32
   int64_t bf16_dv;     // V's head dim rounded up to 32 (dP = dO V^T's reduction)
+  int64_t q16;         // Q rows bf16, unscaled (A of S = Q K^T), 16 slack rows
+  int64_t k_d_pairs;   // K, pairs along D (B of S = Q K^T)
   int64_t k_pairs;     // K, pairs along keys (B of dQ += dS K)
   int64_t v_pairs;     // V, pairs along Dv (B of dP = dO V^T)
   int64_t d_o16;       // dO rows bf16 (A of dP), 16 slack rows
@@ -110,7 +112,7 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
     return at;
   };
   l.k_rows = take(kv * dp);   // (BLOCK_KV_pad, D_pad)  K rows
-  l.k_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  K^T
+  l.k_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  K^T (fp32 scores)
   l.v_t = take(dvp * kv);     // (Dv_pad, BLOCK_KV_pad) V^T
   l.dk = take(kv * dp);       // (BLOCK_KV_pad, D_pad)  dK accumulator
   l.dv = take(kv * dvp);      // (BLOCK_KV_pad, Dv_pad) dV accumulator
@@ -131,6 +133,8 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
     l.bf16_d = round_up(p.fwd.args.shape.head_dim, kBf16PairBlock);
     l.bf16_dv = round_up(p.fwd.v_head_dim, kBf16PairBlock);
     const int64_t a_rows = max64(kv, bq) + 16, a_cols = max64(l.bf16_kv, l.bf16_q);
+    l.q16 = take(bf16((bq + 16) * l.bf16_d));    // (BLOCK_Q_pad + 16, bf16_d)
+    l.k_d_pairs = take(bf16(kv * l.bf16_d));     // kv_pad / 16 panels of (bf16_d / 2, 16, 2)
     l.k_pairs = take(bf16(l.bf16_kv * dp));
     l.v_pairs = take(bf16(kv * l.bf16_dv));
     l.d_o16 = take(bf16((bq + 16) * l.bf16_dv));
