@@ -279,6 +279,12 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
     detail::write_reference_backward(args);
     return;
   }
+  detail::run_backward_passes(args, lse_of_these_keys, isa, detail::backward_item_fn(isa, args.forward.dtype),
+                              detail::backward_normalizers_fn(isa, args.forward.dtype));
+}
+
+void detail::run_backward_passes(const BackwardArgs& args, bool lse_of_these_keys, Isa isa,
+                                 BackwardItemFn run_item, BackwardNormalizersFn recompute_rows) {
   const int hw = detail::hardware_threads();
   const int threads = args.forward.threads <= 0 || args.forward.threads > hw ? hw : args.forward.threads;
   detail::BackwardProblem p = detail::plan_backward(args);
@@ -309,7 +315,6 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   if (!heads_to_recompute.empty()) {
     const int workers = int(detail::min64(threads, int64_t(heads_to_recompute.size())));
     detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
-    const detail::BackwardNormalizersFn recompute_rows = detail::backward_normalizers_fn(isa, args.forward.dtype);
     detail::parallel_for(int64_t(heads_to_recompute.size()), workers, [&](int64_t i, int worker) {
       const int64_t item = heads_to_recompute[size_t(i)];
       const std::vector<int64_t>& rows = recompute[size_t(item)];
@@ -322,7 +327,6 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   if (!items.empty()) {
     const int workers = int(detail::min64(threads, int64_t(items.size())));
     detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
-    const detail::BackwardItemFn run_item = detail::backward_item_fn(isa, args.forward.dtype);
     detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
       run_item(p, items[size_t(item)], scratch.for_worker(worker));
     });

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "core/dropout.hpp"
+#include "core/isa_entry.hpp"
 #include "core/problem.hpp"
 #include "tileattn/backward.hpp"
 
@@ -67,6 +68,13 @@ void validate(const BackwardArgs& args);
 // covers every rank's keys, and a row's normalizer cannot be recomputed from
 // this block's keys alone).
 void run_backward(const BackwardArgs& args, bool lse_of_these_keys);
+
+// run_backward's passes on `isa` (not Isa::reference) with the main loop's
+// item and normalizer functions given, for a validated call: run_backward
+// passes the ones it chooses for that isa and dtype; tests pass the bf16
+// rungs' main loop compiled against the AVX-512 emulation and the AMX model.
+void run_backward_passes(const BackwardArgs& args, bool lse_of_these_keys, Isa isa, BackwardItemFn run_item,
+                         BackwardNormalizersFn recompute_rows);
 
 // Query rows [first, last) that may see some key in [j_begin, j_end): the
 // inverse of visible_keys().
