@@ -9,7 +9,7 @@
 // One work item = (sequence, KV head, key chunk). For each key tile of the
 // chunk: pack K, K^T and V^T once; then for every query head of the group and
 // every query tile that sees the key tile:
-//   S  = Q K^T                (Q pre-scaled by scale * log2(e))
+//   S  = scale * log2(e) * Q K^T   (log2 units)
 //   S  = C tanh(S / C)        (soft cap C, when on; the mask step)
 //   P  = exp2(S - LSE2)       (mask on partial tiles only)
 //   dV += (P o Z)^T dO      (V's head dim Dv; Q and K take D)
@@ -20,12 +20,19 @@
 // the output dtype once. dQ sums over chunks afterwards (backward.cpp).
 //
 // bf16 inputs on a Kernels with bf16 products (Problem::product ==
-// bf16_dot: the avx512bf16 and amx rungs) run four of the five products as
-// bf16 dot products with fp32 sums, in the forward's pair layout
-// (bf16_kernels.hpp): dP = dO V^T on the inputs themselves (exact products),
-// and dV, dQ, dK with their fp32 A operand (P^T, dS, dS^T) split into bf16
-// hi + lo, as the forward splits P. S = Q K^T stays on FP32 FMAs, formed
-// exactly as the normalizer pass forms it.
+// bf16_dot: the avx512bf16 and amx rungs) run all five products as bf16 dot
+// products with fp32 sums, in the forward's pair layout (bf16_kernels.hpp):
+// S = Q K^T and dP = dO V^T on the inputs themselves (exact products; Q
+// unscaled, the scale applied to the fp32 scores, as the forward's
+// Bf16Operands::scores), and dV, dQ, dK with their fp32 A operand (P^T, dS,
+// dS^T) split into bf16 hi + lo, as the forward splits P. Every rung forms S
+// with one helper (scores()), shared with the normalizer pass.
+// Otherwise the products run on FP32 FMAs (K::gemm), Q pre-scaled.
+// Measured (AMD EPYC Zen 5, avx512bf16, 2 threads, bf16, H8 N2048 D128, no
+// mask; shared host at load ~3.5 on 2 cores, paired medians of 9):
+// 212 ms with S on the dot products against 237 with S on FMAs (0.89), and
+// 156 against 179 with P and dS in bf16 (0.87); the avx512 rung's FP32 FMAs
+// take 240 ms (0.88 and 0.65 of that).
 
 template <class K>
 class BackwardMainloop {
@@ -52,6 +59,8 @@ class BackwardMainloop {
     if constexpr (kHasBf16) {
       bf16_ = p.fwd.product == TileProduct::bf16_dot;
       auto bf16_piece = [&](int64_t offset) { return reinterpret_cast<uint16_t*>(scratch + offset); };
+      q16_ = bf16_piece(layout_.q16);
+      k_d_pairs_ = bf16_piece(layout_.k_d_pairs);
       k_pairs_ = bf16_piece(layout_.k_pairs);
       v_pairs_ = bf16_piece(layout_.v_pairs);
       d_o16_ = bf16_piece(layout_.d_o16);
@@ -73,24 +82,24 @@ class BackwardMainloop {
   void recompute_normalizers(int64_t b, int64_t h, const int64_t* rows, int64_t count) {
     constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
     const Sequence seq = sequence_of(p_.fwd, b);
-    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
     const int64_t kv_head = h / p_.fwd.group;
+    if constexpr (kHasBf16) {
+      if (bf16_) K::bf16_begin();
+    }
     for (int64_t r0 = 0; r0 < count; r0 += p_.fwd.block_q) {
       const int64_t m = min64(p_.fwd.block_q, count - r0);
       std::vector<float> max(static_cast<size_t>(m)), sum(static_cast<size_t>(m));  // a rare path
       for (int64_t t = 0; t < m; ++t) {
-        const int64_t row = seq.q_row0 + rows[r0 + t];
-        K::load_row(row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row), a_.dtype, d,
-                    a_.q.stride[3], p_.fwd.score_scale, q_ + t * dp);
+        load_score_row(t, row_address(a_.q.data, a_.q.stride, seq.q_batch, h, seq.q_row0 + rows[r0 + t]));
         max[t] = kMinusInf;
         sum[t] = 0.0f;
       }
       for (int64_t j0 = 0; j0 < seq.nk; j0 += p_.fwd.block_kv) {
-        const int64_t n = min64(p_.fwd.block_kv, seq.nk - j0), n_pad = round_up(n, kPanelWidth);
+        const int64_t n = min64(p_.fwd.block_kv, seq.nk - j0);
         for (int64_t c = 0; c < n; ++c)
           key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, kv_head, seq.k_row0 + j0 + c);
-        K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
-        K::gemm(m, n_pad, d, q_, dp, k_t_, kv_pad_, s_, kv_pad_, false);
+        pack_score_keys(n);
+        scores(m, n);
         for (int64_t t = 0; t < m; ++t) {
           float* row = s_ + t * kv_pad_;
           mask_score_row(row, n, p_.fwd, seq, b, h, rows[r0 + t], j0, /*band_partial=*/true);
@@ -111,6 +120,9 @@ class BackwardMainloop {
         p_.row_lse2[slot] = max[t];
         p_.row_inv_sum[slot] = 1.0f / sum[t];
       }
+    }
+    if constexpr (kHasBf16) {
+      if (bf16_) K::bf16_end();
     }
   }
 
@@ -149,11 +161,11 @@ class BackwardMainloop {
   // per FLOP than the forward, where the kernels are inlined).
   [[gnu::flatten]] void tile_pair(const Sequence& seq, const BackwardItem& w, int64_t h, int64_t i_begin,
                  int64_t i_end, int64_t j0, int64_t n) {
-    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t dp = p_.fwd.head_dim_padded;
     const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;
     const int64_t rows = i_end - i_begin, n_pad = round_up(n, kPanelWidth);
     load_query_rows(seq, h, i_begin, rows);
-    K::gemm(rows, n_pad, d, q_, dp, k_t_, kv_pad_, s_, kv_pad_, false);  // S (rows, n_pad)
+    scores(rows, n);  // S (rows, n_pad)
     const bool band_partial = !tile_fully_visible(p_.fwd.band, seq, i_begin, i_end, j0, j0 + n);
     if (needs_mask_step(p_.fwd, band_partial)) apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial);
     for (int64_t t = 0; t < rows; ++t) {
@@ -211,6 +223,51 @@ class BackwardMainloop {
     else K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
   }
 
+  // The scores' operands and product, one definition for tile_pair and
+  // recompute_normalizers (which needs S bitwise as tile_pair forms it).
+  // Query row t of the scores' A operand: fp32 pre-scaled by scale * log2(e)
+  // (q_), or for the bf16 products bf16 and unscaled (q16_), so that every
+  // product is exact and summed in fp32, as in the forward.
+  void load_score_row(int64_t t, const void* src) {
+    const int64_t d = a_.shape.head_dim;
+    if constexpr (kHasBf16) {
+      if (bf16_) {
+        K::bf16_copy_row(src, d, a_.q.stride[3], q16_ + t * layout_.bf16_d, layout_.bf16_d);
+        return;
+      }
+    }
+    K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.fwd.score_scale, q_ + t * p_.fwd.head_dim_padded);
+  }
+
+  // The key tile key_ptrs_[0, n) as the scores' B operand: K^T fp32
+  // panel-major (k_t_), or K with pairs along D (k_d_pairs_).
+  void pack_score_keys(int64_t n) {
+    const int64_t d = a_.shape.head_dim;
+    if constexpr (kHasBf16) {
+      if (bf16_) {
+        K::bf16_pack_k(key_ptrs_, n, d, a_.k.stride[3], k_d_pairs_, layout_.bf16_d);
+        return;
+      }
+    }
+    K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
+  }
+
+  // s_ (m, n_pad) = S = Q K^T in log2 units (scale * log2(e) Q K^T) of the m
+  // loaded query rows and the packed key tile; the bf16 products scale the
+  // fp32 sums afterwards.
+  void scores(int64_t m, int64_t n) {
+    const int64_t n_pad = round_up(n, kPanelWidth);
+    if constexpr (kHasBf16) {
+      if (bf16_) {
+        const int64_t k = layout_.bf16_d;
+        K::bf16_gemm(m, n_pad, k, q16_, nullptr, k, k_d_pairs_, kPanelWidth * k, s_, kv_pad_, false);
+        for (int64_t t = 0; t < m; ++t) K::scale(s_ + t * kv_pad_, n, p_.fwd.score_scale);
+        return;
+      }
+    }
+    K::gemm(m, n_pad, a_.shape.head_dim, q_, p_.fwd.head_dim_padded, k_t_, kv_pad_, s_, kv_pad_, false);
+  }
+
   // K::bf16_gemm where the Kernels has it (bf16_ is false elsewhere).
   void bf16_dot(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                 const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
@@ -246,17 +303,16 @@ class BackwardMainloop {
            (batch * stride[0] + head * stride[1] + row * stride[2]) * esize;
   }
 
-  // Q (pre-scaled to log2 units, as in the forward) and dO of rows [i_begin,
+  // Q (the scores' A operand: load_score_row) and dO of rows [i_begin,
   // i_begin + rows); for the bf16 products also dO as rows and both in pairs
   // along the rows.
   void load_query_rows(const Sequence& seq, int64_t h, int64_t i_begin, int64_t rows) {
-    const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
+    const int64_t d = a_.shape.head_dim;
     const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;  // dO's
     const BackwardArgs& b = *p_.args;
     for (int64_t t = 0; t < rows; ++t) {
       const int64_t row = seq.q_row0 + i_begin + t;
-      K::load_row(row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row), a_.dtype, d,
-                  a_.q.stride[3], p_.fwd.score_scale, q_ + t * dp);
+      load_score_row(t, row_address(a_.q.data, a_.q.stride, seq.q_batch, h, row));
       if (!bf16_)
         K::load_row(row_address(b.d_o.data, b.d_o.stride, seq.q_batch, h, row), a_.dtype, dv,
                     b.d_o.stride[3], 1.0f, d_o_ + t * dvp);
@@ -275,14 +331,15 @@ class BackwardMainloop {
   }
 
   // K rows (n, D_pad), K^T (D_pad, BLOCK_KV_pad) and V^T (Dv_pad, BLOCK_KV_pad),
-  // fp32, once per key tile.
+  // fp32, once per key tile; for the bf16 products K with pairs along D and
+  // along keys, and V with pairs along Dv, instead.
   void load_kv_tile(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim, dv = p_.fwd.v_head_dim;
     for (int64_t c = 0; c < n; ++c) {
       key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, w.kv_head, seq.k_row0 + j0 + c);
       if (!bf16_) K::load_row(key_ptrs_[c], a_.dtype, d, a_.k.stride[3], 1.0f, k_rows_ + c * dp);
     }
-    K::pack_transposed(key_ptrs_, n, a_.dtype, d, a_.k.stride[3], k_t_, kv_pad_);
+    pack_score_keys(n);
     if constexpr (kHasBf16) {
       if (bf16_) K::bf16_pack_v(key_ptrs_, n, d, a_.k.stride[3], k_pairs_, layout_.bf16_kv);
     }
@@ -328,7 +385,7 @@ class BackwardMainloop {
   const ForwardArgs& a_;
   const BackwardScratchLayout layout_;
   bool bf16_ = false;  // bf16 products (p.fwd.product == bf16_dot on a Kernels that has them)
-  uint16_t *k_pairs_ = nullptr, *v_pairs_ = nullptr, *d_o16_ = nullptr, *d_o_pairs_ = nullptr,
+  uint16_t *q16_ = nullptr, *k_d_pairs_ = nullptr, *k_pairs_ = nullptr, *v_pairs_ = nullptr, *d_o16_ = nullptr, *d_o_pairs_ = nullptr,
            *q_pairs_ = nullptr, *a_hi_ = nullptr, *a_lo_ = nullptr;
   int64_t kv_pad_ = 0, bq_pad_ = 0;
   float *k_rows_, *k_t_, *v_t_, *dk_, *dv_, *q_, *d_o_, *s_, *dp_, *z_, *pd_, *transposed_;

@@ -28,8 +28,8 @@ using BackwardItemFn = void (*)(const BackwardProblem& p, const BackwardItem& w,
 void backward_item_generic(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_avx2(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_avx512(const BackwardProblem& p, const BackwardItem& w, float* scratch);
-// bf16 inputs only (Problem::product == bf16_dot); the normalizer pass of
-// these rungs is avx512's.
+// bf16 inputs only (Problem::product == bf16_dot), as their normalizer
+// passes below; other dtypes on these rungs run the avx512 ones.
 void backward_item_avx512bf16(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 void backward_item_amx(const BackwardProblem& p, const BackwardItem& w, float* scratch);
 
@@ -42,5 +42,9 @@ void backward_normalizers_avx2(const BackwardProblem& p, int64_t b, int64_t h, c
                                int64_t count, float* scratch);
 void backward_normalizers_avx512(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
                                  int64_t count, float* scratch);
+void backward_normalizers_avx512bf16(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                                     int64_t count, float* scratch);
+void backward_normalizers_amx(const BackwardProblem& p, int64_t b, int64_t h, const int64_t* rows,
+                              int64_t count, float* scratch);
 
 }  // namespace tileattn::detail

@@ -23,12 +23,15 @@ namespace detail {
 
 namespace {
 
-// The bf16 rungs run the AVX-512 backward for fp32 and fp16 inputs and for
-// the normalizer pass (FP32 FMAs, as the scores of the main loop).
-BackwardNormalizersFn backward_normalizers_fn(Isa isa) {
+// The bf16 rungs run the AVX-512 backward for fp32 and fp16 inputs. The
+// normalizer pass forms the scores with the main loop's kernels (bf16 dot
+// products for bf16 inputs on these rungs): a row's max must be bitwise one
+// of the scores the main loop subtracts it from.
+BackwardNormalizersFn backward_normalizers_fn(Isa isa, DType dtype) {
   switch (isa) {
-    case Isa::amx:
+    case Isa::amx: return dtype == DType::bf16 ? backward_normalizers_amx : backward_normalizers_avx512;
     case Isa::avx512bf16:
+      return dtype == DType::bf16 ? backward_normalizers_avx512bf16 : backward_normalizers_avx512;
     case Isa::avx512: return backward_normalizers_avx512;
     case Isa::avx2: return backward_normalizers_avx2;
     default: return backward_normalizers_generic;
@@ -276,6 +279,12 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
     detail::write_reference_backward(args);
     return;
   }
+  detail::run_backward_passes(args, lse_of_these_keys, isa, detail::backward_item_fn(isa, args.forward.dtype),
+                              detail::backward_normalizers_fn(isa, args.forward.dtype));
+}
+
+void detail::run_backward_passes(const BackwardArgs& args, bool lse_of_these_keys, Isa isa,
+                                 BackwardItemFn run_item, BackwardNormalizersFn recompute_rows) {
   const int hw = detail::hardware_threads();
   const int threads = args.forward.threads <= 0 || args.forward.threads > hw ? hw : args.forward.threads;
   detail::BackwardProblem p = detail::plan_backward(args);
@@ -306,7 +315,6 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   if (!heads_to_recompute.empty()) {
     const int workers = int(detail::min64(threads, int64_t(heads_to_recompute.size())));
     detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
-    const detail::BackwardNormalizersFn recompute_rows = detail::backward_normalizers_fn(isa);
     detail::parallel_for(int64_t(heads_to_recompute.size()), workers, [&](int64_t i, int worker) {
       const int64_t item = heads_to_recompute[size_t(i)];
       const std::vector<int64_t>& rows = recompute[size_t(item)];
@@ -319,7 +327,6 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   if (!items.empty()) {
     const int workers = int(detail::min64(threads, int64_t(items.size())));
     detail::Workspace scratch(detail::backward_scratch_layout(p).total, workers);
-    const detail::BackwardItemFn run_item = detail::backward_item_fn(isa, args.forward.dtype);
     detail::parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
       run_item(p, items[size_t(item)], scratch.for_worker(worker));
     });

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "core/dropout.hpp"
+#include "core/isa_entry.hpp"
 #include "core/problem.hpp"
 #include "tileattn/backward.hpp"
 
@@ -68,6 +69,13 @@ void validate(const BackwardArgs& args);
 // this block's keys alone).
 void run_backward(const BackwardArgs& args, bool lse_of_these_keys);
 
+// run_backward's passes on `isa` (not Isa::reference) with the main loop's
+// item and normalizer functions given, for a validated call: run_backward
+// passes the ones it chooses for that isa and dtype; tests pass the bf16
+// rungs' main loop compiled against the AVX-512 emulation and the AMX model.
+void run_backward_passes(const BackwardArgs& args, bool lse_of_these_keys, Isa isa, BackwardItemFn run_item,
+                         BackwardNormalizersFn recompute_rows);
+
 // Query rows [first, last) that may see some key in [j_begin, j_end): the
 // inverse of visible_keys().
 static inline KeyRange visible_queries(const Band& band, const Sequence& s, int64_t j_begin,
@@ -90,6 +98,8 @@ struct BackwardScratchLayout {
   int64_t bf16_q;      // BLOCK_Q rounded up to 32
   int64_t bf16_d;      // head_dim rounded up to 32
   int64_t bf16_dv;     // V's head dim rounded up to 32 (dP = dO V^T's reduction)
+  int64_t q16;         // Q rows bf16, unscaled (A of S = Q K^T), 16 slack rows
+  int64_t k_d_pairs;   // K, pairs along D (B of S = Q K^T)
   int64_t k_pairs;     // K, pairs along keys (B of dQ += dS K)
   int64_t v_pairs;     // V, pairs along Dv (B of dP = dO V^T)
   int64_t d_o16;       // dO rows bf16 (A of dP), 16 slack rows
@@ -110,7 +120,7 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
     return at;
   };
   l.k_rows = take(kv * dp);   // (BLOCK_KV_pad, D_pad)  K rows
-  l.k_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  K^T
+  l.k_t = take(dp * kv);      // (D_pad, BLOCK_KV_pad)  K^T (fp32 scores)
   l.v_t = take(dvp * kv);     // (Dv_pad, BLOCK_KV_pad) V^T
   l.dk = take(kv * dp);       // (BLOCK_KV_pad, D_pad)  dK accumulator
   l.dv = take(kv * dvp);      // (BLOCK_KV_pad, Dv_pad) dV accumulator
@@ -131,6 +141,8 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
     l.bf16_d = round_up(p.fwd.args.shape.head_dim, kBf16PairBlock);
     l.bf16_dv = round_up(p.fwd.v_head_dim, kBf16PairBlock);
     const int64_t a_rows = max64(kv, bq) + 16, a_cols = max64(l.bf16_kv, l.bf16_q);
+    l.q16 = take(bf16((bq + 16) * l.bf16_d));    // (BLOCK_Q_pad + 16, bf16_d)
+    l.k_d_pairs = take(bf16(kv * l.bf16_d));     // kv_pad / 16 panels of (bf16_d / 2, 16, 2)
     l.k_pairs = take(bf16(l.bf16_kv * dp));
     l.v_pairs = take(bf16(kv * l.bf16_dv));
     l.d_o16 = take(bf16((bq + 16) * l.bf16_dv));

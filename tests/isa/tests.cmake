@@ -21,10 +21,11 @@ target_compile_definitions(isa_tests PRIVATE TILEATTN_LIBRARY_FILE="$<TARGET_FIL
 add_dependencies(isa_tests tileattn)
 
 # The bf16 product rungs (avx512bf16, amx) on the AVX-512 emulation and the
-# AMX tile model: their kernels and the forward main loop on them, compiled
-# once, without <immintrin.h>.
+# AMX tile model: their kernels and the forward and backward main loops on
+# them, compiled once, without <immintrin.h>.
 target_sources(isa_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_kernel_sets.cpp
-                                 ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_forward.cpp)
+                                 ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_forward.cpp
+                                 ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_backward.cpp)
 
 # The same kernels and one vdpbf16ps / tdpbf16ps natively, for the tests that
 # compare the models with the hardware: the AMX flags where the compiler has

@@ -237,5 +237,38 @@ TEST(BackwardBf16ProbabilitiesShow, RoundingChangesGradients) {
   }
 }
 
+// The normalizer pass forms each recomputed row's max from scores formed
+// bitwise as the main loop forms them (BackwardMainloop::scores), so a row
+// whose single visible key carries its whole mass gets P = exp2(S - max) = 1
+// exactly. With K = Q, window (0, 0) and a huge scale every row sees only its
+// own key, at |LSE| ~ 5e4 (recomputed normalizers, and one fp32 unit of S
+// there is 2^-7 in log2 units, which moves P by 0.5%, more than bf16's
+// half unit): dV = P dO must then be dO bit for bit, on every path and
+// dtype, the bf16 rungs' dot-product scores included.
+TEST(BackwardRecomputedNormalizers, OneKeyRowsPassDOThroughToDVExactly) {
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      if (!isa_available(isa)) continue;
+      BackwardCase bc;
+      bc.c.seqlen_q = bc.c.seqlen_k = 97;
+      bc.c.heads = bc.c.kv_heads = 2;
+      bc.c.head_dim = 40;
+      bc.c.mask = MaskCase::window;
+      bc.c.window_left = bc.c.window_right = 0;
+      bc.c.scale = 4000.0f;
+      bc.c.dtype = dtype;
+      bc.c.seed = 77;
+      BackwardData data(bc, isa);
+      data.fwd.k32 = data.fwd.q32;  // K = Q: S_ii = scale |q_i|^2 > 0 (same shape and layout)
+      data.fwd.k16 = data.fwd.q16;
+      attention_forward(data.fwd.args);  // O and the LSE of these inputs
+      attention_backward(data.args);
+      const std::string label = std::string(isa_name(isa)) + (dtype == DType::f32 ? " f32" : " bf16");
+      ASSERT_EQ(data.dv.bytes(dtype), data.d_o.bytes(dtype)) << label;
+      EXPECT_EQ(std::memcmp(data.dv.data(dtype), data.d_o.data(dtype), data.dv.bytes(dtype)), 0)
+          << label << ": dV differs from dO";
+    }
+}
+
 }  // namespace
 }  // namespace tileattn::testing

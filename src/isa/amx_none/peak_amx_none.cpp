@@ -31,5 +31,11 @@ void backward_item_avx512bf16(const BackwardProblem&, const BackwardItem&, float
 void backward_item_amx(const BackwardProblem&, const BackwardItem&, float*) {
   throw std::logic_error("tileattn: built without the amx rung");
 }
+void backward_normalizers_avx512bf16(const BackwardProblem&, int64_t, int64_t, const int64_t*, int64_t, float*) {
+  throw std::logic_error("tileattn: built without the avx512bf16 rung");
+}
+void backward_normalizers_amx(const BackwardProblem&, int64_t, int64_t, const int64_t*, int64_t, float*) {
+  throw std::logic_error("tileattn: built without the amx rung");
+}
 
 }  // namespace tileattn::detail
