@@ -86,6 +86,16 @@ void check_injective(const char* name, const int64_t* sizes, const int64_t* stri
   }
 }
 
+void validate_head_dims(int64_t head_dim, int64_t v_head_dim) {
+  if (head_dim < 1 || head_dim > kMaxHeadDim)
+    fail("head_dim must be in 1.." + str(kMaxHeadDim) + ", got " + str(head_dim));
+  if (v_head_dim < 0 || v_head_dim > kMaxValueHeadDim)
+    fail("v_head_dim must be in 1.." + str(kMaxValueHeadDim) + " (0: head_dim), got " + str(v_head_dim));
+  if (v_head_dim == 0 && head_dim > kMaxValueHeadDim)
+    fail("v_head_dim: V's head dim is head_dim (" + str(head_dim) + ") when v_head_dim is 0, and must be in 1.." +
+         str(kMaxValueHeadDim) + "; set v_head_dim");
+}
+
 void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t total_rows) {
   if (cu[0] < 0) fail(std::string(name) + "[0] must be >= 0, got " + str(cu[0]));
   for (int64_t b = 0; b < batch; ++b) {
@@ -128,13 +138,7 @@ void validate(const ForwardArgs& a) {
   if (s.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(s.kv_heads));
   if (s.heads % s.kv_heads != 0)
     fail("kv_heads (" + str(s.kv_heads) + ") must divide heads (" + str(s.heads) + ")");
-  if (s.head_dim < 1 || s.head_dim > kMaxHeadDim)
-    fail("head_dim must be in 1.." + str(kMaxHeadDim) + ", got " + str(s.head_dim));
-  if (s.v_head_dim < 0 || s.v_head_dim > kMaxValueHeadDim)
-    fail("v_head_dim must be in 1.." + str(kMaxValueHeadDim) + " (0: head_dim), got " + str(s.v_head_dim));
-  if (value_head_dim(s) > kMaxValueHeadDim)
-    fail("v_head_dim: V's head dim is head_dim (" + str(s.head_dim) + ") when v_head_dim is 0, and must be in 1.." +
-         str(kMaxValueHeadDim) + "; set v_head_dim");
+  validate_head_dims(s.head_dim, s.v_head_dim);
   if (s.seqlen_q < 0) fail("seqlen_q must be >= 0, got " + str(s.seqlen_q));
   if (s.seqlen_k < 0) fail("seqlen_k must be >= 0, got " + str(s.seqlen_k));
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)

@@ -20,6 +20,10 @@ bool ranges_overlap(const ByteRange& a, const ByteRange& b);
 // Throws unless distinct indices map to distinct elements (outputs).
 void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank);
 void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t total_rows);
+// Q/K's head_dim in 1..kMaxHeadDim, V's v_head_dim in 1..kMaxValueHeadDim
+// (0: head_dim, which must then fit V's range too); the forward's and the
+// KV cache's shared check.
+void validate_head_dims(int64_t head_dim, int64_t v_head_dim);
 
 void validate(const ForwardArgs& args);
 

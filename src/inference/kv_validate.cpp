@@ -232,13 +232,7 @@ void check_rotary_position(const KvCacheArgs& a, const char* who, int64_t b, int
 void validate_cache(const KvCacheArgs& a) {
   if (a.batch < 0) fail("batch must be >= 0, got " + str(a.batch));
   if (a.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(a.kv_heads));
-  if (a.head_dim < 1 || a.head_dim > kMaxHeadDim)
-    fail("head_dim must be in 1.." + str(kMaxHeadDim) + ", got " + str(a.head_dim));
-  if (a.v_head_dim < 0 || a.v_head_dim > kMaxValueHeadDim)
-    fail("v_head_dim must be in 1.." + str(kMaxValueHeadDim) + " (0: head_dim), got " + str(a.v_head_dim));
-  if (value_head_dim(a) > kMaxValueHeadDim)
-    fail("v_head_dim: V's head dim is head_dim (" + str(a.head_dim) + ") when v_head_dim is 0, and must be in 1.." +
-         str(kMaxValueHeadDim) + "; set v_head_dim");
+  validate_head_dims(a.head_dim, a.v_head_dim);
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
     fail("dtype: expected fp32, fp16 or bf16 (a quantized cache sets kv_quant)");
   if (a.kv_quant != KvQuant::none && a.kv_quant != KvQuant::int8 && a.kv_quant != KvQuant::fp8_e4m3)

@@ -109,16 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Table, Bf16EmulatedBackward,
 // normalizer pass forms the scores bitwise as the main loop does.
 TEST(Bf16EmulatedBackwardNormalizers, OneKeyRowsPassDOThroughToDVExactly) {
   for (Isa isa : {Isa::avx512bf16, Isa::amx}) {
-    BackwardCase bc;
-    bc.c.seqlen_q = bc.c.seqlen_k = 97;
-    bc.c.heads = bc.c.kv_heads = 2;
-    bc.c.head_dim = 40;
-    bc.c.mask = MaskCase::window;
-    bc.c.window_left = bc.c.window_right = 0;
-    bc.c.scale = 4000.0f;
-    bc.c.dtype = DType::bf16;
-    bc.c.seed = 77;
-    BackwardData data(bc, Isa::automatic);
+    BackwardData data(one_key_rows_case(DType::bf16), Isa::automatic);
     data.fwd.k16 = data.fwd.q16;  // K = Q: S_ii = scale |q_i|^2 > 0
     attention_forward(data.fwd.args);
     emulated_bf16_backward(data.args, isa);

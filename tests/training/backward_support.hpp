@@ -120,6 +120,23 @@ inline std::string describe(const char* what, const GradientCheck& g) {
   return s.str();
 }
 
+// Rows that each see one key, their own, at |LSE| ~ 5e4 (K is set to Q by the
+// caller: S_ii = scale |q_i|^2 > 0; window (0, 0), scale 4000): every
+// normalizer is recomputed and dV = P dO must equal dO bit for bit
+// (BackwardRecomputedNormalizers in tests/training, and tests/isa's emulated rungs).
+inline BackwardCase one_key_rows_case(DType dtype) {
+  BackwardCase bc;
+  bc.c.seqlen_q = bc.c.seqlen_k = 97;
+  bc.c.heads = bc.c.kv_heads = 2;
+  bc.c.head_dim = 40;
+  bc.c.mask = MaskCase::window;
+  bc.c.window_left = bc.c.window_right = 0;
+  bc.c.scale = 4000.0f;
+  bc.c.dtype = dtype;
+  bc.c.seed = 77;
+  return bc;
+}
+
 // Per-row allowances on top of the rule for dQ, dK and dV (empty: none).
 struct GradientAllowances {
   std::vector<double> dq, dk, dv;

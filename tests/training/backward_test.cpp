@@ -249,16 +249,7 @@ TEST(BackwardRecomputedNormalizers, OneKeyRowsPassDOThroughToDVExactly) {
   for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     for (DType dtype : {DType::f32, DType::bf16}) {
       if (!isa_available(isa)) continue;
-      BackwardCase bc;
-      bc.c.seqlen_q = bc.c.seqlen_k = 97;
-      bc.c.heads = bc.c.kv_heads = 2;
-      bc.c.head_dim = 40;
-      bc.c.mask = MaskCase::window;
-      bc.c.window_left = bc.c.window_right = 0;
-      bc.c.scale = 4000.0f;
-      bc.c.dtype = dtype;
-      bc.c.seed = 77;
-      BackwardData data(bc, isa);
+      BackwardData data(one_key_rows_case(dtype), isa);
       data.fwd.k32 = data.fwd.q32;  // K = Q: S_ii = scale |q_i|^2 > 0 (same shape and layout)
       data.fwd.k16 = data.fwd.q16;
       attention_forward(data.fwd.args);  // O and the LSE of these inputs
