@@ -177,6 +177,17 @@ class Bf16Operands {
   // 2 threads, 47.3 ms against 51 in 32-row steps.
   static constexpr int64_t kBlockRows = 32;  // rows of a queued tile block
   int64_t product_rows(int64_t m) const { return p_.block_kv >= 128 ? min64(m, kBlockRows) : m; }
+  // Blocks that scores() and accumulate() queue for m stacked rows against
+  // n_pad keys (whole 32-row bands only; the others run where called).
+  int64_t queued_blocks(int64_t m, int64_t n_pad) const {
+    if constexpr (requires { K::kAsyncProducts; }) {
+      if (product_rows(m) != kBlockRows) return 0;
+      const int64_t per_band = (deferred_scale() != 1.0f ? (n_pad + 31) / 32 : 0) + (p_.v_head_dim_padded + 31) / 32;
+      return m / kBlockRows * per_band;
+    }
+    (void)m, (void)n_pad;
+    return 0;
+  }
   // The softmax can write P straight into the hi + lo rows P V reads
   // (exponentials()), without an fp32 P stored and read back.
   static constexpr bool kOwnExponentials = true;
@@ -241,20 +252,22 @@ class Bf16Operands {
       for (int64_t j = 0; j < n; j += 32)
         queue_[queued_++] = Bf16Block{a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, k,
                                       int(min64(32, n - j)), accumulate};
-      if (prefetch) prefetch->issue(kPrefetchLinesPerBand);
+      paced_ = prefetch;  // run_queued_block() asks for its share
       return true;
     }
     (void)m, (void)n, (void)k, (void)a, (void)a_lo, (void)lda, (void)b, (void)b_panel, (void)c, (void)ldc;
     (void)accumulate, (void)prefetch;
     return false;
   }
-  static constexpr int64_t kPrefetchLinesPerBand = 16;
 
   // The oldest queued block that has not run, if any (only kAsyncProducts
   // kernels queue blocks).
   void run_queued_block() {
     if constexpr (requires { K::kAsyncProducts; }) {
-      if (next_ < queued_) K::bf16_block(queue_[next_++]);
+      if (next_ < queued_) {
+        K::bf16_block(queue_[next_++]);
+        if (paced_) paced_->issue_paced();
+      }
     }
   }
 
@@ -262,6 +275,7 @@ class Bf16Operands {
   int64_t bf16_k_, bf16_kv_pad_;
   Bf16Block queue_[kMaxQueued];
   int queued_ = 0, next_ = 0;  // queue_[next_, queued_) have not run
+  RowPrefetch* paced_ = nullptr;  // the next tile's lines, a share per block run
   uint16_t* q_tile_;  // (stacked rows + 16, bf16_k)
   uint16_t* k_tile_;  // kv_pad / 16 panels of (bf16_k / 2, 16, 2)
   uint16_t* v_tile_;  // Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
@@ -387,6 +401,16 @@ class ForwardMainloop {
         prefetch_.reset(nullptr, 0, 0);
         if (next_n > 0 && !direct_) queue_next_tile(seq, w.batch, next_kv_head, next_begin, next_n);
         const int64_t n_pad = round_up(n, kPanelWidth);
+        if constexpr (requires { operands_.queued_blocks(int64_t(), int64_t()); }) {
+          // Queued tile blocks (AMX) ask for the next tile's lines in equal
+          // shares, one per block run.
+          int64_t blocks = 0;
+          for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm)
+            blocks += operands_.queued_blocks(
+                row_subset ? tile_rows.last - tile_rows.first : min64(heads_per_gemm, heads_per_kv - g0) * rows_,
+                n_pad);
+          prefetch_.pace(blocks);
+        }
         for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm) {
           int64_t s0 = (g * heads_per_kv + g0) * rows_;
           int64_t m = min64(heads_per_gemm, heads_per_kv - g0) * rows_;

@@ -45,6 +45,7 @@ class RowPrefetch {
     row_bytes_ = row_bytes;
     row_ = 0;
     offset_ = 0;
+    paced_lines_ = 0;
   }
 
   // Asks for the next `lines` 64-byte lines (fewer when the rows run out).
@@ -60,6 +61,20 @@ class RowPrefetch {
     }
   }
 
+  // Spreads the lines not yet asked for over `issues` calls of issue_paced()
+  // (issues <= 0: issue_paced() asks for none).
+  void pace(int64_t issues) {
+    const int64_t left = lines_left();
+    paced_lines_ = issues > 0 ? (left + issues - 1) / issues : 0;
+  }
+  inline void issue_paced() { issue(paced_lines_); }
+
+  // Lines not yet asked for.
+  int64_t lines_left() const {
+    if (row_ >= n_rows_) return 0;
+    return (n_rows_ - row_) * ((row_bytes_ + 63) / 64) - offset_ / 64;
+  }
+
   // Asks for every line not yet asked for.
   void finish() { issue(INT64_MAX); }
 
@@ -69,6 +84,7 @@ class RowPrefetch {
   int64_t row_bytes_ = 0;
   int64_t row_ = 0;
   int64_t offset_ = 0;
+  int64_t paced_lines_ = 0;
 };
 
 // The rows the few-rows score product prefetches as it goes (decode), one K

@@ -1,0 +1,56 @@
+// The next tile's prefetches (core/row_prefetch.hpp): every line of every
+// row is asked for once, and pace() spreads what is left over the given
+// number of issue_paced() calls.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/row_prefetch.hpp"
+
+namespace tileattn::testing {
+namespace {
+
+using detail::RowPrefetch;
+
+TEST(RowPrefetch, CountsEveryLineOfEveryRowOnce) {
+  std::vector<char> buffer(4096);
+  const void* rows[3] = {buffer.data(), buffer.data() + 1024, buffer.data() + 2048};
+  RowPrefetch prefetch;
+  prefetch.reset(rows, 3, 130);  // 3 lines per row (the last one partial)
+  EXPECT_EQ(prefetch.lines_left(), 9);
+  prefetch.issue(2);
+  EXPECT_EQ(prefetch.lines_left(), 7);
+  prefetch.issue(2);  // crosses into the second row
+  EXPECT_EQ(prefetch.lines_left(), 5);
+  prefetch.finish();
+  EXPECT_EQ(prefetch.lines_left(), 0);
+  prefetch.issue(4);  // nothing left: no line past the rows
+  EXPECT_EQ(prefetch.lines_left(), 0);
+}
+
+TEST(RowPrefetch, PaceSpreadsTheLinesLeftOverTheIssues) {
+  std::vector<char> buffer(64 * 64);
+  std::vector<const void*> rows;
+  for (int r = 0; r < 8; ++r) rows.push_back(buffer.data() + r * 512);
+  RowPrefetch prefetch;
+  prefetch.reset(rows.data(), 8, 512);  // 8 lines per row, 64 lines
+  prefetch.issue(4);
+  prefetch.pace(7);  // 60 lines over 7 calls: 9 each, the last call asks for 6
+  for (int call = 1; call <= 6; ++call) {
+    prefetch.issue_paced();
+    EXPECT_EQ(prefetch.lines_left(), 60 - 9 * call) << "call " << call;
+  }
+  prefetch.issue_paced();
+  EXPECT_EQ(prefetch.lines_left(), 0);
+
+  prefetch.reset(rows.data(), 8, 512);  // reset forgets the pace
+  prefetch.issue_paced();
+  EXPECT_EQ(prefetch.lines_left(), 64);
+  prefetch.pace(0);  // no issues planned: issue_paced() asks for none
+  prefetch.issue_paced();
+  EXPECT_EQ(prefetch.lines_left(), 64);
+}
+
+}  // namespace
+}  // namespace tileattn::testing
