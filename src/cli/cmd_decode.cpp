@@ -32,13 +32,14 @@ namespace {
 const char* const kHelp =
     "usage: tileattn decode [--prompt P] [--steps S] [--batch B] [--heads H] [--kv-heads HKV]\n"
     "                       [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
-    "                       [--page-size N] [--recompute-steps R]\n"
+    "                       [--page-size N] [--recompute-steps R] [--rotary-dim R]\n"
     "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--bf16-probabilities] [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
     "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
     "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
     "--dim-v DV: V's head dim (default D; D is 2..576, DV 1..512). DeepSeek MLA's absorbed\n"
-    "decode: --dim 576 --dim-v 512 --kv-heads 1 --heads 128.\n"
+    "decode: --dim 576 --dim-v 512 --kv-heads 1 --heads 128 --rotary-dim 64.\n"
+    "--rotary-dim R: RoPE rotates the first R dims of q and k (even, 2..D; default D).\n"
     "--bf16-probabilities (bf16): P rounded to bf16 in the packed P V products, which steps\n"
     "stacking more than 8 query rows per KV head take (KvCacheArgs::bf16_probabilities).\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
@@ -453,7 +454,8 @@ int cmd_decode(int argc, char** argv) {
             {{"--prompt", true}, {"--steps", true}, {"--batch", true}, {"--heads", true},
              {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
              {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false},
-             {"--kv-dtype", true}, {"--dim-v", true}, {"--bf16-probabilities", false}});
+             {"--kv-dtype", true}, {"--dim-v", true}, {"--bf16-probabilities", false},
+             {"--rotary-dim", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   Shape s;
@@ -503,7 +505,13 @@ int cmd_decode(int argc, char** argv) {
   if (s.heads % s.kv_heads != 0)
     throw UsageError("--kv-heads: " + std::to_string(s.kv_heads) + " must divide --heads " +
                      std::to_string(s.heads));
-  if (s.dim % 2 != 0) throw UsageError("--dim: must be even (RoPE rotates pairs), got " + std::to_string(s.dim));
+  const int64_t rotary_dim = args.integer("--rotary-dim", s.dim, 2, kMaxHeadDim);
+  if (!args.has("--rotary-dim") && s.dim % 2 != 0)
+    throw UsageError("--dim: must be even (RoPE rotates pairs; or give an even --rotary-dim), got " +
+                     std::to_string(s.dim));
+  if (rotary_dim % 2 != 0 || rotary_dim > s.dim)
+    throw UsageError("--rotary-dim: must be even and at most --dim (" + std::to_string(s.dim) + "), got " +
+                     std::to_string(rotary_dim));
   const int64_t capacity = s.prompt + s.steps;
   if (capacity > std::numeric_limits<int32_t>::max()) throw UsageError("--prompt: too long");
   int64_t kv_elems = 0;
@@ -511,7 +519,7 @@ int cmd_decode(int argc, char** argv) {
       kv_elems > (int64_t{1} << 34))
     throw UsageError("decode: the cache would be too large");
 
-  const RopeTables rope = rope_tables(kLlama3RopeTheta, capacity, s.dim);
+  const RopeTables rope = rope_tables(kLlama3RopeTheta, capacity, rotary_dim);
   Tokens t;
   t.prompt_k = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 1);
   t.prompt_v = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim_v, 2);
@@ -563,7 +571,8 @@ int cmd_decode(int argc, char** argv) {
   rep.boolean("paged", paged);
   if (paged) rep.integer("page_size", page_size);
   else rep.null("page_size");
-  rep.text("rope", "neox, theta 500000, rotary_dim = dim");
+  rep.text("rope", "neox, theta 500000");
+  rep.integer("rotary_dim", rotary_dim);
   rep.number("ms_per_token", main.ms_per_token);
   rep.number("tokens_per_s", double(s.batch) * 1e3 / main.ms_per_token);
   rep.integer("kv_bytes_per_step", main.kv_bytes_last);

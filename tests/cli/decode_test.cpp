@@ -104,9 +104,18 @@ TEST(cliDecode, ValueHeadDim) {
                                       "--recompute-steps 1 --json");
     EXPECT_EQ(number(j, "dim"), 576);
     EXPECT_EQ(number(j, "dim_v"), 512);
+    EXPECT_EQ(number(j, "rotary_dim"), 576);  // RoPE over all of --dim by default
     // batch 1 x 1 KV head x (64 + 2) tokens x (576 + 512) dims x 2 bytes.
     EXPECT_EQ(number(j, "kv_bytes_per_step"), 66.0 * (576 + 512) * 2);
     EXPECT_GT(number(j, "speedup_vs_recompute"), 0);
+  }
+  // MLA rotates 64 of the 576 dims; an odd --dim is fine when the rotated
+  // part is even.
+  for (const char* dims : {"--dim 576 --dim-v 512 --rotary-dim 64", "--dim 65 --rotary-dim 32"}) {
+    const Json j = decode_json("", std::string("decode --prompt 64 --steps 2 --heads 4 --kv-heads 1 ") + dims +
+                                       " --recompute-steps 1 --json");
+    EXPECT_EQ(number(j, "rotary_dim"), std::string(dims).find("64") != std::string::npos ? 64 : 32) << dims;
+    EXPECT_GT(number(j, "ms_per_token"), 0) << dims;
   }
   const Json rounded = decode_json("", "decode --prompt 64 --steps 2 --heads 16 --kv-heads 1 --dim 64 "
                                        "--recompute-steps 1 --bf16-probabilities --json");
@@ -122,6 +131,9 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
       {"--page-size 8", "--page-size"},  // without --paged
       {"--heads 4 --kv-heads 3", "--kv-heads"},  // does not divide --heads
       {"--dim 33", "--dim"},             // RoPE needs an even head dim
+      {"--rotary-dim 63", "--rotary-dim"},  // odd
+      {"--rotary-dim 256", "--rotary-dim"},  // past --dim 128
+      {"--rotary-dim 0", "--rotary-dim"},
       {"--steps 0", "--steps"},
       {"--dtype fp64", "fp64"},
       {"--kv-dtype int4", "--kv-dtype"},
