@@ -33,7 +33,8 @@ const char* const kHelp =
     "                      [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--causal] [--window L,R]\n"
     "                      [--softcap C] [--alibi] [--sinks S.npy] [--bf16-probabilities]\n"
     "                      [--threads T] [--reps R] [--backward | --decode] [--no-baseline]\n"
-    "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--json]\n"
+    "                      [--impl both|tileattn|openblas] [--peak-gflops G] [--bf16-peak-gflops G]\n"
+    "                      [--json]\n"
     "       tileattn bench --sweep [--seqs N,..] [--dims D,..] [--masks none,causal,window]\n"
     "                      [--dtypes fp32,..] [--passes forward,backward,decode]\n"
     "                      [--impls tileattn,openblas] [--max-naive-mb MB] [--out FILE.json|.csv]\n"
@@ -52,7 +53,8 @@ const char* const kHelp =
     "--decode times one new query token per (batch, head) against a KV cache holding M keys\n"
     "(attention_with_kvcache; the baseline is the naive attention of that one row).\n"
     "--impl tileattn (same as --no-baseline) or openblas times only that one.\n"
-    "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once).\n"
+    "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once);\n"
+    "--bf16-peak-gflops G likewise for the AMX / vdpbf16ps peak of bf16 inputs.\n"
     "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
     "slopes) in tileattn; the baseline has neither. --sinks S.npy (float32 [H]) adds attention\n"
     "sinks in tileattn (the backward also computes their gradient); the baseline has none.\n"
@@ -95,7 +97,7 @@ int cmd_bench(int argc, char** argv) {
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
              {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--sinks", true},
              {"--bf16-probabilities", false}, {"--threads", true}, {"--reps", true}, {"--backward", false},
-             {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
+             {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true}, {"--bf16-peak-gflops", true},
              {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
              {"--out", true}, {"--dim-v", true}});
@@ -131,6 +133,7 @@ int cmd_bench(int argc, char** argv) {
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const int reps = int(args.integer("--reps", 5, 1, 1000));
   const double given_peak = args.number("--peak-gflops", 0, 1e-3, 1e9);
+  const double given_bf16_peak = args.number("--bf16-peak-gflops", 0, 1e-3, 1e9);
   if (heads % kv_heads != 0)
     throw UsageError("--kv-heads: " + std::to_string(kv_heads) + " must divide --heads " + std::to_string(heads));
   int64_t q_elems = 0, k_elems = 0, v_elems = 0, o_elems = 0;
@@ -298,7 +301,9 @@ int cmd_bench(int argc, char** argv) {
     // backward; decode keeps the FMA products): the yardstick of that unit too.
     double unit_peak = peak;
     if (!decode && detail::tile_product(isa, dtype) == detail::TileProduct::bf16_dot) {
-      unit_peak = isa == Isa::amx ? measure_amx_bf16_peak_gflops(threads) : measure_bf16_dot_peak_gflops(threads);
+      unit_peak = given_bf16_peak > 0 ? given_bf16_peak
+                  : isa == Isa::amx   ? measure_amx_bf16_peak_gflops(threads)
+                                      : measure_bf16_dot_peak_gflops(threads);
       rep.number("bf16_peak_gflops", unit_peak);
       rep.number("fraction_of_bf16_peak", gflops / unit_peak);
     } else {

@@ -384,6 +384,30 @@ TEST(cliBench, WarnsWhenTheFractionOfPeakIsAboveOne) {
   EXPECT_NE(r.err.find("fraction_of_peak is not meaningful"), std::string::npos) << r.err;
 }
 
+// --bf16-peak-gflops stands in for the AMX / vdpbf16ps peak of bf16 inputs on
+// a bf16 rung (which machines without AMX or AVX512-BF16 do not run: there
+// the field is null whatever is given); out of range, an error naming it.
+TEST(cliBench, GivenBf16PeakIsTheOneReported) {
+  TempDir dir;
+  const Result r = run_cli("bench --heads 2 --seq 64 --dim 32 --dtype bf16 --reps 1 --threads 1 --no-baseline "
+                           "--peak-gflops 1000000 --bf16-peak-gflops 0.5 --json",
+                           dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  const std::string isa = j.get("isa")->str;
+  if (isa == "amx" || isa == "avx512bf16") {
+    EXPECT_EQ(j.get("bf16_peak_gflops")->num, 0.5);
+    const double gflops = j.get("gflops")->num;  // the JSON prints 9 significant digits
+    EXPECT_NEAR(j.get("fraction_of_bf16_peak")->num, gflops / 0.5, 1e-7 * gflops / 0.5);
+  } else {
+    EXPECT_EQ(j.get("bf16_peak_gflops")->type, Json::null) << isa;
+  }
+  const Result bad = run_cli("bench --heads 2 --seq 64 --dim 32 --reps 1 --bf16-peak-gflops 0 --json", dir);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--bf16-peak-gflops"), std::string::npos) << bad.err;
+  EXPECT_TRUE(bad.out.empty()) << bad.out;
+}
+
 // The help names the candidates the command times (6 block_q x 4 block_kv).
 TEST(cliTune, HelpListsTheTimedCandidates) {
   TempDir dir;
