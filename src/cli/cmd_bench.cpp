@@ -97,8 +97,8 @@ int cmd_bench(int argc, char** argv) {
              {"--kv-seq", true}, {"--dim", true}, {"--dtype", true}, {"--causal", false},
              {"--window", true}, {"--softcap", true}, {"--alibi", false}, {"--sinks", true},
              {"--bf16-probabilities", false}, {"--threads", true}, {"--reps", true}, {"--backward", false},
-             {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true}, {"--bf16-peak-gflops", true},
-             {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
+             {"--decode", false}, {"--no-baseline", false}, {"--impl", true}, {"--peak-gflops", true},
+             {"--bf16-peak-gflops", true}, {"--json", false}, {"--sweep", false}, {"--seqs", true}, {"--dims", true}, {"--masks", true},
              {"--dtypes", true}, {"--passes", true}, {"--impls", true}, {"--max-naive-mb", true},
              {"--out", true}, {"--dim-v", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;

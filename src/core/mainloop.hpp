@@ -401,22 +401,23 @@ class ForwardMainloop {
         prefetch_.reset(nullptr, 0, 0);
         if (next_n > 0 && !direct_) queue_next_tile(seq, w.batch, next_kv_head, next_begin, next_n);
         const int64_t n_pad = round_up(n, kPanelWidth);
+        // Stacked rows of the product of heads [g0, g0 + heads_per_gemm).
+        const auto group_rows = [&](int64_t g0) {
+          return row_subset ? tile_rows.last - tile_rows.first : min64(heads_per_gemm, heads_per_kv - g0) * rows_;
+        };
         if constexpr (requires { operands_.queued_blocks(int64_t(), int64_t()); }) {
           // Queued tile blocks (AMX) ask for the next tile's lines in equal
           // shares, one per block run.
           int64_t blocks = 0;
           for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm)
-            blocks += operands_.queued_blocks(
-                row_subset ? tile_rows.last - tile_rows.first : min64(heads_per_gemm, heads_per_kv - g0) * rows_,
-                n_pad);
+            blocks += operands_.queued_blocks(group_rows(g0), n_pad);
           prefetch_.pace(blocks);
         }
         for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm) {
           int64_t s0 = (g * heads_per_kv + g0) * rows_;
-          int64_t m = min64(heads_per_gemm, heads_per_kv - g0) * rows_;
+          const int64_t m = group_rows(g0);
           if (row_subset) {
             s0 += tile_rows.first - w.q_begin;
-            m = tile_rows.last - tile_rows.first;
             if (m == 0) continue;
           }
           // The step's rows in bands of the operands' product rows (few-rows
