@@ -282,7 +282,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     a.rotary_dim = in.ConsumeBool() ? 2 * in.ConsumeIntegralInRange<int64_t>(1, 20)
                                     : dims_rotary[in.ConsumeIntegralInRange<int>(0, 5)];
     a.rotary_positions = in.ConsumeIntegralInRange<int64_t>(-1, 40);
-    const int64_t half = std::clamp<int64_t>(a.rotary_dim / 2, 0, 200);
+    // Rows as wide as the widest rotary_dim the library reads (head dims up
+    // to kMaxHeadDim; the tables are raw pointers it cannot measure).
+    const int64_t half = std::clamp<int64_t>(a.rotary_dim / 2, 0, tileattn::kMaxHeadDim / 2 + 1);
     rotary_cos = make_rotary_table(in, a.rotary_positions, half, true);
     rotary_sin = make_rotary_table(in, a.rotary_positions, half, false);
     const int which = in.ConsumeIntegralInRange<int>(0, 7);  // 0: cos only, 1: sin only
