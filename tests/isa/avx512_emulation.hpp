@@ -63,6 +63,7 @@
 #define _CMP_NLT_US 0x05
 #define _CMP_NLE_US 0x06
 #define _CMP_ORD_Q 0x07
+#define _CMP_NLT_UQ 0x15
 #define _CMP_LT_OQ 0x11
 #define _CMP_LE_OQ 0x12
 #define _CMP_GE_OQ 0x1d
@@ -209,6 +210,16 @@ inline __m512 _mm512_roundscale_ps(__m512 a, int imm) {
 }
 inline __m512 _mm512_scalef_ps(__m512 a, __m512 b) {
   return per_lane([&](int i) { return lane::scalef(a.f32[i], b.f32[i]); });
+}
+inline __m512 _mm512_maskz_scalef_ps(__mmask16 k, __m512 a, __m512 b) {
+  return per_lane([&](int i) { return memory::active(k, i) ? lane::scalef(a.f32[i], b.f32[i]) : 0.0f; });
+}
+inline __mmask16 _mm512_mask_cmp_ps_mask(__mmask16 k, __m512 a, __m512 b, int predicate) {
+  if (predicate < 0 || predicate > 31) fault("mask_cmp_ps_mask: predicate outside 0..31");
+  unsigned r = 0;
+  for (int i = 0; i < 16; ++i)
+    if (memory::active(k, i) && lane::compare(a.f32[i], b.f32[i], predicate)) r |= 1u << i;
+  return static_cast<__mmask16>(r);
 }
 inline __mmask16 _mm512_cmp_ps_mask(__m512 a, __m512 b, int predicate) {
   if (predicate < 0 || predicate > 31) fault("cmp_ps_mask: predicate outside 0..31");

@@ -121,7 +121,9 @@ float widen(uint16_t h) {
 // P's rows are followed by NaN up to the next row and for k floats after the
 // last, as stale scores can follow them in the score tile: columns n..k must
 // still come out zero.
-TEST_P(Bf16Packing, SplitRowsIntoNearestHiAndLo) {
+// hi + lo: hi is x truncated to bf16 (its high word), lo = x - hi (exact)
+// rounded to nearest even; hi alone (lo null) is x rounded to nearest even.
+TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
   TILEATTN_BF16_KERNELS(kernels);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
@@ -145,18 +147,24 @@ TEST_P(Bf16Packing, SplitRowsIntoNearestHiAndLo) {
           p[i] = x;
         }
       AlignedBuffer<uint16_t> hi(size_t(m * ld), kSentinel), lo(size_t(m * ld), kSentinel);
+      AlignedBuffer<uint16_t> hi_alone(size_t(m * ld), kSentinel);
       kernels.split_rows(p, ldp, m, n, k, hi.get(), lo.get(), ld);
+      kernels.split_rows(p, ldp, m, n, k, hi_alone.get(), nullptr, ld);
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < ld; ++c) {
           const size_t at = size_t(r * ld + c);
-          uint16_t want_hi = kSentinel, want_lo = kSentinel;
+          uint16_t want_hi = kSentinel, want_lo = kSentinel, want_alone = kSentinel;
           if (c < k) {
             const float x = c < n ? p[r * ldp + c] : 0.0f;
-            want_hi = nearest_bf16(x);
+            uint32_t u;
+            std::memcpy(&u, &x, 4);
+            want_hi = uint16_t(u >> 16);
             want_lo = nearest_bf16(x - widen(want_hi));
+            want_alone = nearest_bf16(x);
           }
           ASSERT_EQ(hi[at], want_hi) << "m " << m << " n " << n << " row " << r << " column " << c;
           ASSERT_EQ(lo[at], want_lo) << "m " << m << " n " << n << " row " << r << " column " << c;
+          ASSERT_EQ(hi_alone[at], want_alone) << "m " << m << " n " << n << " row " << r << " column " << c;
         }
     }
 }

@@ -28,11 +28,16 @@ static inline __mmask16 tail_mask(int64_t n) {
   return static_cast<__mmask16>((n >= 16) ? 0xffffu : ((1u << n) - 1u));
 }
 
-// 2^x for x <= 127; x < -126 gives 0; NaN stays NaN. vscalefps applies 2^n.
-static inline __m512 exp2_ps(__m512 x) {
+// 2^x in the lanes of `keep`, 0 in the others; x above 127 counts as 127,
+// x < -126 (and -inf) gives 0, NaN stays NaN. vscalefps applies 2^n. 12
+// instructions: no lower clamp (a lane below -126, whose f may be NaN, is
+// zeroed by the mask), and the compare folds that mask into `keep`
+// (not-less-than, unordered true: NaN passes) for the masked scalef to
+// write the zeros. The same bits as clamping both ends, zeroing the tiny
+// lanes and then the lanes outside `keep` (15 instructions).
+static inline __m512 exp2_masked_ps(__m512 x, __mmask16 keep) {
   using namespace exp2_poly;
-  const __m512 clamped = _mm512_min_ps(_mm512_set1_ps(kMaxInput),
-                                       _mm512_max_ps(_mm512_set1_ps(kMinInput - 1.0f), x));
+  const __m512 clamped = _mm512_min_ps(_mm512_set1_ps(kMaxInput), x);
   const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(clamped, n);
   __m512 poly = _mm512_set1_ps(kC6);
@@ -42,9 +47,8 @@ static inline __m512 exp2_ps(__m512 x) {
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC2));
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC1));
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  const __m512 result = _mm512_scalef_ps(poly, n);
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kMinInput), _CMP_LT_OQ);
-  return _mm512_mask_mov_ps(result, tiny, _mm512_setzero_ps());
+  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, x, _mm512_set1_ps(kMinInput), _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(normal, poly, n);
 }
 
 // The 16 x 16 block r[0..15] (one row per vector) transposed in registers:
@@ -188,7 +192,7 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 mask = tail_mask(n - j);
-      const __m512 e = _mm512_maskz_mov_ps(mask, exp2_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + j), s)));
+      const __m512 e = exp2_masked_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + j), s), mask);
       _mm512_mask_storeu_ps(x + j, mask, e);
       sum = _mm512_add_ps(sum, e);
     }
@@ -260,7 +264,7 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
         float* x = s + g * ld + j;
         const __m512 v = _mm512_maskz_loadu_ps(mask, x);
         const __m512 arg = kScaled ? _mm512_fmsub_ps(v, scale_v, sv[g]) : _mm512_sub_ps(v, sv[g]);
-        const __m512 e = _mm512_maskz_mov_ps(mask, exp2_ps(arg));
+        const __m512 e = exp2_masked_ps(arg, mask);
         _mm512_mask_storeu_ps(x, mask, e);
         sum[g] = _mm512_add_ps(sum[g], e);
       }

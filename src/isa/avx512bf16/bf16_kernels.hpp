@@ -29,6 +29,32 @@ static inline __mmask32 tail_mask32(int64_t n) {
 // The first n of 16 lanes (none for n <= 0; tail_mask wants n > 0).
 static inline __mmask16 lanes16(int64_t n) { return n <= 0 ? __mmask16(0) : tail_mask(n); }
 
+// Word indices (permutex2var_epi16) of the high halves of two vectors' 32
+// dwords: a's 16, then b's.
+static inline __m512i high_word_index() {
+  alignas(64) static constexpr uint16_t kIndex[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                      23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                      45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  return _mm512_load_si512(kIndex);
+}
+
+// x0, x1 (32 fp32) as bf16 hi + lo, x0's 16 words then x1's in each: hi =
+// x truncated to bf16 (its high word), lo = bf16(x - hi) rounded to nearest
+// even. x - hi is exact (it is x's low 16 significand bits), so hi + lo
+// holds x to 2^-16 relative (lo's rounding of at most 2^-9 of x - hi, which
+// is below 2^-7 of x). Seven instructions (and, sub, one word permute for
+// hi, one vcvtne2ps2bf16 for lo) where rounding hi to nearest too took
+// eleven, four of them shifts and widenings that share port 0 with the AMX
+// tile unit. vcvtne2ps2bf16 reads denormals as 0: x below 2^-126 counts as
+// 0 in lo.
+static inline void split_hi_lo(__m512 x0, __m512 x1, __m512i high_words, __m512i& hi, __m512i& lo) {
+  const __m512i keep_high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), keep_high));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), keep_high));
+  hi = _mm512_permutex2var_epi16(_mm512_castps_si512(x0), high_words, _mm512_castps_si512(x1));
+  lo = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
+}
+
 // Packing and conversion into the pair layout (bf16 inputs only).
 struct Bf16Packing {
   // dst[0, k) = the row's D bf16 elements, then zeros (k >= d).
@@ -110,25 +136,24 @@ struct Bf16Packing {
   }
 
   // P (m rows of n fp32, row r at p + r * ldp) as hi + lo, two bf16 rows of
-  // k (zero-padded): hi = bf16(P) and lo = bf16(P - hi), both rounded to
-  // nearest even by vcvtne2ps2bf16 (which reads denormals as 0: P below
-  // 2^-126 counts as 0), so hi + lo holds P to about 2^-17 relative. P is
-  // finite (the softmax's exponentials, times the dropout scale). lo null:
-  // hi alone (P to 2^-8 relative).
+  // k (zero-padded): split_hi_lo's hi and lo. P is finite (the softmax's
+  // exponentials, times the dropout scale). lo null: hi alone, rounded to
+  // nearest even by vcvtne2ps2bf16 (P to 2^-8 relative).
   static void bf16_split_rows(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
                               uint16_t* lo, int64_t ld) {
+    const __m512i high_words = high_word_index();
     for (int64_t r = 0; r < m; ++r) {
       const float* row = p + r * ldp;
       for (int64_t c = 0; c < k; c += 32) {
         const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(n - c), row + c);  // zero past n
         const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(n - c - 16), row + c + 16);
-        const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(x1, x0));  // x0's 16 words, then x1's
+        if (!lo) {
+          _mm512_storeu_si512(hi + r * ld + c, bf16_bits(_mm512_cvtne2ps_pbh(x1, x0)));  // x0's words, then x1's
+          continue;
+        }
+        __m512i h, l;
+        split_hi_lo(x0, x1, high_words, h, l);
         _mm512_storeu_si512(hi + r * ld + c, h);
-        if (!lo) continue;
-        const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-        const __m512 h1 = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-        const __m512i l = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
         _mm512_storeu_si512(lo + r * ld + c, l);
       }
     }
@@ -151,6 +176,7 @@ template <int G, bool kScaled, bool kLo>
 static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64_t k, float scale,
                                     const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16) {
   const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512i high_words = high_word_index();
   __m512 sv[G], sum[G];
   for (int g = 0; g < G; ++g) {
     sv[g] = _mm512_set1_ps(sub[g]);
@@ -163,15 +189,15 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
       const __m512 a0 = kScaled ? _mm512_fmsub_ps(v0, scale_v, sv[g]) : _mm512_sub_ps(v0, sv[g]);
       const __m512 a1 = kScaled ? _mm512_fmsub_ps(v1, scale_v, sv[g]) : _mm512_sub_ps(v1, sv[g]);
-      const __m512 e0 = _mm512_maskz_mov_ps(m0, exp2_ps(a0)), e1 = _mm512_maskz_mov_ps(m1, exp2_ps(a1));
+      const __m512 e0 = exp2_masked_ps(a0, m0), e1 = exp2_masked_ps(a1, m1);
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
-      const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(e1, e0));  // e0's 16 words, then e1's
+      if constexpr (!kLo) {
+        _mm512_storeu_si512(hi + g * ld16 + c, bf16_bits(_mm512_cvtne2ps_pbh(e1, e0)));  // e0's words, then e1's
+        continue;
+      }
+      __m512i h, l;
+      split_hi_lo(e0, e1, high_words, h, l);
       _mm512_storeu_si512(hi + g * ld16 + c, h);
-      if constexpr (!kLo) continue;
-      const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-      const __m512 h1 =
-          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-      const __m512i l = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(e1, h1), _mm512_sub_ps(e0, h0)));
       _mm512_storeu_si512(lo + g * ld16 + c, l);
     }
   }
