@@ -47,24 +47,49 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype, p.v_head_dim);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
   p.block_kv = args.block_kv > 0 ? args.block_kv : tiles.block_kv;
-  // bf16 products without a band: 128-key tiles (each P V product then
-  // reuses its accumulator tiles over twice the keys). AMX Xeon, paired, 2
-  // threads: 256x128 took 0.95 of 256x64's time at H32 N2048 D128 and 0.91
-  // at H16 N4096 D64; under a causal band it lost (1.06 at H8 N4096 D128, 1
-  // thread: more partial tiles). Only where the wider tiles still fit L2
-  // (the MLA head dims, 576 / 512, keep the cache model's keys).
-  constexpr int kBf16UnbandedKeyTile = 128;
-  const bool unbanded = p.band.left >= kUnbounded && p.band.right >= kUnbounded;
-  if (p.product == TileProduct::bf16_dot && unbanded && args.block_kv <= 0 && tiles.reason.rfind("cache model", 0) == 0 &&
-      p.block_kv < kBf16UnbandedKeyTile &&
-      tile_working_set_bytes(p.block_q, kBf16UnbandedKeyTile, args.shape.head_dim, p.v_head_dim) <= cache_sizes().l2)
-    p.block_kv = kBf16UnbandedKeyTile;
-  // Short query sequences (decode): shrink the query tile to what is there.
+  // Short query sequences (decode) shrink the query tile below to what is there.
   int64_t max_nq = args.shape.seqlen_q;
   if (args.cu_seqlens_q) {
     max_nq = 0;
     for (int64_t b = 0; b < args.shape.batch; ++b)
       max_nq = max64(max_nq, args.cu_seqlens_q[b + 1] - args.cu_seqlens_q[b]);
+  }
+  // bf16 products without a band take wider tiles where they still fit L2:
+  // each P V product reuses its accumulator tiles over more keys, and on AMX
+  // each packed K/V tile serves more query rows. avx512bf16: 128 keys (AMX
+  // Xeon, paired, 2 threads: 256x128 took 0.95 of 256x64's time at H32
+  // N2048 D128 and 0.91 at H16 N4096 D64). amx: 512x256, else 256x256, else
+  // 256x128. AMX Xeon, 1 thread, quiet, min of 10: H8 N4096 D128 256x128
+  // 182 ms, 256x256 167, 384x256 160, 512x256 158-160, 256x512 175, 512x512
+  // 180; H16 N4096 D64 275 / 251 / 242 (512x256); H4 N4096 D256 139 / 130 /
+  // 128. 512-row tiles only where the shape still gives kMinWideItems query
+  // tiles (a row's result does not depend on its query tile, so the choice
+  // may follow the shape alone). Under a band the 64-key tiles stay (256x128
+  // lost 1.06 at causal H8 N4096 D128, 1 thread: more partial tiles).
+  const bool unbanded = p.band.left >= kUnbounded && p.band.right >= kUnbounded;
+  if (p.product == TileProduct::bf16_dot && unbanded && args.block_kv <= 0 && tiles.reason.rfind("cache model", 0) == 0) {
+    struct Wide {
+      int block_q, block_kv;  // block_q 0: the cache model's
+    };
+    constexpr int64_t kMinWideItems = 32;
+    static constexpr Wide kAmxTiles[] = {{512, 256}, {256, 256}, {256, 128}};
+    static constexpr Wide kDotTiles[] = {{0, 128}};
+    const bool amx = isa == Isa::amx;
+    const Wide* wide = amx ? kAmxTiles : kDotTiles;
+    const int count = amx ? 3 : 1;
+    for (int i = 0; i < count; ++i) {
+      const int64_t q = args.block_q > 0 ? args.block_q : wide[i].block_q > 0 ? wide[i].block_q : p.block_q;
+      if (wide[i].block_kv <= p.block_kv && q <= p.block_q) break;  // no wider than the cache model's
+      // Query tiles at q rows, counted without overflow for hostile shapes.
+      const int64_t q_tiles = max_nq / q + (max_nq % q != 0), b = args.shape.batch, h = args.shape.heads;
+      const bool enough = b >= kMinWideItems || h >= kMinWideItems || q_tiles >= kMinWideItems ||
+                          b * h >= kMinWideItems || b * h * q_tiles >= kMinWideItems;
+      if (q > p.block_q && !enough) continue;
+      if (tile_working_set_bytes(q, wide[i].block_kv, args.shape.head_dim, p.v_head_dim) > cache_sizes().l2) continue;
+      p.block_q = int(q);
+      p.block_kv = wide[i].block_kv;
+      break;
+    }
   }
   p.stack_rows = p.block_q;
   if (max_nq > 0 && max_nq < p.block_q) p.block_q = int(max_nq);
@@ -258,7 +283,7 @@ TileShape forward_tiles(const ForwardArgs& args) {
     tiles.reason += "; this call: " + std::to_string(tiles.block_q) + "x" + std::to_string(tiles.block_kv) + " -> " +
                     std::to_string(p.block_q) + "x" + std::to_string(p.block_kv) +
                     (p.block_kv != tiles.block_kv && p.product == detail::TileProduct::bf16_dot
-                         ? " (bf16 products without a band take 128-key tiles)"
+                         ? " (bf16 products without a band take wider tiles)"
                          : "");
     tiles.block_q = p.block_q;
     tiles.block_kv = p.block_kv;

@@ -28,18 +28,37 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
   EXPECT_EQ(cut.block_q, 5);
   EXPECT_NE(cut.reason.find("this call"), std::string::npos) << cut.reason;
 
-  // bf16 products without a band take 128-key tiles; a causal band keeps the chosen ones.
+  // bf16 products without a band take wider tiles; a causal band keeps the chosen ones.
+  // avx512bf16: 128 keys. amx: 512x256 where the shape gives >= 32 query
+  // tiles of 512 rows (here 16 heads x 2048 rows: 64), else 256x256, each
+  // where its working set (Q, accumulator, K, V and S in fp32 bytes) fits L2.
+  const auto fits_l2 = [](int64_t q, int64_t kv) {
+    return 4 * (q * 256 + kv * 256 + q * kv) <= cache_sizes().l2;  // D = Dv = 128
+  };
   for (Isa isa : {Isa::avx512bf16, Isa::amx}) {
     if (!isa_available(isa)) continue;
-    Case b = c;
-    b.dtype = DType::bf16;
-    CaseData unbanded(b);
-    unbanded.args.isa = isa;
-    const TileShape wide = forward_tiles(unbanded.args);
     const TileShape base = choose_tiles(isa, 128, DType::bf16);
-    if (base.block_kv < 128) {
-      EXPECT_EQ(wide.block_kv, 128) << isa_name(isa);
-      EXPECT_NE(wide.reason.find("128-key"), std::string::npos) << wide.reason;
+    Case b = c;  // 2 heads x 1024 rows: too few tiles for 512 rows
+    b.dtype = DType::bf16;
+    Case tall = b;
+    tall.heads = tall.kv_heads = 16;
+    tall.seqlen_q = tall.seqlen_k = 2048;
+    CaseData unbanded(b), many(tall);
+    unbanded.args.isa = many.args.isa = isa;
+    const TileShape wide = forward_tiles(unbanded.args), wide_many = forward_tiles(many.args);
+    if (isa == Isa::avx512bf16) {
+      if (base.block_kv < 128) {
+        EXPECT_EQ(wide.block_kv, 128) << isa_name(isa);
+      }
+      EXPECT_EQ(wide.block_q, base.block_q) << isa_name(isa);
+    } else if (fits_l2(256, 256)) {
+      EXPECT_EQ(wide.block_q, 256);
+      EXPECT_EQ(wide.block_kv, 256);
+      EXPECT_EQ(wide_many.block_q, fits_l2(512, 256) ? 512 : 256);
+      EXPECT_EQ(wide_many.block_kv, 256);
+    }
+    if (wide.block_kv != base.block_kv) {
+      EXPECT_NE(wide.reason.find("wider tiles"), std::string::npos) << wide.reason;
     }
     b.mask = MaskCase::causal;
     CaseData banded(b);
