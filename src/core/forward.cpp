@@ -64,19 +64,26 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // 180; H16 N4096 D64 275 / 251 / 242 (512x256); H4 N4096 D256 139 / 130 /
   // 128. 512-row tiles only where the shape still gives kMinWideItems query
   // tiles (a row's result does not depend on its query tile, so the choice
-  // may follow the shape alone). Under a band the 64-key tiles stay (256x128
-  // lost 1.06 at causal H8 N4096 D128, 1 thread: more partial tiles).
+  // may follow the shape alone). Causal bands (no left edge) on amx: 256x256
+  // (H8 N4096 D128, 1 thread, noisy host, alternating, min / p25 of 25:
+  // 93-100 / 121-135 ms against 111 / 141 for 256x64 and 105 / 134 for
+  // 512x256, whose diagonal tiles waste more). Other bands keep the cache
+  // model's tiles (256x128 lost 1.06 at causal H8 N4096 D128 on avx512bf16-
+  // era code, 1 thread: more partial tiles).
   const bool unbanded = p.band.left >= kUnbounded && p.band.right >= kUnbounded;
-  if (p.product == TileProduct::bf16_dot && unbanded && args.block_kv <= 0 && tiles.reason.rfind("cache model", 0) == 0) {
+  const bool causal_like = p.band.left >= kUnbounded && !unbanded;
+  const bool amx = isa == Isa::amx;
+  if (p.product == TileProduct::bf16_dot && (unbanded || (amx && causal_like)) && args.block_kv <= 0 &&
+      tiles.reason.rfind("cache model", 0) == 0) {
     struct Wide {
       int block_q, block_kv;  // block_q 0: the cache model's
     };
     constexpr int64_t kMinWideItems = 32;
     static constexpr Wide kAmxTiles[] = {{512, 256}, {256, 256}, {256, 128}};
+    static constexpr Wide kAmxCausalTiles[] = {{256, 256}, {256, 128}};
     static constexpr Wide kDotTiles[] = {{0, 128}};
-    const bool amx = isa == Isa::amx;
-    const Wide* wide = amx ? kAmxTiles : kDotTiles;
-    const int count = amx ? 3 : 1;
+    const Wide* wide = !amx ? kDotTiles : unbanded ? kAmxTiles : kAmxCausalTiles;
+    const int count = !amx ? 1 : unbanded ? 3 : 2;
     for (int i = 0; i < count; ++i) {
       const int64_t q = args.block_q > 0 ? args.block_q : wide[i].block_q > 0 ? wide[i].block_q : p.block_q;
       if (wide[i].block_kv <= p.block_kv && q <= p.block_q) break;  // no wider than the cache model's
@@ -283,7 +290,7 @@ TileShape forward_tiles(const ForwardArgs& args) {
     tiles.reason += "; this call: " + std::to_string(tiles.block_q) + "x" + std::to_string(tiles.block_kv) + " -> " +
                     std::to_string(p.block_q) + "x" + std::to_string(p.block_kv) +
                     (p.block_kv != tiles.block_kv && p.product == detail::TileProduct::bf16_dot
-                         ? " (bf16 products without a band take wider tiles)"
+                         ? " (bf16 products take wider tiles)"
                          : "");
     tiles.block_q = p.block_q;
     tiles.block_kv = p.block_kv;

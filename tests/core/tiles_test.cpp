@@ -28,7 +28,7 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
   EXPECT_EQ(cut.block_q, 5);
   EXPECT_NE(cut.reason.find("this call"), std::string::npos) << cut.reason;
 
-  // bf16 products without a band take wider tiles; a causal band keeps the chosen ones.
+  // bf16 products without a band take wider tiles.
   // avx512bf16: 128 keys. amx: 512x256 where the shape gives >= 32 query
   // tiles of 512 rows (here 16 heads x 2048 rows: 64), else 256x256, each
   // where its working set (Q, accumulator, K, V and S in fp32 bytes) fits L2.
@@ -60,10 +60,22 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
     if (wide.block_kv != base.block_kv) {
       EXPECT_NE(wide.reason.find("wider tiles"), std::string::npos) << wide.reason;
     }
+    // A causal band: amx takes 256x256 (where it fits L2), avx512bf16 keeps
+    // the cache model's tiles; a sliding window keeps them on both.
     b.mask = MaskCase::causal;
     CaseData banded(b);
     banded.args.isa = isa;
-    EXPECT_EQ(forward_tiles(banded.args).block_kv, base.block_kv) << isa_name(isa);
+    const TileShape causal = forward_tiles(banded.args);
+    if (isa == Isa::amx && fits_l2(256, 256)) {
+      EXPECT_EQ(causal.block_q, 256);
+      EXPECT_EQ(causal.block_kv, 256);
+    } else {
+      EXPECT_EQ(causal.block_kv, base.block_kv) << isa_name(isa);
+    }
+    b.mask = MaskCase::window;
+    CaseData windowed(b);
+    windowed.args.isa = isa;
+    EXPECT_EQ(forward_tiles(windowed.args).block_kv, base.block_kv) << isa_name(isa);
   }
 }
 
