@@ -17,10 +17,16 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # FUZZ_ALSO_BUILD: more targets of this ASan+UBSan build (scripts/sanitize.sh ci
 # builds its test executables here, so CI compiles the library once for both).
-CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# Ninja, where installed, for a new build-fuzz: it builds the several targets
+# asked for at once (Unix Makefiles builds them one after another).
+generator=()
+[ ! -f build-fuzz/CMakeCache.txt ] && command -v ninja >/dev/null && generator=(-G Ninja)
+# -g1: line tables (the reports' file:line), a faster compile than -g.
+CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DTILEATTN_SANITIZE_DEBUG_INFO=-g1 \
   -DTILEATTN_BUILD_FUZZERS=ON -DTILEATTN_SANITIZE=address,undefined -DTILEATTN_BUILD_TESTS=ON \
   -DTILEATTN_BUILD_CLI=OFF -DTILEATTN_BUILD_PYTHON=OFF -DTILEATTN_BUILD_MPI=OFF \
-  -DTILEATTN_BUILD_EXAMPLES=OFF >/dev/null
+  -DTILEATTN_BUILD_EXAMPLES=OFF ${TILEATTN_UNITY_TESTS:+-DTILEATTN_UNITY_TESTS=$TILEATTN_UNITY_TESTS} >/dev/null
 read -r -a also <<<"${FUZZ_ALSO_BUILD:-}"
 cmake --build build-fuzz -j "$jobs" --target "${targets[@]}" "${also[@]}"
 [ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0

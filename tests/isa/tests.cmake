@@ -26,6 +26,13 @@ add_dependencies(isa_tests tileattn)
 target_sources(isa_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_kernel_sets.cpp
                                  ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_forward.cpp
                                  ${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_backward.cpp)
+# The backward main loop's tile_pair is [[gnu::flatten]]: at -O1 and above gcc
+# inlines every emulated intrinsic of both rungs into it, and this one file took
+# 200-250 s to compile (-O3 and -O1 alike; 3x the next file, alone at the end of
+# a -j2 build). At -O0 it compiles in 4 s, and its tests run as fast (25 cases,
+# 3.1 s either way): the emulated kernels (emulated_bf16_kernel_sets.cpp, at the
+# build's level) and the float64 reference do the work.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/emulated_bf16_backward.cpp PROPERTIES COMPILE_OPTIONS -O0)
 
 # The same kernels and one vdpbf16ps / tdpbf16ps natively, for the tests that
 # compare the models with the hardware: the AMX flags where the compiler has
