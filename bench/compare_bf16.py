@@ -22,7 +22,11 @@ stay comparable.
              f32 (the model bench/sweep_peers.py times; GQA repeats K/V in the
              graph, see there).
 
-Ratios are peer_ms / tileattn_ms: above 1, tileattn is faster. The geometric
+Ratios are peer_ms / tileattn_ms: above 1, tileattn is faster. Each shape also
+gives tileattn's bf16 speedup over its own fp32: the fp32 median over the bf16
+median, and the median over rounds of the two calls' ratio within a round
+(paired: the two ran seconds apart, so slow drifts in the machine's load
+cancel). The geometric
 means are the ones issue 21 asks for:
   vs SDPA bf16      over H32 N2048 D128, causal GQA 32/8 at N=2048 and 4096,
                     H16 N4096 D64;
@@ -62,6 +66,7 @@ SHAPES = [
     ("gqa_n4096", "causal GQA 32/8 N4096 D128", 32, 8, 4096, 128, True),
     ("h16_n4096_d64", "H16 N4096 D64", 16, 16, 4096, 64, False),
     ("h8_n4096_d128_causal", "H8 N4096 D128 causal", 8, 8, 4096, 128, True),
+    ("h8_n4096_d128", "H8 N4096 D128", 8, 8, 4096, 128, False),
 ]
 # The same roles, small enough for a test: the geometric means keep their meaning.
 QUICK_SHAPES = [
@@ -70,7 +75,11 @@ QUICK_SHAPES = [
     ("gqa_n4096", "causal GQA 4/2 N256 D64", 4, 2, 256, 64, True),
     ("h16_n4096_d64", "H2 N256 D32", 2, 2, 256, 32, False),
     ("h8_n4096_d128_causal", "H2 N256 D64 causal", 2, 2, 256, 64, True),
+    ("h8_n4096_d128", "H2 N256 D64", 2, 2, 256, 64, False),
 ]
+# tileattn's own bf16 speedup over its fp32 (issue 21: >= 4x on AMX CPUs, >= 1.7x
+# on AVX512-BF16 ones, B1 H8 N4096 D128 without a mask and causal).
+OWN_SPEEDUP_SHAPES = ["h8_n4096_d128", "h8_n4096_d128_causal"]
 GEOMEANS = [
     ("sdpa", "bf16", ["h32_n2048_d128", "gqa_n2048", "gqa_n4096", "h16_n4096_d64"],
      "vs SDPA bf16 (H32 N2048 D128; causal GQA 32/8 N2048, N4096; H16 N4096 D64)"),
@@ -214,7 +223,7 @@ def main(argv=None):
           f"load average {header['load_average_start']}")
     print("ratio = peer ms / tileattn ms (> 1: tileattn faster)")
 
-    results, failures = [], []
+    results, failures, own_speedups = [], [], []
     for shape in shapes:
         key, label = shape[0], shape[1]
         runners = make_runners(shape, args.threads, openvino is not None, args.bf16_probabilities)
@@ -252,6 +261,14 @@ def main(argv=None):
             peers = "  ".join(f"{impl} {ms[impl]:8.2f} ms ({row['ratio'][impl]:.2f}x, "
                               f"diff {row['max_abs_diff'][impl]:.1e})" for impl in ms if impl != "tileattn")
             print(f"{label:28} {dtype:4}  tileattn {ms['tileattn']:8.2f} ms  {peers}", flush=True)
+        own = [f / b for f, b in zip(times[("tileattn", "fp32")], times[("tileattn", "bf16")])]
+        speedup = {"shape": key, "label": label,
+                   "ratio_of_medians": statistics.median(times[("tileattn", "fp32")]) /
+                                       statistics.median(times[("tileattn", "bf16")]),
+                   "paired_median": statistics.median(own), "paired_min_max": [min(own), max(own)]}
+        own_speedups.append(speedup)
+        print(f"{label:28} tileattn bf16 over fp32: {speedup['paired_median']:.2f}x paired "
+              f"({min(own):.2f}-{max(own):.2f}), {speedup['ratio_of_medians']:.2f}x of the medians", flush=True)
         del runners
 
     print("geometric means of the ratios (> 1: tileattn faster):")
@@ -265,12 +282,16 @@ def main(argv=None):
         missing = "n/a (openvino missing)" if impl == "openvino" and openvino is None else "n/a (none of its shapes ran)"
         print(f"  {what}: " + (f"{value:.2f}x" if value else missing) +
               (f"  [{', '.join(r['label'] for r in rows)}]" if args.quick else ""))
+    own_rows = [r for r in own_speedups if r["shape"] in OWN_SPEEDUP_SHAPES]
+    print("  tileattn bf16 over its fp32, paired (issue 21: >= 4x on AMX, >= 1.7x on AVX512-BF16): " +
+          (", ".join(f"{r['label']} {r['paired_median']:.2f}x" for r in own_rows) or "n/a (none of its shapes ran)"))
     header["load_average_end"] = round(os.getloadavg()[0], 2)
     print(f"load average at the end: {header['load_average_end']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "tileattn-compare-bf16/1", "command": " ".join(["bench/compare_bf16.py"] + (sys.argv[1:] if argv is None else list(argv))),
                        "machine": header, "rows": results, "geomeans": means,
+                       "tileattn_bf16_over_fp32": own_speedups,
                        "check_failures": failures}, f, indent=1)
             f.write("\n")
     if failures:

@@ -294,11 +294,19 @@ def test_compare_bf16_quick_check_runs(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     text = r.stdout
     for needle in ("CPU: ", "tileattn bf16_isa: ", "date: ", "torch ", "openvino ", "vs SDPA bf16",
-                   "vs OpenVINO bf16", "vs OpenVINO fp32", "check: every peer's output matches"):
+                   "vs OpenVINO bf16", "vs OpenVINO fp32", "tileattn bf16 over its fp32, paired",
+                   "check: every peer's output matches"):
         assert needle in text, needle
     doc = json.loads(out.read_text())
     assert doc["machine"]["bf16_isa"] and doc["check_failures"] == []
-    assert len(doc["rows"]) == 2 * 5
+    assert len(doc["rows"]) == 2 * 6
+    own = {r["shape"]: r for r in doc["tileattn_bf16_over_fp32"]}
+    assert set(own) == {r["shape"] for r in doc["rows"]}
+    for r in own.values():
+        assert r["paired_min_max"][0] <= r["paired_median"] <= r["paired_min_max"][1]
+        fp32 = next(x for x in doc["rows"] if x["shape"] == r["shape"] and x["dtype"] == "fp32")
+        bf16 = next(x for x in doc["rows"] if x["shape"] == r["shape"] and x["dtype"] == "bf16")
+        assert r["ratio_of_medians"] == pytest.approx(fp32["ms"]["tileattn"] / bf16["ms"]["tileattn"])
     for row in doc["rows"]:
         assert set(row["ms"]) == {"tileattn", "sdpa", "openvino"}
         for impl, ratio in row["ratio"].items():
@@ -307,7 +315,7 @@ def test_compare_bf16_quick_check_runs(tmp_path):
     means = {(m["impl"], m["dtype"]): m for m in doc["geomeans"]}
     assert len(means[("sdpa", "bf16")]["shapes"]) == 4
     assert len(means[("openvino", "bf16")]["shapes"]) == 3
-    assert len(means[("openvino", "fp32")]["shapes"]) == 2  # the shapes without a mask
+    assert len(means[("openvino", "fp32")]["shapes"]) == 3  # the shapes without a mask
     assert all(m["geomean"] > 0 for m in doc["geomeans"])
 
 
