@@ -9,7 +9,7 @@
 #                              training tests without the generic/AVX-512 backward table and the
 #                              determinism sweep, 20 s of each fuzzer, then TSan over the
 #                              concurrency tests. The ASan test executables run JOBS at a time,
-#                              the long ones in gtest shards (run_parallel_tests below).
+#                              the long ones in gtest shards (scripts/gtest_shards.sh).
 #
 # Any sanitizer report fails the run: UBSan halts on its first finding.
 set -euo pipefail
@@ -65,69 +65,36 @@ run_tests() {
   done
 }
 
-# run_parallel_tests DIR SPEC...: each SPEC is "TEST_EXECUTABLE SHARDS FILTER"; an
-# executable with SHARDS > 1 runs as that many gtest shards (GTEST_TOTAL_SHARDS /
-# GTEST_SHARD_INDEX: each test in exactly one shard). The shards and executables
-# run `jobs` at a time, in the order given (longest first), each into its own log
-# under DIR/test-logs/. Then one line per run (gtest's PASSED / FAILED / SKIPPED
-# counts, seconds); a failed run (any non-zero exit: a failing test, a sanitizer
-# report, a crash) gets its whole log printed and fails the call.
-run_parallel_tests() {
-  local dir=$1
-  shift
-  local logs=$dir/test-logs names=() failed=() spec t shards filter i name running=0
-  rm -rf "$logs"
-  mkdir -p "$logs"
-  for spec in "$@"; do
-    read -r t shards filter <<<"$spec"
-    for ((i = 0; i < shards; i++)); do
-      name=$t
-      [ "$shards" -gt 1 ] && name=$t.shard$((i + 1))of$shards
-      names+=("$name")
-      if [ "$running" -ge "$jobs" ]; then
-        wait -n || true
-        running=$((running - 1))
-      fi
-      (
-        start=$SECONDS status=0
-        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-          "$dir/bin/$t" --gtest_filter="$filter" --gtest_brief=1 >"$logs/$name.log" 2>&1 || status=$?
-        echo "$status $((SECONDS - start))" >"$logs/$name.status"
-      ) &
-      running=$((running + 1))
-      echo "sanitize: started $name ($dir/bin/$t, filter $filter)" >&2
-    done
-  done
-  wait
-  local status seconds counts
-  for name in "${names[@]}"; do
-    status=1 seconds=?
-    [ -f "$logs/$name.status" ] && read -r status seconds <"$logs/$name.status"
-    counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$logs/$name.log" | tr -s ' ' | tr '\n' ' ')
-    echo "sanitize: $name: exit $status, ${seconds} s: ${counts:-no gtest summary}" >&2
-    if [ "$status" != 0 ]; then
-      failed+=("$name")
-      echo "sanitize: ---- $logs/$name.log ----" >&2
-      cat "$logs/$name.log" >&2
-      echo "sanitize: ---- end of $logs/$name.log ----" >&2
-    fi
-  done
-  if [ ${#failed[@]} -gt 0 ]; then
-    echo "sanitize: FAILED: ${failed[*]} (logs above and in $logs/)" >&2
-    return 1
-  fi
-}
 
 # The whole training suite is the longest under ASan even with TILEATTN_TEST_QUICK=1
 # (the float64 backward reference per case); CI leaves out the generic/AVX-512
-# backward table and the determinism sweep. `asan` runs it all.
-training_filter_ci='-BackwardDeterminism.*:Table/BackwardCases.*generic*:Table/BackwardCases.*avx512*'
-# The CI's ASan+UBSan runs, "EXECUTABLE SHARDS FILTER" (run_parallel_tests), longest
-# first. CPU seconds on the 2-core AMX Xeon (2026-12-03, before the coverage hooks
-# left the tests): training ~410 (half of it Bf16Rungs/BackwardBf16Probabilities.*,
-# nearly all of that the float64 reference), core ~200 (Bf16ProbabilitiesShow.* alone
-# ~60), inference ~60, the rest ~10.
-asan_runs_ci=("training_tests 6 $training_filter_ci" "core_tests 3 *" "inference_tests 2 *"
+# backward table and the determinism sweep, and runs each case of the bf16 rungs'
+# tables (Bf16Rungs/*) on one of the two rungs (docs/reliability.md, "CI"). `asan`
+# runs it all.
+# bf16_rung_split: gtest negative patterns leaving each Bf16Rungs/* case of the training
+# tests on one of the two bf16 rungs (index i = 2 x case + rung: keeps i mod 4 = 0 on
+# avx512bf16 and i mod 4 = 3 on amx).
+bf16_rung_split() {
+  local r patterns=() rung
+  for r in 2 6; do patterns+=("Bf16Rungs/*_avx512bf16_$r"); done
+  for r in 1 5 9; do patterns+=("Bf16Rungs/*_amx_$r"); done
+  for ((r = 0; r < 100; r++)); do
+    [ $((r % 4)) = 2 ] && patterns+=("Bf16Rungs/*_avx512bf16_*$(printf %02d $r)")
+    [ $((r % 4)) = 1 ] && patterns+=("Bf16Rungs/*_amx_*$(printf %02d $r)")
+  done
+  local IFS=:
+  echo "${patterns[*]}"
+}
+# The *Show tests repeat, case for case, the library calls of the Bf16Probabilities
+# tests (run_bf16_probabilities, BackwardData with the same flags) to count how
+# often the rounding shows: nothing more for ASan to see; they run in CTest.
+training_filter_ci="-BackwardDeterminism.*:Table/BackwardCases.*generic*:Table/BackwardCases.*avx512*:BackwardBf16ProbabilitiesShow.*:$(bf16_rung_split)"
+core_filter_ci='-Bf16ProbabilitiesShow.*'
+# The CI's ASan+UBSan runs, "EXECUTABLE SHARDS FILTER" (scripts/gtest_shards.sh),
+# longest first. Shard seconds in a clean-clone CI run (2026-12-03, two shards at a
+# time beside CTest): training ~390, core ~230 (Bf16ProbabilitiesShow.* ~65 of it),
+# inference ~110, the rest ~20 -- before the rung split and the *Show filters.
+asan_runs_ci=("training_tests 4 $training_filter_ci" "core_tests 3 $core_filter_ci" "inference_tests 2 *"
               "capi_tests 1 *" "reliability_tests 1 *" "io_tests 1 *")
 tsan_filter='Concurrency.*:CApiErrors.LastErrorIsPerThread'
 
@@ -140,7 +107,7 @@ ci_asan() {
   # One clang ASan+UBSan build (build-fuzz) serves these tests and the
   # fuzzers, so CI compiles the library once for both.
   FUZZ_BUILD_ONLY=1 FUZZ_ALSO_BUILD="$(for r in "${asan_runs_ci[@]}"; do printf '%s ' "${r%% *}"; done)" scripts/fuzz.sh
-  TILEATTN_TEST_QUICK=1 run_parallel_tests build-fuzz "${asan_runs_ci[@]}"
+  TILEATTN_TEST_QUICK=1 JOBS=$jobs scripts/gtest_shards.sh build-fuzz "${asan_runs_ci[@]}"
   scripts/fuzz.sh 20
 }
 
