@@ -54,10 +54,12 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
   const int64_t esize = int64_t(dtype_size(args.dtype));
   const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
   const int64_t k_sizes[4] = {args.cu_seqlens_k ? 1 : s.batch, s.kv_heads, s.seqlen_k, s.head_dim};
+  // V's rows are its own head dim wide (MLA: 512 where K's are 576).
+  const int64_t v_sizes[4] = {k_sizes[0], k_sizes[1], k_sizes[2], value_head_dim(s)};
   for (const auto& [name, range] :
        {std::pair{"q", detail::view_range("q", args.q.data, esize, q_sizes, args.q.stride.data(), 4)},
         std::pair{"k", detail::view_range("k", args.k.data, esize, k_sizes, args.k.stride.data(), 4)},
-        std::pair{"v", detail::view_range("v", args.v.data, esize, k_sizes, args.v.stride.data(), 4)}})
+        std::pair{"v", detail::view_range("v", args.v.data, esize, v_sizes, args.v.stride.data(), 4)}})
     if (detail::ranges_overlap(out, range)) throw Error(std::string("probs: output overlaps input ") + name);
 
   const detail::Problem p = detail::describe(args);

@@ -133,6 +133,24 @@ TEST(BackwardValidation, ProbabilitiesRefuseLargeShapes) {
   }
 }
 
+// probs right after V in one buffer, V's rows narrower than K's (MLA-like
+// 8 / 4): V's extent is its own head dim, so this is no overlap. (It was
+// measured with K's head dim, and a heap that put probs there refused the
+// call: a flaky "probs: output overlaps input v" in CI.)
+TEST(BackwardValidation, ProbabilitiesRightAfterANarrowerVAreAccepted) {
+  std::vector<float> q(2 * 8, 0.25f), k(3 * 8, 0.5f), o(2 * 4), v_then_probs(3 * 4 + 2 * 3, -1.0f);
+  ForwardArgs a;
+  a.shape = {1, 1, 1, 2, 3, 8, 4};
+  a.dtype = DType::f32;
+  a.q = {q.data(), dense_strides(Layout::bhsd, 1, 1, 2, 8)};
+  a.k = {k.data(), dense_strides(Layout::bhsd, 1, 1, 3, 8)};
+  a.v = {v_then_probs.data(), dense_strides(Layout::bhsd, 1, 1, 3, 4)};
+  a.o = {o.data(), dense_strides(Layout::bhsd, 1, 1, 2, 4)};
+  float* probs = v_then_probs.data() + 3 * 4;
+  attention_probabilities(a, probs, {6, 6, 3, 1});
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(probs[i], 1.0f / 3.0f, 1e-6f) << i;  // equal scores
+}
+
 TEST(BackwardReferencePath, IsaReferenceWritesTheFloat64Gradients) {
   BackwardData data(plain_case(), best_isa());
   data.args.forward.isa = Isa::reference;
