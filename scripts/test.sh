@@ -6,8 +6,7 @@
 # After the Debian packages (scripts/setup.sh system), four lanes run at the same
 # time, so that both cores of a 2-core machine stay busy (docs/reliability.md, "CI"):
 #   pysetup   scripts/setup.sh python: the Python packages into .venv
-#   main      scripts/build.sh, then (once pysetup is done) core_tests and
-#             training_tests whole in gtest shards, CTest for every other test, then
+#   main      scripts/build.sh, then (once pysetup is done) CTest, then
 #             scripts/test_python.sh linking the library build/ has just compiled
 #             (TILEATTN_PYTHON_LINK_LIBRARY)
 #   asan      scripts/sanitize.sh ci-asan: ASan+UBSan build, its tests, the fuzzers
@@ -74,12 +73,7 @@ pysetup_lane() {
 main_lane() {
   step main build scripts/build.sh
   step main wait-for-pysetup wait_for_pysetup
-  # core_tests and training_tests run whole, in gtest shards: under CTest each of
-  # their ~1,800 tests is a process that first builds the executable's case tables
-  # and names (0.08 s for core_tests), ~100 CPU s in all. CTest runs the rest.
-  step main gtests env GTEST_SHARDS_CWD="$PWD/build/tests" JOBS="$jobs" scripts/gtest_shards.sh build \
-    "core_tests 3 *" "training_tests 2 *"
-  step main ctest ctest --test-dir build --output-on-failure -j "$jobs" -LE '^gtest_(core|training)$'
+  step main ctest ctest --test-dir build --output-on-failure -j "$jobs"
   if [ -x scripts/test_python.sh ]; then
     step main python env TILEATTN_PYTHON_LINK_LIBRARY="$PWD/build/lib/libtileattn.a" scripts/test_python.sh
   fi
