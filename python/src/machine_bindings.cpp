@@ -20,6 +20,7 @@ nb::dict machine_info() {
   d["avx512f"] = f.avx512f;
   d["avx512_bf16"] = f.avx512_bf16;
   d["amx_bf16"] = f.amx_bf16;
+  d["amx_int8"] = f.amx_int8;
   d["bf16_isa"] = std::string(isa_name(bf16_isa()));  // the rung bf16 inputs take
   d["threads"] = hardware_threads();
   const CacheSizes& c = cache_sizes();

@@ -53,6 +53,7 @@ std::string feature_list(const CpuFeatures& f) {
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_fp16, "avx512_fp16");
   add(f.amx_bf16, "amx_bf16");
+  add(f.amx_int8, "amx_int8");
   return out;
 }
 

@@ -48,6 +48,7 @@ CpuFeatures detect_features() {
     f.avx512_fp16 = ((edx >> 23) & 1) && zmm_state;
     const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
     f.amx_bf16 = ((edx >> 22) & 1) && ((edx >> 24) & 1) && tile_state;
+    f.amx_int8 = ((edx >> 25) & 1) && ((edx >> 24) & 1) && tile_state;
     unsigned a1, b1, c1, d1;
     __cpuid_count(7, 1, a1, b1, c1, d1);
     f.avx512_bf16 = ((a1 >> 5) & 1) && zmm_state;

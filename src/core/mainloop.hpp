@@ -314,6 +314,14 @@ class ForwardMainloop {
     // the time of the FMA scores; P V stays on FMAs (P keeps fp32 precision).
     if constexpr (requires { K::kFewRowsDotScores; })
       dot_scores_ = direct_ && kv_dtype_ == DType::bf16 && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1;
+    // Few-rows scores of an int8 cache on AMX-INT8 tiles (K::kFewRowsInt8Tiles):
+    // Q split once per item into int8 pieces, keys read in place with unit
+    // element stride (amx_kernels.hpp, int8_tiles); P V stays on FMAs.
+    if constexpr (requires { K::kFewRowsInt8Tiles; })
+      int8_tiles_ = direct_ && kv_dtype_ == DType::i8 && p.args.k.stride[3] == 1 && p.args.shape.head_dim % 4 == 0 &&
+                    K::few_rows_int8_usable();
+    q_pieces_ = reinterpret_cast<int8_t*>(scratch + layout_.q_pieces);
+    q_steps_ = scratch + layout_.q_steps;
     // The few-rows products' fp32 Q (at most kFewRowsMax rows of D_pad) sits
     // in the Q tile: its bf16 form holds 16 slack rows of >= D_pad elements.
     few_rows_q_ = scratch + layout_.q_tile;
@@ -333,6 +341,16 @@ class ForwardMainloop {
     // (Quantized caches scale P by the V scales there too.)
     p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f && !quantized_;
     load_q_tiles(seq, w);
+    // Rows that are not all finite take the fp32 products (NaN and infinity
+    // as the reference has them).
+    item_int8_tiles_ = false;
+    if constexpr (requires { K::kFewRowsInt8Tiles; }) {
+      if (int8_tiles_) {
+        item_int8_tiles_ = K::few_rows_int8_split(w.head_count * rows_, a_.shape.head_dim, few_rows_q_,
+                                                  p_.head_dim_padded, q_pieces_, q_steps_);
+        if (item_int8_tiles_) K::bf16_begin();  // the tile configuration, for this item
+      }
+    }
     std::memset(acc_, 0, sizeof(float) * stacked * dvp);
     for (int64_t s = 0; s < stacked; ++s) {
       row_max_[s] = -std::numeric_limits<float>::infinity();
@@ -443,6 +461,8 @@ class ForwardMainloop {
       }
     }
     if (!direct_) operands_.end_item();
+    if constexpr (requires { K::kFewRowsInt8Tiles; })
+      if (item_int8_tiles_) K::bf16_end();
     epilogue(seq, w);
   }
 
@@ -470,6 +490,15 @@ class ForwardMainloop {
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
                                    this_steps_v ? n : ahead_};
+        if constexpr (requires { K::kFewRowsInt8Tiles; }) {
+          if (item_int8_tiles_) {
+            const int64_t piece_row_bytes = round_up(d, 64);
+            K::few_rows_int8_scores(m, n, d, q_pieces_ + s0 * 4 * piece_row_bytes, q_steps_ + s0 * 4, k_rows_,
+                                    s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
+            scale_columns(m, n, k_scales_, t0);
+            return;
+          }
+        }
         if constexpr (requires { K::kFewRowsDotScores; }) {
           if (dot_scores_) {
             K::few_rows_dot_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, p_.score_scale,
@@ -743,6 +772,10 @@ class ForwardMainloop {
   int64_t kv_pad_ = 0;
   int64_t rows_ = 0;  // query rows of the current item
   float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) pre-scaled fp32 Q
+  bool int8_tiles_ = false;       // direct_ on an int8 cache with K::kFewRowsInt8Tiles
+  bool item_int8_tiles_ = false;  // ... and this item's Q rows are finite (split into pieces)
+  int8_t* q_pieces_ = nullptr;    // (heads * rows * 4 + 16, D rounded up to 64) int8 pieces of Q
+  float* q_steps_ = nullptr;      // (heads * rows, 4) the pieces' steps
   float* acc_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;

@@ -258,6 +258,11 @@ inline __m512i _mm512_cvtepu16_epi32(__m256i a) {
   for (int i = 0; i < 16; ++i) r.i32[i] = int32_t(a.u16[i]);
   return r;
 }
+// VCVTDQ2PS: int32 to fp32, rounded to nearest even (the MXCSR default; the
+// kernels convert only sums below 2^24, which are exact).
+inline __m512 _mm512_cvtepi32_ps(__m512i a) {
+  return per_lane([&](int i) { return static_cast<float>(a.i32[i]); });
+}
 // ---- shuffles (pure data movement; SDM: UNPCKLPS, UNPCKHPS, SHUFPS, SHUFF32x4)
 inline __m512 _mm512_unpacklo_ps(__m512 a, __m512 b) {
   return per_lane([&](int i) {
