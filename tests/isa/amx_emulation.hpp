@@ -39,6 +39,7 @@
 // repeats a sample, with partial shapes, wherever AMX is usable.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -164,7 +165,9 @@ inline void _tile_dpbf16ps(int c, int a, int b) {
 // tdpbssd (SDM): C[m][n] += sum over k of A[m].s8[k] * B[k / 4].s8[4n + k % 4],
 // products and sums in int32, wrapping; shapes as for tdpbf16ps (A's bytes
 // per row / 4 = B's rows).
+inline std::atomic<int64_t> dpbssd_count{0};  // tdpbssd run so far, for tests that check the path
 inline void _tile_dpbssd(int c, int a, int b) {
+  dpbssd_count.fetch_add(1);
   const char* what = "_tile_dpbssd without a tile configuration (#UD)";
   checked_tile(c, what), checked_tile(a, what), checked_tile(b, what);
   if (c == a || c == b || a == b) fault("_tile_dpbssd: operands not three different tiles (#UD)");

@@ -22,6 +22,7 @@
 #include "core/forward_plan.hpp"
 #include "core/half.hpp"
 #include "isa/emulated_avx512_forward.hpp"
+#include "isa/emulated_bf16_forward.hpp"
 #include "isa/native_few_rows_kernels.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/machine.hpp"
@@ -266,6 +267,28 @@ TEST_F(Avx512EmulatedDecode, QuantizedKeysAndValuesMatchFloat64) {
           const bool few_rows = st.group * st.seqlen_q <= 8;
           EXPECT_EQ(emulated_avx512_takes_few_rows_path(quantized.args), few_rows);
           ASSERT_TRUE(emulated_avx512_forward(quantized.args));
+          const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
+                                                 naive_forward(quantized.args), dense_o(data), dense_lse(data));
+          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+        }
+}
+
+// An int8 cache on the emulated amx rung: its few-rows scores run on the
+// AMX-INT8 tile model (amx_kernels.hpp, int8_tiles) where the head dim is a
+// multiple of 4 (60, 128; 59 keeps the FMA scores), P V on the FMA products;
+// against the float64 reference over the dequantized K/V, split keys
+// included; the tile model's tdpbssd count shows which scores ran.
+TEST_F(Avx512EmulatedDecode, Int8CacheOnTheAmxTileModelMatchesFloat64) {
+  for (DType dtype : kDTypes)
+    for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
+      for (int64_t head_dim : {60, 128, 59})
+        for (int64_t seqlen_k : {100, 1100}) {
+          CaseData data(decode_case(st, dtype, head_dim, seqlen_k));
+          const QuantizedCopy quantized(data, KvQuant::int8);
+          SCOPED_TRACE(data.c.name() + " int8 on the amx tile model");
+          const int64_t before = emulated_tile_dpbssd_count();
+          ASSERT_TRUE(emulated_bf16_forward(quantized.args, Isa::amx));
+          EXPECT_EQ(emulated_tile_dpbssd_count() > before, head_dim % 4 == 0);
           const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
                                                  naive_forward(quantized.args), dense_o(data), dense_lse(data));
           EXPECT_TRUE(cmp.ok()) << cmp.describe();

@@ -41,6 +41,8 @@ bool emulated_bf16_forward(const ForwardArgs& args, Isa isa) {
   return true;
 }
 
+int64_t emulated_tile_dpbssd_count() { return amx_emulation::dpbssd_count.load(); }
+
 }  // namespace tileattn::testing
 
 #ifdef _IMMINTRIN_H_INCLUDED
