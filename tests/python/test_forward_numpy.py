@@ -140,5 +140,5 @@ def test_info():
     info = tileattn.info()
     isas = ("generic", "avx2", "avx512", "avx512bf16", "amx", "reference")
     assert info["isa"] in isas and info["bf16_isa"] in isas and info["threads"] >= 1
-    assert all(isinstance(info[k], bool) for k in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"))
+    assert all(isinstance(info[k], bool) for k in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"))
     assert not info["amx_bf16"] or info["avx512f"]  # every AMX CPU has AVX-512
