@@ -98,4 +98,24 @@ struct RowsToPrefetch {
   int64_t v_count = 0;
 };
 
+// Every line of rows [i0, i1) of `ahead`'s K table, then of its V table
+// (row_bytes each; rows past a table's count are skipped): each table in a
+// loop of its own with its bound taken once. With the two bound checks per
+// line inside one loop, the AMX int8 scores (4 rows, d 128, AMX Xeon) took
+// 21.4 ns per key with L2-resident rows to prefetch against 16.3 this way
+// (9.8 with none); Llama-3-8B int8 decode at 900 tokens, 1 thread, paired:
+// 0.92 of the time.
+template <bool kToL1>
+inline void prefetch_rows(const RowsToPrefetch& ahead, int64_t i0, int64_t i1, int64_t row_bytes) {
+  for (int t = 0; t < 2; ++t) {
+    const void* const* table = t == 0 ? ahead.k_rows : ahead.v_rows;
+    const int64_t count = t == 0 ? ahead.k_count : ahead.v_count;
+    const int64_t end = i1 < count ? i1 : count;
+    for (int64_t i = i0; i < end; ++i) {
+      const char* row = static_cast<const char*>(table[i]);
+      for (int64_t off = 0; off < row_bytes; off += 64) prefetch_line<kToL1>(row + off);
+    }
+  }
+}
+
 }  // namespace tileattn::detail

@@ -3,7 +3,8 @@
 // AVX-512 products' prefetches (issued from a lambda it had found free of
 // side effects), no test noticed, and cold decode ran 1.5x slower for it
 // (core/row_prefetch.hpp, prefetch_line). Every out-of-line copy of a
-// few-rows score product in the built library must contain a prefetcht0;
+// few-rows score product in the built library (the AMX int8 tile scores
+// included) must contain a prefetcht0;
 // the disassembly comes from objdump (binutils, installed with the compiler).
 #include <gtest/gtest.h>
 
@@ -52,7 +53,7 @@ Disassembly prefetches_by_function(const std::string& library, const std::string
 TEST(PrefetchCode, EveryFewRowsScoreProductHasItsPrefetches) {
   ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
   int products = 0;
-  for (const char* product : {"few_rows16::scores<", "few_rows::scores<"}) {
+  for (const char* product : {"few_rows16::scores<", "few_rows::scores<", "int8_tiles::scores("}) {
     const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, product);
     ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
     for (const auto& [name, count] : d.counts) {

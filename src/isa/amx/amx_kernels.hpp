@@ -284,13 +284,6 @@ static inline void scores(int64_t m, int64_t n, int64_t d, const int8_t* pieces,
   constexpr int64_t kMaxChunks = (tileattn::kMaxHeadDim + kChunk - 1) / kChunk;
   alignas(64) int8_t b_tiles[2][kMaxChunks][16 * 64];  // (key group, chunk) B tiles
   alignas(64) int32_t c_tiles[2][2][16 * 16];             // (key group, row tile) C tiles
-  const auto prefetch_rows = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      for (int64_t off = 0; off < d; off += 64) {
-        if (i < ahead.k_count) prefetch_line<true>(static_cast<const char*>(ahead.k_rows[i]) + off);
-        if (i < ahead.v_count) prefetch_line<true>(static_cast<const char*>(ahead.v_rows[i]) + off);
-      }
-  };
   for (int64_t c0 = 0; c0 < n; c0 += 32) {
     const int64_t cn = n - c0 < 32 ? n - c0 : 32;
     const int groups = cn > 16 ? 2 : 1;
@@ -322,7 +315,7 @@ static inline void scores(int64_t m, int64_t n, int64_t d, const int8_t* pieces,
         }
       }
       const int64_t i0 = c0 + k * per_chunk;
-      prefetch_rows(i0, i0 + per_chunk < c0 + cn ? i0 + per_chunk : c0 + cn);
+      prefetch_rows<true>(ahead, i0, i0 + per_chunk < c0 + cn ? i0 + per_chunk : c0 + cn, d);
     }
     _tile_stored(0, c_tiles[0][0], 64);
     if (two_row_tiles) _tile_stored(1, c_tiles[0][1], 64);

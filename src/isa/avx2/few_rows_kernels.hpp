@@ -147,11 +147,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     for (int i = 0; i < 8; ++i) rows[i] = static_cast<const char*>(key_rows[c0 + (i < cn ? i : cn - 1)]);
     __m256 partial[M][8];
     for (int k0 = 0; k0 < 8; k0 += KJ) {
-      for (int64_t i = c0 + k0; i < c0 + k0 + KJ; ++i)
-        for (int64_t off = 0; off < d * kSize; off += 64) {
-          if (i < ahead.k_count) prefetch_line<true>(static_cast<const char*>(ahead.k_rows[i]) + off);
-          if (i < ahead.v_count) prefetch_line<true>(static_cast<const char*>(ahead.v_rows[i]) + off);
-        }
+      prefetch_rows<true>(ahead, c0 + k0, c0 + k0 + KJ, d * kSize);
       __m256 acc[M][KJ][S];
       for (int r = 0; r < M; ++r)
         for (int j = 0; j < KJ; ++j)

@@ -165,13 +165,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     if (tail) _mm512_store_ps(qc[r] + d16, _mm512_maskz_loadu_ps(tail, qr + d16));
   }
   // The rows of `ahead` with index i in [i0, i1): all their lines.
-  const auto prefetch = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      for (int64_t off = 0; off < d * kS; off += 64) {
-        if (i < ahead.k_count) prefetch_line<true>(static_cast<const char*>(ahead.k_rows[i]) + off);
-        if (i < ahead.v_count) prefetch_line<true>(static_cast<const char*>(ahead.v_rows[i]) + off);
-      }
-  };
+  const auto prefetch = [&](int64_t i0, int64_t i1) { prefetch_rows<true>(ahead, i0, i1, d * kS); };
   // A pass's keys' prefetches go out a few keys per 32-element chunk, not
   // all at its start: against the burst, Llama-3-8B decode (8192 tokens,
   // bf16, 2 threads, paired) took 0.93-0.97 of the time with K/V in L3 and

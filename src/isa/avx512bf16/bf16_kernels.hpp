@@ -336,13 +336,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
       const __m512 hi = _mm512_maskz_loadu_ps(lanes16(d - t - 16), q + r * ldq + t + 16);
       _mm512_store_si512(qb[r] + t, bf16_bits(_mm512_cvtne2ps_pbh(hi, lo)));
     }
-  const auto prefetch = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      for (int64_t off = 0; off < d * 2; off += 64) {
-        if (i < ahead.k_count) prefetch_line<true>(static_cast<const char*>(ahead.k_rows[i]) + off);
-        if (i < ahead.v_count) prefetch_line<true>(static_cast<const char*>(ahead.v_rows[i]) + off);
-      }
-  };
+  const auto prefetch = [&](int64_t i0, int64_t i1) { prefetch_rows<true>(ahead, i0, i1, d * 2); };
   const __m512 scale_v = _mm512_set1_ps(scale);
   for (int64_t c0 = 0; c0 < n; c0 += KJ) {
     const int64_t cn = n - c0 < KJ ? n - c0 : KJ;

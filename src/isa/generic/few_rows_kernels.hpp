@@ -30,10 +30,7 @@ struct FewRowsKernels {
     // fuzz_kv_cache under UBSan).
     const int64_t row_bytes = stride == 1 ? d * int64_t(dtype_size(dtype)) : 0;
     for (int64_t c = 0; c < n; ++c) {
-      for (int64_t off = 0; off < row_bytes; off += 64) {
-        if (c < ahead.k_count) prefetch_line<false>(static_cast<const char*>(ahead.k_rows[c]) + off);
-        if (c < ahead.v_count) prefetch_line<false>(static_cast<const char*>(ahead.v_rows[c]) + off);
-      }
+      prefetch_rows<false>(ahead, c, c + 1, row_bytes);
       to_float_row(key_rows[c], dtype, stride, d, k);
       for (int64_t r = 0; r < m; ++r) {
         const float* qr = q + r * ldq;
