@@ -1,6 +1,8 @@
 // The backward operator against the float64 reference on every ISA path this
 // CPU can run (forced), over awkward shapes, every mask, GQA/MQA, layouts,
 // strides, varlen, 16-bit inputs and dropout; 1 and 2 threads agree bit for bit.
+#include <set>
+#include <string>
 #include <tuple>
 
 #include "support/thread_census.hpp"
@@ -174,13 +176,14 @@ INSTANTIATE_TEST_SUITE_P(Table, BackwardCases,
                          case_test_name);
 
 // The bf16 rungs' own code runs for bf16 inputs only: the table in bf16.
+// Each name computed once (comparing every pair's names took much of this
+// executable's start-up, which every CTest process pays).
 std::vector<BackwardCase> bf16_backward_cases() {
   std::vector<BackwardCase> cases;
+  std::set<std::string> names;
   for (BackwardCase bc : backward_cases()) {
     bc.c.dtype = DType::bf16;
-    bool seen = false;
-    for (const BackwardCase& other : cases) seen |= other.name() == bc.name();
-    if (!seen) cases.push_back(bc);
+    if (names.insert(bc.name()).second) cases.push_back(bc);
   }
   return cases;
 }
