@@ -21,6 +21,10 @@ struct CpuFeatures {
   // int8 caches, tdpbssd).
   bool amx_int8 = false;
   std::string vendor, brand;
+  // CPUID leaf 1's display family and model (base + extended fields):
+  // AMD Zen 3 / Zen 4 are family 0x19, Zen 5 0x1A. Tuning choices that
+  // were measured per CPU generation key on these (docs/inference.md).
+  int family = 0, model = 0;
 };
 
 struct CacheSizes {

@@ -14,6 +14,8 @@ nb::dict machine_info() {
   d["isa"] = std::string(isa_name(resolve_isa(Isa::automatic)));
   d["best_isa"] = std::string(isa_name(best_isa()));
   d["cpu"] = f.brand;
+  d["cpu_family"] = f.family;
+  d["cpu_model"] = f.model;
   d["avx2"] = f.avx2;
   d["fma"] = f.fma;
   d["f16c"] = f.f16c;

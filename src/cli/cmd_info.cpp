@@ -72,6 +72,8 @@ int cmd_info(int argc, char** argv) {
   r.text("isa", isa_name(isa));
   r.text("cpu_vendor", f.vendor);
   r.text("cpu_brand", f.brand);
+  r.integer("cpu_family", f.family);
+  r.integer("cpu_model", f.model);
   std::string features_json = "[";
   const std::string features = feature_list(f);
   for (std::size_t start = 0; start < features.size();) {

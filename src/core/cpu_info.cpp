@@ -29,6 +29,9 @@ CpuFeatures detect_features() {
   __builtin_memcpy(vendor + 8, &ecx, 4);
   f.vendor = vendor;
   __get_cpuid(1, &eax, &ebx, &ecx, &edx);
+  const int base_family = int((eax >> 8) & 0xf), base_model = int((eax >> 4) & 0xf);
+  f.family = base_family == 0xf ? base_family + int((eax >> 20) & 0xff) : base_family;
+  f.model = base_family == 0xf || base_family == 0x6 ? (int((eax >> 16) & 0xf) << 4) + base_model : base_model;
   bool osxsave = (ecx >> 27) & 1;
   bool fma = (ecx >> 12) & 1, f16c = (ecx >> 29) & 1, avx = (ecx >> 28) & 1;
   uint64_t xcr0 = osxsave ? read_xcr0() : 0;

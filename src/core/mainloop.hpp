@@ -314,6 +314,7 @@ class ForwardMainloop {
     // the time of the FMA scores; P V stays on FMAs (P keeps fp32 precision).
     if constexpr (requires { K::kFewRowsDotScores; })
       dot_scores_ = direct_ && kv_dtype_ == DType::bf16 && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1;
+    prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     // Few-rows scores of an int8 cache on AMX-INT8 tiles (K::kFewRowsInt8Tiles):
     // Q split once per item into int8 pieces, keys read in place with unit
     // element stride (amx_kernels.hpp, int8_tiles); P V stays on FMAs.
@@ -489,7 +490,7 @@ class ForwardMainloop {
         // (1.01-1.03), their 4 KiB runs give the hardware nothing to stream.
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
-                                   this_steps_v ? n : ahead_};
+                                   this_steps_v ? n : ahead_, prefetch_to_l2_};
         if constexpr (requires { K::kFewRowsInt8Tiles; }) {
           if (item_int8_tiles_) {
             const int64_t piece_row_bytes = round_up(d, 64);
@@ -783,6 +784,7 @@ class ForwardMainloop {
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
   bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
+  bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile

@@ -11,6 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "tileattn/machine.hpp"
 
 namespace tileattn::detail {
 
@@ -96,7 +99,27 @@ struct RowsToPrefetch {
   int64_t k_count = 0;
   const void* const* v_rows = nullptr;
   int64_t v_count = 0;
+  bool to_l2 = false;  // prefetcht1 even where the product asks for L1 (decode_prefetch_to_l2)
 };
+
+// Whether a decode step's rows go to L2 (prefetcht1) instead of L1, chosen
+// once per call: only for the bf16 scores on vdpbf16ps (the products with
+// the least work per cached byte) on AMD family 0x19 (Zen 4; Zen 3 has no
+// such scores). There a core keeps more L2 misses than L1 misses in flight,
+// and the L1 prefetches of a memory-bound step waited on each other:
+// Llama-3-8B decode, bf16 cache of 8192 tokens, cold, paired (AMD EPYC Zen 4,
+// 2026-12-03): 1 thread 0.75-0.85 of the time, 2 threads 0.89 contiguous
+// and 0.90 paged (CLI medians, 4 rounds). Not elsewhere: on Zen 4 the
+// converting products (int8, fp8, fp16 caches on FMAs) are bound by their
+// instructions and took 1.0-1.3x the time with their rows in L2; on Zen 5
+// (2026-12-02) L2 was slower for bf16 too, and on the AMX Xeon even (0.96-1.00).
+inline bool decode_prefetch_to_l2(bool dot_scores, const std::string& vendor, int family) {
+  return dot_scores && vendor == "AuthenticAMD" && family == 0x19;
+}
+inline bool decode_prefetch_to_l2(bool dot_scores) {
+  const CpuFeatures& cpu = cpu_features();
+  return decode_prefetch_to_l2(dot_scores, cpu.vendor, cpu.family);
+}
 
 // Every line of rows [i0, i1) of `ahead`'s K table, then of its V table
 // (row_bytes each; rows past a table's count are skipped): each table in a
@@ -106,7 +129,7 @@ struct RowsToPrefetch {
 // (9.8 with none); Llama-3-8B int8 decode at 900 tokens, 1 thread, paired:
 // 0.92 of the time.
 template <bool kToL1>
-inline void prefetch_rows(const RowsToPrefetch& ahead, int64_t i0, int64_t i1, int64_t row_bytes) {
+inline void prefetch_rows_to(const RowsToPrefetch& ahead, int64_t i0, int64_t i1, int64_t row_bytes) {
   for (int t = 0; t < 2; ++t) {
     const void* const* table = t == 0 ? ahead.k_rows : ahead.v_rows;
     const int64_t count = t == 0 ? ahead.k_count : ahead.v_count;
@@ -116,6 +139,13 @@ inline void prefetch_rows(const RowsToPrefetch& ahead, int64_t i0, int64_t i1, i
       for (int64_t off = 0; off < row_bytes; off += 64) prefetch_line<kToL1>(row + off);
     }
   }
+}
+
+// The same toward L1 (kToL1, unless ahead.to_l2) or L2.
+template <bool kToL1>
+inline void prefetch_rows(const RowsToPrefetch& ahead, int64_t i0, int64_t i1, int64_t row_bytes) {
+  if (kToL1 && !ahead.to_l2) prefetch_rows_to<true>(ahead, i0, i1, row_bytes);
+  else prefetch_rows_to<false>(ahead, i0, i1, row_bytes);
 }
 
 }  // namespace tileattn::detail

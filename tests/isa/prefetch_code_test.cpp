@@ -26,7 +26,8 @@ struct Disassembly {
   std::map<std::string, int> counts;
 };
 
-Disassembly prefetches_by_function(const std::string& library, const std::string& needle) {
+Disassembly prefetches_by_function(const std::string& library, const std::string& needle,
+                                   const std::string& instruction = "prefetcht0") {
   Disassembly out;
   const std::string command = "objdump -d --no-show-raw-insn -C '" + library + "' 2>/dev/null";
   FILE* pipe = popen(command.c_str(), "r");
@@ -44,7 +45,7 @@ Disassembly prefetches_by_function(const std::string& library, const std::string
       else current.clear();
       continue;
     }
-    if (!current.empty() && line.find("prefetcht0") != std::string::npos) ++out.counts[current];
+    if (!current.empty() && line.find(instruction) != std::string::npos) ++out.counts[current];
   }
   out.ok = pclose(pipe) == 0;
   return out;
@@ -53,7 +54,7 @@ Disassembly prefetches_by_function(const std::string& library, const std::string
 TEST(PrefetchCode, EveryFewRowsScoreProductHasItsPrefetches) {
   ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
   int products = 0;
-  for (const char* product : {"few_rows16::scores<", "few_rows::scores<", "int8_tiles::scores("}) {
+  for (const char* product : {"few_rows16::scores<", "few_rows::scores<", "few_rows_dot::scores<", "int8_tiles::scores("}) {
     const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, product);
     ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
     for (const auto& [name, count] : d.counts) {
@@ -64,6 +65,18 @@ TEST(PrefetchCode, EveryFewRowsScoreProductHasItsPrefetches) {
   if (products == 0)
     GTEST_SKIP() << "every few-rows score product was inlined into its caller in " << TILEATTN_LIBRARY_FILE
                  << "; nothing to look at by name";
+}
+
+// The vdpbf16ps decode scores also prefetch toward L2 (prefetcht1), where
+// decode_prefetch_to_l2 sends a step's rows on AMD Zen 4.
+TEST(PrefetchCode, TheDotScoresCanPrefetchToL2) {
+  ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
+  const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, "few_rows_dot::scores<", "prefetcht1");
+  ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
+  if (d.counts.empty())
+    GTEST_SKIP() << "few_rows_dot::scores was inlined into its caller (or the avx512bf16 rung is not built)";
+  for (const auto& [name, count] : d.counts)
+    EXPECT_GT(count, 0) << name << " has no prefetcht1: its L2 prefetches were compiled away";
 }
 
 }  // namespace
