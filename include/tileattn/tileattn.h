@@ -357,6 +357,10 @@ typedef struct tileattn_cpu_info {
   int64_t l3_bytes;  /**< total */
   char vendor[16];   /**< NUL-terminated, truncated if longer */
   char brand[64];    /**< NUL-terminated, truncated if longer */
+  /* Appended after brand (a caller built against the shorter struct gets
+     only the fields it has; struct_size tells which). */
+  int32_t amx_bf16, amx_int8;  /**< 1 when present with the OS's tile state */
+  int32_t family, model;       /**< CPUID display family and model (AMD Zen 4: 0x19) */
 } tileattn_cpu_info;
 
 /* ---- errors and version ------------------------------------------------ */

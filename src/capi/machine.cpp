@@ -55,6 +55,10 @@ tileattn_status tileattn_get_cpu_info(tileattn_cpu_info* info) {
     filled.l3_bytes = c.l3;
     copy_truncated(filled.vendor, sizeof filled.vendor, f.vendor);
     copy_truncated(filled.brand, sizeof filled.brand, f.brand);
+    filled.amx_bf16 = f.amx_bf16;
+    filled.amx_int8 = f.amx_int8;
+    filled.family = f.family;
+    filled.model = f.model;
     capi::write_versioned(filled, info, "info", kCpuInfoV1Size);
   });
 }

@@ -38,6 +38,11 @@ TEST(CApiMachine, CpuInfoMatchesCpp) {
   EXPECT_EQ(info.l2_bytes, cache_sizes().l2);
   EXPECT_EQ(std::string(info.vendor), f.vendor.substr(0, sizeof info.vendor - 1));
   EXPECT_EQ(std::string(info.brand), f.brand.substr(0, sizeof info.brand - 1));
+  EXPECT_EQ(info.amx_bf16, f.amx_bf16);
+  EXPECT_EQ(info.amx_int8, f.amx_int8);
+  EXPECT_EQ(info.family, f.family);
+  EXPECT_EQ(info.model, f.model);
+  EXPECT_GT(info.family, 0) << "CPUID leaf 1 gives every x86-64 CPU a family";
 
   tileattn_cpu_info unset{};
   EXPECT_EQ(tileattn_get_cpu_info(&unset), TILEATTN_INVALID_ARGUMENT);
