@@ -14,6 +14,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512_vnni = false, avx512_bf16 = false, avx512_fp16 = false;
+  // AVX512-VBMI (byte permutes): the avx512bf16 rung's decode dot scores
+  // use it (fp8 keys become bf16 by table lookups).
+  bool avx512_vbmi = false;
   // AMX-TILE and AMX-BF16 with the tile state enabled by the OS (XCR0 bits
   // 17-18): the amx rung's bf16 products (Isa::amx).
   bool amx_bf16 = false;

@@ -50,6 +50,7 @@ std::string feature_list(const CpuFeatures& f) {
   add(f.avx512dq, "avx512dq");
   add(f.avx512vl, "avx512vl");
   add(f.avx512_vnni, "avx512_vnni");
+  add(f.avx512_vbmi, "avx512_vbmi");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_fp16, "avx512_fp16");
   add(f.amx_bf16, "amx_bf16");

@@ -48,6 +48,7 @@ CpuFeatures detect_features() {
     f.avx512bw = ((ebx >> 30) & 1) && zmm_state;
     f.avx512vl = ((ebx >> 31) & 1) && zmm_state;
     f.avx512_vnni = ((ecx >> 11) & 1) && zmm_state;
+    f.avx512_vbmi = ((ecx >> 1) & 1) && zmm_state;
     f.avx512_fp16 = ((edx >> 23) & 1) && zmm_state;
     const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
     f.amx_bf16 = ((edx >> 22) & 1) && ((edx >> 24) & 1) && tile_state;

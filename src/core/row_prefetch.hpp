@@ -103,16 +103,18 @@ struct RowsToPrefetch {
 };
 
 // Whether a decode step's rows go to L2 (prefetcht1) instead of L1, chosen
-// once per call: only for the bf16 scores on vdpbf16ps (the products with
-// the least work per cached byte) on AMD family 0x19 (Zen 4; Zen 3 has no
-// such scores). There a core keeps more L2 misses than L1 misses in flight,
-// and the L1 prefetches of a memory-bound step waited on each other:
-// Llama-3-8B decode, bf16 cache of 8192 tokens, cold, paired (AMD EPYC Zen 4,
-// 2026-12-03): 1 thread 0.75-0.85 of the time, 2 threads 0.89 contiguous
-// and 0.90 paged (CLI medians, 4 rounds). Not elsewhere: on Zen 4 the
-// converting products (int8, fp8, fp16 caches on FMAs) are bound by their
-// instructions and took 1.0-1.3x the time with their rows in L2; on Zen 5
-// (2026-12-02) L2 was slower for bf16 too, and on the AMX Xeon even (0.96-1.00).
+// once per call: only for the scores on vdpbf16ps (bf16 and fp8 keys, the
+// products with the least work per cached byte) on AMD family 0x19 (Zen 4;
+// Zen 3 has no such scores). There a core keeps more L2 misses than L1
+// misses in flight, and the L1 prefetches of a memory-bound step waited on
+// each other: Llama-3-8B decode, bf16 cache of 8192 tokens, cold, paired
+// (AMD EPYC Zen 4, 2026-12-03): 1 thread 0.75-0.85 of the time, 2 threads
+// 0.89 contiguous and 0.90 paged (CLI medians, 4 rounds); an fp8 cache on
+// these scores, 2 threads, 0.89-1.03 (medians of 40 calls, 4 rounds). Not
+// elsewhere: on Zen 4 the converting products (int8 and fp16 caches on
+// FMAs, fp8 before its dot scores) are bound by their instructions and took
+// 1.0-1.3x the time with their rows in L2; on Zen 5 (2026-12-02) L2 was
+// slower for bf16 too, and on the AMX Xeon even (0.96-1.00).
 inline bool decode_prefetch_to_l2(bool dot_scores, const std::string& vendor, int family) {
   return dot_scores && vendor == "AuthenticAMD" && family == 0x19;
 }

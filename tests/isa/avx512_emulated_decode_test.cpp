@@ -295,5 +295,28 @@ TEST_F(Avx512EmulatedDecode, Int8CacheOnTheAmxTileModelMatchesFloat64) {
         }
 }
 
+// An fp8 e4m3 cache on the emulated avx512bf16 rung: with bf16 queries its
+// few-rows scores run on vdpbf16ps with the keys turned into bf16 by byte
+// permutes (few_rows_dot.hpp; head dims 59 and 96 end in a partial 64-element
+// step), other query dtypes keep the FMA scores; P V on the FMA products
+// either way. Against the float64 reference over the dequantized K/V, split
+// keys included; the emulation's vpermt2b count shows which scores ran.
+TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
+  for (DType dtype : kDTypes)
+    for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
+      for (int64_t head_dim : {59, 96, 128})
+        for (int64_t seqlen_k : {100, 1100}) {
+          CaseData data(decode_case(st, dtype, head_dim, seqlen_k));
+          const QuantizedCopy quantized(data, KvQuant::fp8_e4m3);
+          SCOPED_TRACE(data.c.name() + " fp8 on the emulated avx512bf16 rung");
+          const int64_t before = emulated_byte_permute_count();
+          ASSERT_TRUE(emulated_bf16_forward(quantized.args, Isa::avx512bf16));
+          EXPECT_EQ(emulated_byte_permute_count() > before, dtype == DType::bf16);
+          const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
+                                                 naive_forward(quantized.args), dense_o(data), dense_lse(data));
+          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+        }
+}
+
 }  // namespace
 }  // namespace tileattn::testing

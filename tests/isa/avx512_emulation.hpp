@@ -34,6 +34,7 @@
 // and are made visible only inside TILEATTN_AVX512_NAMESPACE.
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -355,6 +356,32 @@ inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void* p) {
   for (int i = 0; i < 32; ++i)
     if (memory::active(k, i)) std::memcpy(&w.u16[i], bytes + 2 * i, 2);
   return words::to_vector(w);
+}
+using __mmask64 = uint64_t;
+// VMOVDQU8 with zero-masking: a masked-off byte's memory is never read.
+inline __m512i _mm512_maskz_loadu_epi8(__mmask64 k, const void* p) {
+  uint8_t b[64] = {};
+  const char* bytes = static_cast<const char*>(p);
+  for (int i = 0; i < 64; ++i)
+    if ((k >> i) & 1u) std::memcpy(&b[i], bytes + i, 1);
+  __m512i r;
+  std::memcpy(&r, b, sizeof r);
+  return r;
+}
+// VPERMT2B (AVX512-VBMI): byte i is byte idx[5:0] of a, or of b where idx
+// bit 6 is set; idx bit 7 is ignored. Counted (all threads) for the tests
+// that check which decode scores ran (few_rows_dot.hpp's fp8 keys).
+inline std::atomic<int64_t> byte_permute_count{0};
+inline __m512i _mm512_permutex2var_epi8(__m512i a, __m512i idx, __m512i b) {
+  byte_permute_count.fetch_add(1, std::memory_order_relaxed);
+  uint8_t ba[64], bi[64], bb[64], r[64];
+  std::memcpy(ba, &a, 64);
+  std::memcpy(bi, &idx, 64);
+  std::memcpy(bb, &b, 64);
+  for (int i = 0; i < 64; ++i) r[i] = ((bi[i] >> 6) & 1 ? bb : ba)[bi[i] & 63];
+  __m512i v;
+  std::memcpy(&v, r, sizeof v);
+  return v;
 }
 // VPERMT2W: word i is word idx[4:0] of a, or of b where idx bit 5 is set.
 inline __m512i _mm512_permutex2var_epi16(__m512i a, __m512i idx, __m512i b) {

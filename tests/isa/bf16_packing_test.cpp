@@ -12,7 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "core/half.hpp"
 #include "isa/bf16_kernel_params.hpp"
+#include "isa/bf16_kernel_sets.hpp"
 #include "isa/guarded_buffer.hpp"
 
 namespace tileattn::testing {
@@ -167,6 +169,25 @@ TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
           ASSERT_EQ(hi_alone[at], want_alone) << "m " << m << " n " << n << " row " << r << " column " << c;
         }
     }
+}
+
+// The decode products' fp8 e4m3 keys and values as bf16 (byte permutes,
+// few_rows_dot.hpp): every one of the 256 bytes, in each of the 64 byte
+// positions, gives the bf16 of f8e4m3_to_float's value (every e4m3 value is
+// a bf16 value: subnormals, +-0, +-448 and NaN's sign | 0x7ff00000 >> 16).
+TEST(E4m3ToBf16, EveryByteInEveryPositionIsExact) {
+  for (int rotation = 0; rotation < 256; rotation += 64) {
+    uint8_t x[64];
+    uint16_t out[64];
+    for (int shift = 0; shift < 4; ++shift) {
+      for (int i = 0; i < 64; ++i) x[i] = uint8_t(rotation + (i + 16 * shift) % 64);
+      emulated_e4m3_to_bf16(x, out);
+      for (int i = 0; i < 64; ++i) {
+        const uint32_t expected = detail::float_to_bits(detail::f8e4m3_to_float(x[i])) >> 16;
+        ASSERT_EQ(out[i], expected) << "byte 0x" << std::hex << int(x[i]) << " at " << std::dec << i;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Bf16Packing, ::testing::ValuesIn(bf16_kernel_params()), bf16_kernel_param_name);

@@ -20,4 +20,9 @@ namespace tileattn::testing {
 // int8 decode scores of the amx rung, amx_kernels.hpp int8_tiles).
 int64_t emulated_tile_dpbssd_count();
 
+// vpermt2b instructions the AVX-512 emulation has run so far, all threads
+// (the fp8 -> bf16 conversion of the avx512bf16 rung's decode scores,
+// few_rows_dot.hpp).
+int64_t emulated_byte_permute_count();
+
 }  // namespace tileattn::testing

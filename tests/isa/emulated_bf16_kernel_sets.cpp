@@ -25,6 +25,16 @@ void emulated_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out) {
   std::memcpy(out, &r, 64);
 }
 
+void emulated_e4m3_to_bf16(const uint8_t* x, uint16_t* out) {
+  using namespace emulated;
+  __m512i v, k0, k1;
+  std::memcpy(&v, x, 64);
+  const few_rows_dot::E4m3ToBf16 to_bf16;
+  to_bf16(v, k0, k1);
+  std::memcpy(out, &k0, 64);
+  std::memcpy(out + 32, &k1, 64);
+}
+
 void emulated_tile_dpbf16ps(const TileProduct& t) {
   using namespace emulated;
   const TileProductConfig config(t);

@@ -109,9 +109,9 @@ static inline void load32(const char* src, __m512& lo, __m512& hi) {
 }
 
 // fp32 elements 0..15 (a) and 16..31 (b) to chunk order and back.
-template <DType kType>
+template <bool kChunkOrder>
 static inline void to_chunk_order(__m512& a, __m512& b) {
-  if constexpr (kType == DType::bf16) {
+  if constexpr (kChunkOrder) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     const __m512 e = _mm512_permutex2var_ps(a, even, b);
@@ -119,9 +119,9 @@ static inline void to_chunk_order(__m512& a, __m512& b) {
     a = e;
   }
 }
-template <DType kType>
+template <bool kChunkOrder>
 static inline void from_chunk_order(__m512& a, __m512& b) {
-  if constexpr (kType == DType::bf16) {
+  if constexpr (kChunkOrder) {
     const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     const __m512 x = _mm512_permutex2var_ps(a, first, b);
@@ -129,6 +129,20 @@ static inline void from_chunk_order(__m512& a, __m512& b) {
     a = x;
   }
 }
+
+// How P V reads V rows of kType (the default policy): in chunk order where
+// load32 gives it (bf16), else in order. Another policy (e4m3 on byte
+// permutes, isa/avx512bf16/few_rows_dot.hpp) may also read 64 elements at
+// once (load64: two chunks, chunk order).
+template <DType kType>
+struct Loads {
+  static constexpr bool kChunkOrder = kType == DType::bf16;
+  void load32(const char* src, __m512& lo, __m512& hi) const { few_rows16::load32<kType>(src, lo, hi); }
+  __m512 load16(const char* src) const { return few_rows16::load16<kType>(src); }
+  __m512 load16_masked(const char* src, __mmask16 mask) const {
+    return few_rows16::load16_masked<kType>(src, mask);
+  }
+};
 
 // Keys scored per pass: M x KJ <= 16 accumulator chains, every one an
 // independent FMA chain (2 FMA pipes x 4 cycles of latency need >= 8).
@@ -157,7 +171,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     const float* qr = q + r * ldq;
     for (int64_t t = 0; t < d32; t += 32) {
       __m512 a = _mm512_loadu_ps(qr + t), b = _mm512_loadu_ps(qr + t + 16);
-      to_chunk_order<kType>(a, b);
+      to_chunk_order<kType == DType::bf16>(a, b);
       _mm512_store_ps(qc[r] + t, a);
       _mm512_store_ps(qc[r] + t + 16, b);
     }
@@ -205,22 +219,21 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
         for (int r = 0; r < M; ++r)
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + d16), k, acc[r * KJ + j]);
       }
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, reduce16(acc));
-    for (int r = 0; r < M; ++r)
-      for (int64_t j = 0; j < cn; ++j) s[r * lds + c0 + j] = sums[r * KJ + j];
+    store_sums<M, KJ>(reduce16(acc), s, lds, c0, cn);
   }
 }
 
 // acc[r, t, t + 16 NVP) += sum_{c in [c0, c1)} p[r, c] value_rows[c][t, ...):
-// one column pass. Even NVP: whole 32-element chunks, in chunk order; NVP = 1
-// with kMasked: the lanes of `last` only.
-template <DType kType, int M, int NVP, bool kMasked = false>
+// one column pass. Even NVP: whole 32-element chunks, in `load`'s order
+// (Load::kChunkOrder: chunk order); NVP = 1 with kMasked: the lanes of
+// `last` only.
+template <DType kType, int M, int NVP, bool kMasked = false, class Load>
 static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const float* p, int64_t ldp,
-                                   const void* const* value_rows, float* acc, int64_t ldacc,
+                                   const void* const* value_rows, float* acc, int64_t ldacc, const Load& load,
                                    __mmask16 last = 0xffff) {
   static_assert(!kMasked || NVP == 1, "only a single vector is masked");
   constexpr bool kChunks = NVP % 2 == 0;
+  constexpr bool kOrder = kChunks && Load::kChunkOrder;
   constexpr int64_t kS = kSize<kType>;
   __m512 o[M][NVP];
   for (int r = 0; r < M; ++r) {
@@ -228,17 +241,19 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
     for (int u = 0; u < NVP; ++u)
       o[r][u] = kMasked ? _mm512_maskz_loadu_ps(last, row + 16 * u) : _mm512_loadu_ps(row + 16 * u);
     if constexpr (kChunks)
-      for (int u = 0; u < NVP; u += 2) to_chunk_order<kType>(o[r][u], o[r][u + 1]);
+      for (int u = 0; u < NVP; u += 2) to_chunk_order<kOrder>(o[r][u], o[r][u + 1]);
   }
   for (int64_t c = c0; c < c1; ++c) {
     const char* row = static_cast<const char*>(value_rows[c]) + t * kS;
     __m512 v[NVP];
-    if constexpr (kChunks) {
-      for (int u = 0; u < NVP; u += 2) load32<kType>(row + 16 * u * kS, v[u], v[u + 1]);
+    if constexpr (kChunks && NVP % 4 == 0 && requires { load.load64(row, v[0], v[1], v[2], v[3]); }) {
+      for (int u = 0; u < NVP; u += 4) load.load64(row + 16 * u * kS, v[u], v[u + 1], v[u + 2], v[u + 3]);
+    } else if constexpr (kChunks) {
+      for (int u = 0; u < NVP; u += 2) load.load32(row + 16 * u * kS, v[u], v[u + 1]);
     } else if constexpr (kMasked) {
-      v[0] = load16_masked<kType>(row, last);
+      v[0] = load.load16_masked(row, last);
     } else {
-      for (int u = 0; u < NVP; ++u) v[u] = load16<kType>(row + 16 * u * kS);
+      for (int u = 0; u < NVP; ++u) v[u] = load.load16(row + 16 * u * kS);
     }
     for (int r = 0; r < M; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * ldp + c]);
@@ -247,7 +262,7 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
   }
   for (int r = 0; r < M; ++r) {
     if constexpr (kChunks)
-      for (int u = 0; u < NVP; u += 2) from_chunk_order<kType>(o[r][u], o[r][u + 1]);
+      for (int u = 0; u < NVP; u += 2) from_chunk_order<kOrder>(o[r][u], o[r][u + 1]);
     float* row = acc + r * ldacc + t;
     for (int u = 0; u < NVP; ++u) {
       if constexpr (kMasked) _mm512_mask_storeu_ps(row + 16 * u, last, o[r][u]);
@@ -256,10 +271,11 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
   }
 }
 
-// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < M, c < n (contiguous rows).
-template <DType kType, int M>
+// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < M, c < n (contiguous
+// rows), V read through `load` (Loads<kType> by default).
+template <DType kType, int M, class Load = Loads<kType>>
 static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
-                       float* acc, int64_t ldacc) {
+                       float* acc, int64_t ldacc, const Load& load = {}) {
   constexpr int NV = kVectorsPerPass<M>;
   const int64_t d16 = d / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (d - d16)) - 1u);
@@ -267,17 +283,17 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
     const int64_t c1 = n - c0 < kKeysPerChunk ? n : c0 + kKeysPerChunk;
     int64_t t = 0;
     for (; t + 16 * NV <= d; t += 16 * NV)
-      accumulate_pass<kType, M, NV>(c0, c1, t, p, ldp, value_rows, acc, ldacc);
+      accumulate_pass<kType, M, NV>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load);
     // What is left is < 16 NV columns (NV a power of two): each narrower
     // pass runs at most once.
     if constexpr (NV > 8)
-      if (t + 128 <= d) accumulate_pass<kType, M, 8>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 128;
+      if (t + 128 <= d) accumulate_pass<kType, M, 8>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 128;
     if constexpr (NV > 4)
-      if (t + 64 <= d) accumulate_pass<kType, M, 4>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 64;
+      if (t + 64 <= d) accumulate_pass<kType, M, 4>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 64;
     if constexpr (NV > 2)
-      if (t + 32 <= d) accumulate_pass<kType, M, 2>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 32;
-    if (t + 16 <= d) accumulate_pass<kType, M, 1>(c0, c1, t, p, ldp, value_rows, acc, ldacc), t += 16;
-    if (tail) accumulate_pass<kType, M, 1, true>(c0, c1, t, p, ldp, value_rows, acc, ldacc, tail);
+      if (t + 32 <= d) accumulate_pass<kType, M, 2>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 32;
+    if (t + 16 <= d) accumulate_pass<kType, M, 1>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 16;
+    if (tail) accumulate_pass<kType, M, 1, true>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load, tail);
   }
 }
 

@@ -1,6 +1,6 @@
 // reduce16: sixteen 16-lane vectors to one vector of their sums, the
 // horizontal sums of the few-rows score products (isa/avx512/few_rows_kernels.hpp
-// on FMAs, isa/avx512bf16/bf16_kernels.hpp on vdpbf16ps). Included inside the
+// on FMAs, isa/avx512bf16/few_rows_dot.hpp on vdpbf16ps). Included inside the
 // ISA's namespace (kernels.hpp), native or against the AVX-512 emulation.
 
 // Lane i of the result = the sum of v[i]'s 16 lanes. Each level halves the
@@ -24,3 +24,15 @@ static inline __m512 reduce16(const __m512* v) {
   return _mm512_permutexvar_ps(order, z);
 }
 
+
+// s[r * lds + c0 + j] = lane r * KJ + j of `sums` for r < M, j < cn <= KJ:
+// one masked store per row, at the address where lane r * KJ meets key c0
+// (lds >= 16 >= KJ keeps it at or after s + c0; masked-off lanes are not
+// written), where copying the sums one float at a time took 2 M KJ moves.
+template <int M, int KJ>
+static inline void store_sums(__m512 sums, float* s, int64_t lds, int64_t c0, int64_t cn) {
+  static_assert(M * KJ <= 16, "one vector of sums");
+  const uint32_t keys = (1u << cn) - 1u;
+  for (int r = 0; r < M; ++r)
+    _mm512_mask_storeu_ps(s + r * lds + c0 - r * KJ, static_cast<__mmask16>(keys << (r * KJ)), sums);
+}

@@ -13,7 +13,10 @@
 // one vdpbf16ps B vector and one row of an AMX B tile.
 #pragma once
 
+#include <type_traits>
+
 #include "isa/avx512/kernels.hpp"
+#include "tileattn/machine.hpp"
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
@@ -309,61 +312,12 @@ static inline void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const uint16_t
     bf16_dot_panel<1, kLo>(m, k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate, prefetch);
 }
 
-// Decode scores on vdpbf16ps (few stacked query rows, bf16 keys read in
-// place): s[r, c] = scale * (q[r] . key_rows[c]) for r < M, c < n, with q's
-// fp32 rows holding bf16 values (the unscaled bf16 queries), so every product
-// is exact and summed in fp32, and `scale` applied to the sums. The pass
-// structure is few_rows16::scores' (M x KJ accumulator chains reduced
-// together by reduce16, the same prefetches of `ahead`), with one vdpbf16ps
-// per 32 elements per (row, key) where the fp32 product takes two FMAs per
-// row and two instructions per key to widen the bf16 key.
-namespace few_rows_dot {
+}  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE
 
-template <int M>
-constexpr int kKeysPerPass = 16 / M;  // 16 accumulator chains (M <= 8: 2 or more keys)
+#include "isa/avx512bf16/few_rows_dot.hpp"
 
-template <int M>
-static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows, float scale,
-                   float* s, int64_t lds, const RowsToPrefetch& ahead) {
-  constexpr int KJ = kKeysPerPass<M>;
-  const int64_t chunks = (d + 31) / 32;
-  // q once per tile as bf16 pairs (exact: its values are bf16), zero past d.
-  static_assert(tileattn::kMaxHeadDim % 32 == 0, "qb holds whole 32-element chunks");
-  alignas(64) uint16_t qb[M][tileattn::kMaxHeadDim];
-  for (int r = 0; r < M; ++r)
-    for (int64_t t = 0; t < chunks * 32; t += 32) {
-      const __m512 lo = _mm512_maskz_loadu_ps(lanes16(d - t), q + r * ldq + t);
-      const __m512 hi = _mm512_maskz_loadu_ps(lanes16(d - t - 16), q + r * ldq + t + 16);
-      _mm512_store_si512(qb[r] + t, bf16_bits(_mm512_cvtne2ps_pbh(hi, lo)));
-    }
-  const auto prefetch = [&](int64_t i0, int64_t i1) { prefetch_rows<true>(ahead, i0, i1, d * 2); };
-  const __m512 scale_v = _mm512_set1_ps(scale);
-  for (int64_t c0 = 0; c0 < n; c0 += KJ) {
-    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
-    const int64_t keys_per_chunk = (cn + chunks - 1) / chunks;
-    // A partial pass repeats its last row; those lanes are not stored.
-    const uint16_t* rows[KJ];
-    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const uint16_t*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < chunks * 32; t += 32) {
-      const int64_t first = c0 + t / 32 * keys_per_chunk;
-      prefetch(first, first + keys_per_chunk < c0 + cn ? first + keys_per_chunk : c0 + cn);
-      const __mmask32 cols = tail_mask32(d - t);
-      for (int j = 0; j < KJ; ++j) {
-        const __m512bh k = as_bf16_pairs(_mm512_maskz_loadu_epi16(cols, rows[j] + t));
-        for (int r = 0; r < M; ++r)
-          acc[r * KJ + j] = _mm512_dpbf16_ps(acc[r * KJ + j], as_bf16_pairs(_mm512_load_si512(qb[r] + t)), k);
-      }
-    }
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, _mm512_mul_ps(scale_v, reduce16(acc)));
-    for (int r = 0; r < M; ++r)
-      for (int64_t j = 0; j < cn; ++j) s[r * lds + c0 + j] = sums[r * KJ + j];
-  }
-}
+namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
-}  // namespace few_rows_dot
 
 // The avx512bf16 rung: the AVX-512 Kernels plus bf16 products on vdpbf16ps.
 struct Bf16DotKernels : Kernels, Bf16Packing {
@@ -378,25 +332,50 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
     if (a_lo) bf16_dot_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch);
     else bf16_dot_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch);
   }
-  // Decode scores of bf16 keys on vdpbf16ps (few_rows_dot::scores): the main
-  // loop gives these kernels its few rows of Q unscaled (still bf16 values)
-  // when K is a bf16 cache with unit element stride.
+  // Decode scores of bf16 and fp8 e4m3 keys on vdpbf16ps
+  // (few_rows_dot::scores): the main loop gives these kernels its few rows
+  // of Q unscaled (still bf16 values) when K is such a cache with unit
+  // element stride. Both need AVX512-VBMI here (fp8's byte permutes; bf16
+  // keeps the rung's rule of one flag set per kernel): Cooper Lake keeps the
+  // FMA scores.
   static constexpr bool kFewRowsDotScores = true;
-  static void few_rows_dot_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
-                                  const void* const* key_rows, float scale, float* s, int64_t lds,
-                                  const RowsToPrefetch& ahead = {}) {
-    switch (m) {
-      case 1: return few_rows_dot::scores<1>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 2: return few_rows_dot::scores<2>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 3: return few_rows_dot::scores<3>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 4: return few_rows_dot::scores<4>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 5: return few_rows_dot::scores<5>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 6: return few_rows_dot::scores<6>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 7: return few_rows_dot::scores<7>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      case 8: return few_rows_dot::scores<8>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-      default: return;
-    }
+  static bool few_rows_dot_scores_take(DType key_type) {
+    return (key_type == DType::bf16 || key_type == DType::f8_e4m3) && few_rows_dot_vbmi();
   }
+  static void few_rows_dot_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                                  const void* const* key_rows, DType key_type, float scale, float* s, int64_t lds,
+                                  const RowsToPrefetch& ahead = {}) {
+    const auto run = [&]<DType kKType>() {
+      switch (m) {
+        case 1: return few_rows_dot::scores<kKType, 1>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 2: return few_rows_dot::scores<kKType, 2>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 3: return few_rows_dot::scores<kKType, 3>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 4: return few_rows_dot::scores<kKType, 4>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 5: return few_rows_dot::scores<kKType, 5>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 6: return few_rows_dot::scores<kKType, 6>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 7: return few_rows_dot::scores<kKType, 7>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        case 8: return few_rows_dot::scores<kKType, 8>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+        default: return;
+      }
+    };
+    if (key_type != DType::f8_e4m3) return run.template operator()<DType::bf16>();
+#ifdef TILEATTN_E4M3_PERMUTES
+    run.template operator()<DType::f8_e4m3>();
+#else
+    few_rows_dot_scores_e4m3(m, n, d, q, ldq, key_rows, scale, s, lds, ahead);
+#endif
+  }
+#ifndef TILEATTN_AVX512_EMULATION
+  // P V of an fp8 e4m3 cache (unit element stride) with V converted on byte
+  // permutes (few_rows_vbmi.cpp) where CPUID has VBMI; the rest as Kernels.
+  static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                  const void* const* value_rows, DType dtype, int64_t stride, float* acc,
+                                  int64_t ldacc) {
+    if (dtype == DType::f8_e4m3 && stride == 1 && few_rows_dot_vbmi())
+      return few_rows_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
+    Kernels::few_rows_accumulate(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
+  }
+#endif
 };
 
 }  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE

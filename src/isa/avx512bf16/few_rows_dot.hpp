@@ -1,0 +1,201 @@
+// Decode products on vdpbf16ps for a few stacked query rows (keys read in
+// place): the scores of bf16 and fp8 e4m3 keys, and the fp8 -> bf16
+// conversion on AVX512-VBMI byte permutes that the fp8 scores and P V use.
+// Included by bf16_kernels.hpp (the avx512bf16 rung and its emulation). The
+// fp8 parts need VBMI, which Cooper Lake lacks: natively they are compiled
+// only in few_rows_vbmi.cpp (its flags add -mavx512vbmi) and called through
+// the entry points below where CPUID has VBMI; the emulation has the byte
+// permutes and compiles them here.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/half.hpp"
+#include "core/row_prefetch.hpp"
+#include "tileattn/machine.hpp"
+#include "tileattn/types.hpp"
+
+#if defined(__AVX512VBMI__) || defined(TILEATTN_AVX512_EMULATION)
+#define TILEATTN_E4M3_PERMUTES 1
+#endif
+
+namespace tileattn::detail {
+// The fp8 e4m3 decode products of few_rows_vbmi.cpp (AVX512-VBMI): the
+// contracts of few_rows_dot::scores<f8_e4m3, M> and few_rows16::accumulate
+// with E4m3Loads, for m = 1..8 rows.
+void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                              const void* const* key_rows, float scale, float* s, int64_t lds,
+                              const RowsToPrefetch& ahead);
+void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                              const void* const* value_rows, float* acc, int64_t ldacc);
+}  // namespace tileattn::detail
+
+namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
+
+// Whether the fp8 decode products run on byte permutes here.
+#ifdef TILEATTN_AVX512_EMULATION
+static inline bool few_rows_dot_vbmi() { return true; }
+#else
+static inline bool few_rows_dot_vbmi() { return cpu_features().avx512_vbmi; }
+#endif
+
+// Decode scores on vdpbf16ps (few stacked query rows, keys read in place):
+// s[r, c] = scale * (q[r] . key_rows[c]) for r < M, c < n, with q's fp32
+// rows holding bf16 values (the unscaled bf16 queries), so every product is
+// exact and summed in fp32, and `scale` applied to the sums. Keys are bf16,
+// or fp8 e4m3 turned into the bf16 of the same value in registers (every
+// e4m3 value is a bf16 value; the per-head scale stays with the caller). The
+// pass structure is few_rows16::scores' (M x KJ accumulator chains reduced
+// together by reduce16, the same prefetches of `ahead`), with one vdpbf16ps
+// per 32 elements per (row, key) where the fp32 product takes two FMAs per
+// row and two instructions per key to widen a bf16 key (ten for fp8).
+namespace few_rows_dot {
+
+template <int M>
+constexpr int kKeysPerPass = 16 / M;  // 16 accumulator chains (M <= 8: 2 or more keys)
+
+// Elements per load of a key row: one 32-element chunk of bf16, two of fp8
+// (one 64-byte load, converted with two table lookups for 64 elements).
+template <DType kKType>
+constexpr int64_t kStep = kKType == DType::f8_e4m3 ? 64 : 32;
+
+// The first n of 64 byte lanes (none for n <= 0).
+static inline __mmask64 tail_mask64(int64_t n) {
+  return static_cast<__mmask64>(n >= 64 ? ~uint64_t(0) : n <= 0 ? uint64_t(0) : (uint64_t(1) << n) - 1u);
+}
+
+struct E4m3ToBf16;
+#ifdef TILEATTN_E4M3_PERMUTES
+// The vpermi2b tables of fp8 e4m3 -> bf16: high and low bytes of the bf16
+// bits of each 7-bit magnitude (exponent, mantissa; S.1111.111 is NaN), 64
+// entries per vector, and the byte interleaves of 32 (low, high) pairs.
+struct E4m3Tables {
+  alignas(64) uint8_t high[128], low[128], first[64], second[64];
+  E4m3Tables() {
+    for (int m = 0; m < 128; ++m) {
+      const uint32_t bits = float_to_bits(f8e4m3_to_float(uint8_t(m))) >> 16;  // exact: 4 significant bits
+      high[m] = uint8_t(bits >> 8);
+      low[m] = uint8_t(bits);
+    }
+    for (int b = 0; b < 64; ++b) {  // output byte b: pair b / 2's low (even b) or high byte (index bit 6: b)
+      first[b] = uint8_t(b / 2 + (b % 2 ? 64 : 0));
+      second[b] = uint8_t(32 + b / 2 + (b % 2 ? 64 : 0));
+    }
+  }
+};
+
+// 64 fp8 e4m3 bytes as 64 bf16 (the same values) in order: elements 0..31
+// in k0, 32..63 in k1. Two lookups give each magnitude's high and low bytes
+// (vpermi2b ignores the sign bit 7), the sign joins the high byte, two byte
+// interleaves pair them: five instructions where the fp16 route took twenty
+// (the widening, the NaN fixup, four vcvtph2ps and the x 2^8).
+struct E4m3ToBf16 {
+  __m512i high0, high1, low0, low1, first, second, sign;
+  E4m3ToBf16() {
+    static const E4m3Tables t;
+    high0 = _mm512_load_si512(t.high);
+    high1 = _mm512_load_si512(t.high + 64);
+    low0 = _mm512_load_si512(t.low);
+    low1 = _mm512_load_si512(t.low + 64);
+    first = _mm512_load_si512(t.first);
+    second = _mm512_load_si512(t.second);
+    sign = _mm512_set1_epi32(int32_t(0x80808080u));
+  }
+  void operator()(__m512i x, __m512i& k0, __m512i& k1) const {
+    const __m512i high = _mm512_or_si512(_mm512_permutex2var_epi8(high0, x, high1), _mm512_and_si512(x, sign));
+    const __m512i low = _mm512_permutex2var_epi8(low0, x, low1);
+    k0 = _mm512_permutex2var_epi8(low, first, high);
+    k1 = _mm512_permutex2var_epi8(low, second, high);
+  }
+};
+
+// P V's policy for e4m3 V rows (few_rows16::accumulate): 32 or 64 elements
+// at a time as bf16 by E4m3ToBf16, each 32 widened to fp32 as a bf16 row
+// is (even elements << 16, odd & 0xffff0000: chunk order); 64 elements take
+// ten instructions where the fp16 route took twenty. Lone 16-element
+// vectors (head dims that are not a multiple of 32) take that route.
+#ifndef TILEATTN_AVX512_EMULATION
+struct E4m3Loads {
+  static constexpr bool kChunkOrder = true;
+  E4m3ToBf16 to_bf16;
+  static void widen(__m512i k, __m512& even, __m512& odd) {
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(k, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(k, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+  void load32(const char* src, __m512& lo, __m512& hi) const {
+    __m512i k0, k1;
+    to_bf16(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), k0, k1);
+    widen(k0, lo, hi);
+  }
+  void load64(const char* src, __m512& v0, __m512& v1, __m512& v2, __m512& v3) const {
+    __m512i k0, k1;
+    to_bf16(_mm512_loadu_si512(src), k0, k1);
+    widen(k0, v0, v1);
+    widen(k1, v2, v3);
+  }
+  __m512 load16(const char* src) const { return few_rows16::load16<DType::f8_e4m3>(src); }
+  __m512 load16_masked(const char* src, __mmask16 mask) const {
+    return few_rows16::load16_masked<DType::f8_e4m3>(src, mask);
+  }
+};
+#endif
+#endif
+
+template <DType kKType, int M>
+static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows, float scale,
+                   float* s, int64_t lds, const RowsToPrefetch& ahead) {
+  static_assert(kKType == DType::bf16 || kKType == DType::f8_e4m3, "bf16 or fp8 keys");
+  constexpr int KJ = kKeysPerPass<M>;
+  constexpr int64_t kS = kKType == DType::bf16 ? 2 : 1;
+  const int64_t steps = (d + kStep<kKType> - 1) / kStep<kKType>;
+  const int64_t padded = steps * kStep<kKType>;
+  // q once per tile as bf16 pairs (exact: its values are bf16), zero past d.
+  static_assert(tileattn::kMaxHeadDim % 64 == 0, "qb holds whole 64-element steps");
+  alignas(64) uint16_t qb[M][tileattn::kMaxHeadDim];
+  for (int r = 0; r < M; ++r)
+    for (int64_t t = 0; t < padded; t += 32) {
+      const __m512 lo = _mm512_maskz_loadu_ps(lanes16(d - t), q + r * ldq + t);
+      const __m512 hi = _mm512_maskz_loadu_ps(lanes16(d - t - 16), q + r * ldq + t + 16);
+      _mm512_store_si512(qb[r] + t, bf16_bits(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  const auto prefetch = [&](int64_t i0, int64_t i1) { prefetch_rows<true>(ahead, i0, i1, d * kS); };
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  struct NoConversion {};
+  [[maybe_unused]] const std::conditional_t<kKType == DType::f8_e4m3, E4m3ToBf16, NoConversion> to_bf16{};
+  for (int64_t c0 = 0; c0 < n; c0 += KJ) {
+    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
+    const int64_t keys_per_step = (cn + steps - 1) / steps;
+    // A partial pass repeats its last row; those lanes are not stored.
+    const uint8_t* rows[KJ];
+    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const uint8_t*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < padded; t += kStep<kKType>) {
+      const int64_t first = c0 + t / kStep<kKType> * keys_per_step;
+      prefetch(first, first + keys_per_step < c0 + cn ? first + keys_per_step : c0 + cn);
+      for (int j = 0; j < KJ; ++j) {
+        if constexpr (kKType == DType::bf16) {
+          const __m512bh k = as_bf16_pairs(_mm512_maskz_loadu_epi16(tail_mask32(d - t), rows[j] + t * kS));
+          for (int r = 0; r < M; ++r)
+            acc[r * KJ + j] = _mm512_dpbf16_ps(acc[r * KJ + j], as_bf16_pairs(_mm512_load_si512(qb[r] + t)), k);
+        } else {
+          // Past d the bytes load as 0 (bf16 +0, against q's zeros).
+          __m512i k0, k1;
+          to_bf16(_mm512_maskz_loadu_epi8(tail_mask64(d - t), rows[j] + t), k0, k1);
+          for (int r = 0; r < M; ++r) {
+            acc[r * KJ + j] = _mm512_dpbf16_ps(acc[r * KJ + j], as_bf16_pairs(_mm512_load_si512(qb[r] + t)),
+                                               as_bf16_pairs(k0));
+            acc[r * KJ + j] = _mm512_dpbf16_ps(acc[r * KJ + j], as_bf16_pairs(_mm512_load_si512(qb[r] + t + 32)),
+                                               as_bf16_pairs(k1));
+          }
+        }
+      }
+    }
+    store_sums<M, KJ>(_mm512_mul_ps(scale_v, reduce16(acc)), s, lds, c0, cn);
+  }
+}
+
+}  // namespace few_rows_dot
+
+}  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE

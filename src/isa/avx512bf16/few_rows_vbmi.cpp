@@ -1,0 +1,31 @@
+// The fp8 e4m3 decode products on AVX512-VBMI byte permutes (few_rows_dot.hpp:
+// the scores on vdpbf16ps, P V on FMAs with V converted through bf16). This
+// file alone gets -mavx512vbmi on top of the avx512bf16 flags (CMakeLists.txt),
+// in a namespace of its own, so no other code of the rung can pick up VBMI
+// instructions; the rung calls these only where CPUID has VBMI.
+#define TILEATTN_AVX512_NAMESPACE avx512bf16_vbmi
+#include "isa/avx512bf16/bf16_kernels.hpp"
+
+namespace tileattn::detail {
+
+void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
+                              const void* const* key_rows, float scale, float* s, int64_t lds,
+                              const RowsToPrefetch& ahead) {
+  using namespace avx512bf16_vbmi;
+  auto run = [&]<DType kType, int M>() {
+    few_rows_dot::scores<kType, M>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+  };
+  few_rows::with_rows<DType::f8_e4m3>(m, run);
+}
+
+void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                              const void* const* value_rows, float* acc, int64_t ldacc) {
+  using namespace avx512bf16_vbmi;
+  const few_rows_dot::E4m3Loads load{};
+  auto run = [&]<DType kType, int M>() {
+    few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load);
+  };
+  few_rows::with_rows<DType::f8_e4m3>(m, run);
+}
+
+}  // namespace tileattn::detail
