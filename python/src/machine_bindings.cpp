@@ -21,6 +21,7 @@ nb::dict machine_info() {
   d["f16c"] = f.f16c;
   d["avx512f"] = f.avx512f;
   d["avx512_bf16"] = f.avx512_bf16;
+  d["avx512_vbmi"] = f.avx512_vbmi;  // the fp8 decode products' byte permutes
   d["amx_bf16"] = f.amx_bf16;
   d["amx_int8"] = f.amx_int8;
   d["bf16_isa"] = std::string(isa_name(bf16_isa()));  // the rung bf16 inputs take

@@ -142,6 +142,10 @@ def test_info():
     assert info["isa"] in isas and info["bf16_isa"] in isas and info["threads"] >= 1
     assert all(isinstance(info[k], bool) for k in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"))
     assert not info["amx_bf16"] or info["avx512f"]  # every AMX CPU has AVX-512
+    # AVX512-VBMI as the kernel reports it (Linux's flag name has no underscore)
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    assert info["avx512_vbmi"] is ("avx512vbmi" in flags)
     # CPUID leaf 1's display family and model (x86-64 CPUs start at family 6; AMD Zen 4 is 0x19)
     assert isinstance(info["cpu_family"], int) and info["cpu_family"] >= 6
     assert isinstance(info["cpu_model"], int) and info["cpu_model"] >= 0
