@@ -475,10 +475,9 @@ class ForwardMainloop {
   // S (stacked rows [s0, s0 + m), keys of this tile) = Q K^T.
   // t0: the step's first row in the score tile (and the operands' P rows).
   void scores(int64_t s0, int64_t m, int64_t n, int64_t n_pad, int64_t t0) {
-    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     (void)n_pad;
-    if constexpr (kHasFewRows) {
-      if (direct_) {
+    if (direct_) {  // only where K has the few-rows products (kHasFewRows)
+      if constexpr (kHasFewRows) {
         // Prefetched while the scores run: the next step's K rows, and V rows
         // of this step when the item reads one KV head's long runs (a
         // contiguous cache, or pages of >= 8 KiB per head), of the next step
@@ -491,34 +490,34 @@ class ForwardMainloop {
         // (pages of 64 and 256: 0.96-1.01); walking pages of 16 it lost
         // (1.01-1.03), their 4 KiB runs give the hardware nothing to stream.
         const bool this_steps_v = p_.kv_heads_per_item == 1;
-        const RowsToPrefetch ahead{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_,
-                                   this_steps_v ? n : ahead_, prefetch_to_l2_};
-        if constexpr (requires { K::kFewRowsInt8Tiles; }) {
-          if (item_int8_tiles_) {
-            const int64_t piece_row_bytes = round_up(d, 64);
-            K::few_rows_int8_scores(m, n, d, q_pieces_ + s0 * 4 * piece_row_bytes, q_steps_ + s0 * 4, k_rows_,
-                                    s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
-            scale_columns(m, n, k_scales_, t0);
-            return;
-          }
-        }
-        if constexpr (requires { K::kFewRowsDotScores; }) {
-          if (dot_scores_) {
-            K::few_rows_dot_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, kv_dtype_, p_.score_scale,
-                                   s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
-            if (quantized_) scale_columns(m, n, k_scales_, t0);
-            return;
-          }
-        }
-        K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, kv_dtype_, a_.k.stride[3],
-                           s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
-        if (quantized_) scale_columns(m, n, k_scales_, t0);
-        return;
+        few_rows_scores(s0, m, n, t0,
+                        RowsToPrefetch{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_, this_steps_v ? n : ahead_,
+                                       prefetch_to_l2_});
+      }
+    } else {
+      operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
+    }
+    if (quantized_) scale_columns(m, n, k_scales_, t0);
+  }
+
+  // The few-rows scores (direct_), unscaled by a quantized cache's K scales:
+  // on AMX-INT8 tiles, on bf16 dot products, or on FMAs.
+  void few_rows_scores(int64_t s0, int64_t m, int64_t n, int64_t t0, const RowsToPrefetch& ahead) {
+    const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
+    if constexpr (requires { K::kFewRowsInt8Tiles; }) {
+      if (item_int8_tiles_) {
+        const int64_t piece_row_bytes = round_up(d, 64);
+        return K::few_rows_int8_scores(m, n, d, q_pieces_ + s0 * 4 * piece_row_bytes, q_steps_ + s0 * 4, k_rows_,
+                                       s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
       }
     }
-    (void)dp, (void)d;
-    operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
-    if (quantized_) scale_columns(m, n, k_scales_, t0);
+    if constexpr (requires { K::kFewRowsDotScores; }) {
+      if (dot_scores_)
+        return K::few_rows_dot_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, kv_dtype_, p_.score_scale,
+                                      s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
+    }
+    K::few_rows_scores(m, n, d, few_rows_q_ + s0 * dp, dp, k_rows_, kv_dtype_, a_.k.stride[3],
+                       s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
   }
 
   // Quantized K/V: s_tile rows [t0, t0 + m), column c *= scales[c] (the K

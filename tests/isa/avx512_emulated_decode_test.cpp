@@ -251,6 +251,14 @@ struct QuantizedCopy {
   }
 };
 
+// The output of a run over `quantized` against float64 attention over the
+// dequantized K/V, by the tolerance rule.
+void expect_matches_float64(const QuantizedCopy& quantized, const CaseData& data) {
+  const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
+                                         naive_forward(quantized.args), dense_o(data), dense_lse(data));
+  EXPECT_TRUE(cmp.ok()) << cmp.describe();
+}
+
 // Quantized K/V on the emulated AVX-512 main loop: the few-rows products
 // (with the scales applied per key) and, past the row limit, the packed ones
 // (the emulated Kernels' int8 / fp8 loads), against the float64 reference
@@ -267,9 +275,7 @@ TEST_F(Avx512EmulatedDecode, QuantizedKeysAndValuesMatchFloat64) {
           const bool few_rows = st.group * st.seqlen_q <= 8;
           EXPECT_EQ(emulated_avx512_takes_few_rows_path(quantized.args), few_rows);
           ASSERT_TRUE(emulated_avx512_forward(quantized.args));
-          const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
-                                                 naive_forward(quantized.args), dense_o(data), dense_lse(data));
-          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+          expect_matches_float64(quantized, data);
         }
 }
 
@@ -289,9 +295,7 @@ TEST_F(Avx512EmulatedDecode, Int8CacheOnTheAmxTileModelMatchesFloat64) {
           const int64_t before = emulated_tile_dpbssd_count();
           ASSERT_TRUE(emulated_bf16_forward(quantized.args, Isa::amx));
           EXPECT_EQ(emulated_tile_dpbssd_count() > before, head_dim % 4 == 0);
-          const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
-                                                 naive_forward(quantized.args), dense_o(data), dense_lse(data));
-          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+          expect_matches_float64(quantized, data);
         }
 }
 
@@ -312,9 +316,7 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
           const int64_t before = emulated_byte_permute_count();
           ASSERT_TRUE(emulated_bf16_forward(quantized.args, Isa::avx512bf16));
           EXPECT_EQ(emulated_byte_permute_count() > before, dtype == DType::bf16);
-          const Comparison cmp = compare_outputs(quantized.args, reference_forward(quantized.args),
-                                                 naive_forward(quantized.args), dense_o(data), dense_lse(data));
-          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+          expect_matches_float64(quantized, data);
         }
 }
 

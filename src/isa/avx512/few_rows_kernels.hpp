@@ -171,7 +171,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     const float* qr = q + r * ldq;
     for (int64_t t = 0; t < d32; t += 32) {
       __m512 a = _mm512_loadu_ps(qr + t), b = _mm512_loadu_ps(qr + t + 16);
-      to_chunk_order<kType == DType::bf16>(a, b);
+      to_chunk_order<Loads<kType>::kChunkOrder>(a, b);  // K's order (load32)
       _mm512_store_ps(qc[r] + t, a);
       _mm512_store_ps(qc[r] + t + 16, b);
     }

@@ -13,10 +13,7 @@
 // one vdpbf16ps B vector and one row of an AMX B tile.
 #pragma once
 
-#include <type_traits>
-
 #include "isa/avx512/kernels.hpp"
-#include "tileattn/machine.hpp"
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
