@@ -156,8 +156,11 @@ struct ForwardArgs {
   // at an error of up to 2^-8 of (P |V|) per output element, outside the
   // accuracy rule's promise (docs/accuracy.md). The backward (BackwardArgs::
   // forward) then rounds P and dS to bf16 for dV, dQ and dK the same way
-  // (FlashAttention-2's backward does), 1.3x faster. Elsewhere (fp32 / fp16
-  // inputs, the fp32 rungs, decode's few-rows products) it changes nothing.
+  // (FlashAttention-2's backward does), 1.3x faster. Few query rows per KV
+  // head (decode's few-rows products) round P on the avx512bf16 rung where
+  // the decode dot scores run (AVX512-VBMI CPUs) for a bf16 K/V. Elsewhere
+  // (fp32 / fp16 inputs, the fp32 rungs, the amx rung's few-rows products)
+  // it changes nothing.
   bool bf16_probabilities = false;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;

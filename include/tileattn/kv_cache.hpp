@@ -89,8 +89,10 @@ struct KvCacheArgs {
   const float* sinks = nullptr;  // ForwardArgs::sinks: fp32 [heads] sink logits; null: off
   // ForwardArgs::bf16_probabilities: P rounded to bf16 for the packed P V
   // products (prefill, and decode steps stacking more query rows than the
-  // few-rows products take, e.g. MLA's 128 heads on one KV head); the few-rows
-  // decode products keep P at fp32 precision.
+  // few-rows products take, e.g. MLA's 128 heads on one KV head) and, on the
+  // avx512bf16 rung with a bf16 cache, for the few-rows decode products too
+  // (vdpbf16ps; CPUs with AVX512-VBMI, as the decode dot scores); the amx
+  // rung's few-rows decode products keep P at fp32 precision.
   bool bf16_probabilities = false;
   bool causal = true;         // bottom-right aligned with the updated cache length
   int64_t window_left = -1;   // sliding window, inclusive; -1 = unbounded

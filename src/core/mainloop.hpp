@@ -316,6 +316,11 @@ class ForwardMainloop {
     if constexpr (requires { K::kFewRowsDotScores; })
       dot_scores_ = direct_ && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1 &&
                     K::few_rows_dot_scores_take(kv_dtype_);
+    // P V likewise on bf16 dot products where the caller asks for P in bf16
+    // (bf16_probabilities) and V is a bf16 cache read with unit stride.
+    if constexpr (requires { K::kFewRowsDotProbabilities; })
+      dot_probabilities_ = direct_ && p.args.bf16_probabilities && kv_dtype_ == DType::bf16 &&
+                           p.args.v.stride[3] == 1 && K::few_rows_dot_scores_take(DType::bf16);
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     // Few-rows scores of an int8 cache on AMX-INT8 tiles (K::kFewRowsInt8Tiles):
     // Q split once per item into int8 pieces, keys read in place with unit
@@ -579,6 +584,9 @@ class ForwardMainloop {
     if (quantized_) scale_columns(m, n, v_scales_, t0);
     if constexpr (kHasFewRows) {
       if (direct_) {
+        if constexpr (requires { K::kFewRowsDotProbabilities; })
+          if (dot_probabilities_)
+            return K::few_rows_dot_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, acc_ + s0 * dp, dp);
         K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_, a_.v.stride[3],
                                acc_ + s0 * dp, dp);
         return;
@@ -786,6 +794,7 @@ class ForwardMainloop {
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
   bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
+  bool dot_probabilities_ = false;     // direct_ P V on bf16 dot products, P rounded to bf16
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile

@@ -96,6 +96,12 @@ Comparison compare_outputs(const ForwardArgs& args, const ReferenceOutput& ref, 
                            const std::vector<double>& o, const std::vector<double>& lse, double perturb = 0,
                            const std::vector<double>& row_allowance = {});
 
+// bf16_probabilities' bound, one allowance per O row for compare_outputs:
+// 2^-8 x the row's largest (P |V|)(i, d), P the float64 reference's
+// probabilities (|V| through the reference with V's sign bits cleared; a
+// 16-bit case).
+std::vector<double> p_abs_v_allowance(const Case& c);
+
 // O and LSE of a case's buffers, dense as compare_outputs takes them.
 std::vector<double> dense_o(const CaseData& data);
 std::vector<double> dense_lse(const CaseData& data);

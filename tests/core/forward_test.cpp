@@ -98,18 +98,6 @@ INSTANTIATE_TEST_SUITE_P(Bf16Rungs, ForwardCases,
 // bits cleared). The output must differ from the default's somewhere, and
 // break the rule alone somewhere (Bf16Probabilities.RoundingShows), or the
 // option would not be rounding.
-std::vector<double> p_abs_v_allowance(const Case& c) {
-  CaseData abs_v(c);
-  for (uint16_t& bits : abs_v.v16) bits &= 0x7fff;
-  const ReferenceOutput pv = reference_forward(abs_v.args);
-  const size_t d = size_t(c.v_head_dim > 0 ? c.v_head_dim : c.head_dim);  // an O row
-  std::vector<double> allowance(pv.o.size() / d, 0.0);
-  for (size_t row = 0; row < allowance.size(); ++row)
-    for (size_t e = row * d; e < (row + 1) * d; ++e)
-      if (!std::isnan(pv.o[e])) allowance[row] = std::max(allowance[row], std::ldexp(pv.o[e], -8));
-  return allowance;
-}
-
 struct Bf16ProbabilitiesRun {
   Comparison with_allowance, strict;
   bool differs_from_default = false;

@@ -348,6 +348,11 @@ inline void _mm512_store_si512(void* p, __m512i a) {
   std::memcpy(p, &a, 64);
 }
 inline void _mm512_storeu_si512(void* p, __m512i a) { std::memcpy(p, &a, 64); }
+inline __m512i _mm512_loadu_si512(const void* p) {
+  __m512i r;
+  std::memcpy(&r, p, 64);
+  return r;
+}
 inline void _mm256_storeu_si256(__m256i* p, __m256i a) { std::memcpy(p, &a, 32); }
 // VMOVDQU16 with zero-masking: a masked-off word's memory is never read.
 inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void* p) {
@@ -389,6 +394,24 @@ inline __m512i _mm512_permutex2var_epi16(__m512i a, __m512i idx, __m512i b) {
   words::Words r;
   for (int i = 0; i < 32; ++i) r.u16[i] = ((wi.u16[i] >> 5) & 1 ? wb : wa).u16[wi.u16[i] & 31];
   return words::to_vector(r);
+}
+// VPUNPCKLWD / VPUNPCKHWD: in each 128-bit lane, words 0-3 (lo) or 4-7 (hi)
+// of a and b interleaved, a's first.
+inline __m512i _mm512_unpacklo_epi16(__m512i a, __m512i b) {
+  const words::Words wa = words::of(a), wb = words::of(b);
+  words::Words r;
+  for (int i = 0; i < 32; ++i) r.u16[i] = (i % 2 ? wb : wa).u16[i / 8 * 8 + i % 8 / 2];
+  return words::to_vector(r);
+}
+inline __m512i _mm512_unpackhi_epi16(__m512i a, __m512i b) {
+  const words::Words wa = words::of(a), wb = words::of(b);
+  words::Words r;
+  for (int i = 0; i < 32; ++i) r.u16[i] = (i % 2 ? wb : wa).u16[i / 8 * 8 + 4 + i % 8 / 2];
+  return words::to_vector(r);
+}
+// VPERMT2PS: lane i takes lane idx[i] & 15 of a, or of b where idx bit 4 is set.
+inline __m512 _mm512_permutex2var_ps(__m512 a, __m512i idx, __m512 b) {
+  return per_lane([&](int i) { return ((idx.i32[i] >> 4) & 1 ? b : a).f32[idx.i32[i] & 15]; });
 }
 inline __m512i _mm512_add_epi32(__m512i a, __m512i b) {
   return per_lane_epi32([&](int i) { return int32_t(uint32_t(a.i32[i]) + uint32_t(b.i32[i])); });

@@ -362,6 +362,26 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
     few_rows_dot_scores_e4m3(m, n, d, q, ldq, key_rows, scale, s, lds, ahead);
 #endif
   }
+  // Decode P V with P rounded to bf16 (ForwardArgs / KvCacheArgs
+  // ::bf16_probabilities) on vdpbf16ps (few_rows_dot::
+  // accumulate_bf16_probabilities): the main loop takes it for a bf16 cache
+  // read with unit element stride where the dot scores run (the same CPUs:
+  // Cooper Lake, unmeasured, keeps the FMA products).
+  static constexpr bool kFewRowsDotProbabilities = true;
+  static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                      const void* const* value_rows, float* acc, int64_t ldacc) {
+    switch (m) {
+      case 1: return few_rows_dot::accumulate_bf16_probabilities<1>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 2: return few_rows_dot::accumulate_bf16_probabilities<2>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 3: return few_rows_dot::accumulate_bf16_probabilities<3>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 4: return few_rows_dot::accumulate_bf16_probabilities<4>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 5: return few_rows_dot::accumulate_bf16_probabilities<5>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 6: return few_rows_dot::accumulate_bf16_probabilities<6>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 7: return few_rows_dot::accumulate_bf16_probabilities<7>(n, d, p, ldp, value_rows, acc, ldacc);
+      case 8: return few_rows_dot::accumulate_bf16_probabilities<8>(n, d, p, ldp, value_rows, acc, ldacc);
+      default: return;
+    }
+  }
 #ifndef TILEATTN_AVX512_EMULATION
   // P V of an fp8 e4m3 cache (unit element stride) with V converted on byte
   // permutes (few_rows_vbmi.cpp) where CPUID has VBMI; the rest as Kernels.

@@ -196,6 +196,123 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   }
 }
 
+// Decode P V on vdpbf16ps with P rounded to bf16 (bf16_probabilities), bf16
+// V rows read in place: acc[r, :d] += sum_c bf16(p[r, c]) V[c, :d] for r < M,
+// c < n, every product exact and summed in fp32. Keys go in pairs (c, c + 1):
+// a 32-key chunk's P is rounded once per row (vcvtne2ps2bf16, round to
+// nearest even; dword j holds keys 2j and 2j + 1 of the chunk), and the two V
+// rows of a pair are interleaved by vpunpcklwd / vpunpckhwd, so that one
+// vdpbf16ps adds both keys' products to 16 columns. The interleave leaves
+// dword j of 128-bit lane L holding column 8L + j (unpacklo) or 8L + 4 + j
+// (unpackhi): each pass permutes the accumulator to that order and back
+// (to_pair_order). An odd last key pairs with a row of zeros (its P partner
+// is 0, and 0 x an inf or NaN of a real row would be NaN). Per key and 64
+// columns at 4 rows: 8 vdpbf16ps and 2 interleaves, where the fp32 product
+// (few_rows16::accumulate) takes 16 FMAs and 4 widenings.
+// Accumulator vectors per row and column pass (M x NV <= 16, as
+// few_rows16::accumulate's), even: whole 32-column groups.
+template <int M>
+constexpr int kPairVectorsPerPass = M == 1 ? 16 : M == 2 ? 8 : M <= 4 ? 4 : 2;
+constexpr int64_t kPairKeysPerChunk = 32;  // one vcvtne2ps2bf16 per row; V rows stay in L1 across passes
+
+// fp32 columns 0..15 (a) and 16..31 (b) to the interleave's order (a: columns
+// 8L + j, b: 8L + 4 + j, j < 4, lanes L) and back.
+static inline void to_pair_order(__m512& a, __m512& b) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i second = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const __m512 x = _mm512_permutex2var_ps(a, first, b);
+  b = _mm512_permutex2var_ps(a, second, b);
+  a = x;
+}
+static inline void from_pair_order(__m512& a, __m512& b) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 x = _mm512_permutex2var_ps(a, first, b);
+  b = _mm512_permutex2var_ps(a, second, b);
+  a = x;
+}
+
+// The partner row of an odd last key: as many columns as one pass reads.
+alignas(64) inline constexpr uint16_t kZeroRow[16 * kPairVectorsPerPass<1>] = {};
+
+// One column pass of keys [c0, c1) (c1 - c0 <= 32, their P pairs in
+// `pairs`): columns [t, t + 16 NV), or with kMasked (NV == 2) the d - t < 32
+// columns left.
+template <int M, int NV, bool kMasked>
+static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int64_t d, const uint32_t (*pairs)[16],
+                                         const void* const* value_rows, float* acc, int64_t ldacc) {
+  static_assert(NV % 2 == 0 && (!kMasked || NV == 2), "whole 32-column groups; one masked group");
+  const __mmask16 m0 = kMasked ? lanes16(d - t) : __mmask16(0xffff);
+  const __mmask16 m1 = kMasked ? lanes16(d - t - 16) : __mmask16(0xffff);
+  const __mmask32 words = kMasked ? tail_mask32(d - t) : __mmask32(0xffffffffu);
+  __m512 o[M][NV];
+  for (int r = 0; r < M; ++r) {
+    const float* row = acc + r * ldacc + t;
+    for (int u = 0; u < NV; u += 2) {
+      o[r][u] = kMasked ? _mm512_maskz_loadu_ps(m0, row) : _mm512_loadu_ps(row + 16 * u);
+      o[r][u + 1] = kMasked ? _mm512_maskz_loadu_ps(m1, row + 16) : _mm512_loadu_ps(row + 16 * u + 16);
+      to_pair_order(o[r][u], o[r][u + 1]);
+    }
+  }
+  for (int64_t c = c0; c < c1; c += 2) {
+    const uint16_t* r0 = static_cast<const uint16_t*>(value_rows[c]) + t;
+    const uint16_t* r1 = c + 1 < c1 ? static_cast<const uint16_t*>(value_rows[c + 1]) + t : kZeroRow;
+    __m512i v[NV];
+    for (int u = 0; u < NV; u += 2) {
+      const __m512i x0 = kMasked ? _mm512_maskz_loadu_epi16(words, r0) : _mm512_loadu_si512(r0 + 16 * u);
+      const __m512i x1 = kMasked ? _mm512_maskz_loadu_epi16(words, r1) : _mm512_loadu_si512(r1 + 16 * u);
+      v[u] = _mm512_unpacklo_epi16(x0, x1);
+      v[u + 1] = _mm512_unpackhi_epi16(x0, x1);
+    }
+    const int64_t j = (c - c0) / 2;
+    for (int r = 0; r < M; ++r) {
+      const __m512bh pr = as_bf16_pairs(_mm512_set1_epi32(int32_t(pairs[r][j])));
+      for (int u = 0; u < NV; ++u) o[r][u] = _mm512_dpbf16_ps(o[r][u], pr, as_bf16_pairs(v[u]));
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    float* row = acc + r * ldacc + t;
+    for (int u = 0; u < NV; u += 2) {
+      from_pair_order(o[r][u], o[r][u + 1]);
+      if constexpr (kMasked) {
+        _mm512_mask_storeu_ps(row, m0, o[r][u]);
+        _mm512_mask_storeu_ps(row + 16, m1, o[r][u + 1]);
+      } else {
+        _mm512_storeu_ps(row + 16 * u, o[r][u]);
+        _mm512_storeu_ps(row + 16 * u + 16, o[r][u + 1]);
+      }
+    }
+  }
+}
+
+template <int M>
+static void accumulate_bf16_probabilities(int64_t n, int64_t d, const float* p, int64_t ldp,
+                                          const void* const* value_rows, float* acc, int64_t ldacc) {
+  constexpr int NV = kPairVectorsPerPass<M>;
+  constexpr int64_t kKeys = kPairKeysPerChunk;
+  alignas(64) uint32_t pairs[M][16];
+  for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
+    const int64_t c1 = n - c0 < kKeys ? n : c0 + kKeys;
+    for (int r = 0; r < M; ++r) {
+      const __m512 lo = _mm512_maskz_loadu_ps(lanes16(c1 - c0), p + r * ldp + c0);
+      const __m512 hi = _mm512_maskz_loadu_ps(lanes16(c1 - c0 - 16), p + r * ldp + c0 + 16);
+      _mm512_store_si512(pairs[r], bf16_bits(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+    int64_t t = 0;
+    for (; t + 16 * NV <= d; t += 16 * NV)
+      accumulate_pairs_pass<M, NV, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc);
+    // What is left is < 16 NV columns (NV a power of two): each narrower
+    // pass runs at most once, then one masked 32-column group.
+    if constexpr (NV > 8)
+      if (t + 128 <= d) accumulate_pairs_pass<M, 8, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc), t += 128;
+    if constexpr (NV > 4)
+      if (t + 64 <= d) accumulate_pairs_pass<M, 4, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc), t += 64;
+    if constexpr (NV > 2)
+      if (t + 32 <= d) accumulate_pairs_pass<M, 2, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc), t += 32;
+    if (t < d) accumulate_pairs_pass<M, 2, true>(c0, c1, t, d, pairs, value_rows, acc, ldacc);
+  }
+}
+
 }  // namespace few_rows_dot
 
 }  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE
