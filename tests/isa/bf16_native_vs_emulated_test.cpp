@@ -8,12 +8,14 @@
 // avx512/few_rows_kernels.hpp, whose sums differ in the last bits.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <vector>
 
 #include "isa/bf16_native_gate.hpp"
 #include "isa/emulated_bf16_forward.hpp"
 #include "testing/problem_case.hpp"
+#include "tileattn/machine.hpp"
 
 namespace tileattn::testing {
 namespace {
@@ -48,6 +50,33 @@ void check_bitwise(Isa isa) {
 }
 
 TEST(Bf16NativeVsEmulated, Avx512Bf16ForwardIsBitwiseEqual) { check_bitwise(Isa::avx512bf16); }
+
+// Decode shapes with bf16_probabilities on avx512bf16 where the CPU has
+// VBMI: both few-rows products run on vdpbf16ps (few_rows_dot.hpp, the
+// scores and P V with P rounded), the same code natively and on the
+// emulation, so the bits agree too; this checks the emulation's word
+// interleaves and float permutes against the hardware. Odd key counts, a
+// head dim with a masked 32-column group, 1 to 8 stacked rows.
+TEST(Bf16NativeVsEmulated, Avx512Bf16DecodeWithBf16ProbabilitiesIsBitwiseEqual) {
+  TILEATTN_REQUIRE_NATIVE(Isa::avx512bf16);
+  if (!cpu_features().avx512_vbmi) GTEST_SKIP() << "the decode dot products need AVX512-VBMI";
+  Case c;
+  c.dtype = DType::bf16;
+  c.mask = MaskCase::causal;
+  for (const auto& [heads, kv_heads, seqlen_q, seqlen_k, head_dim] :
+       std::vector<std::array<int64_t, 5>>{{8, 2, 1, 1100, 128}, {6, 2, 2, 99, 59}, {8, 1, 1, 333, 96},
+                                           {1, 1, 1, 64, 256}}) {
+    c.heads = heads, c.kv_heads = kv_heads, c.seqlen_q = seqlen_q, c.seqlen_k = seqlen_k, c.head_dim = head_dim;
+    CaseData native(c), emulated(c);
+    native.args.isa = Isa::avx512bf16;
+    native.args.bf16_probabilities = emulated.args.bf16_probabilities = true;
+    attention_forward(native.args);
+    ASSERT_TRUE(emulated_bf16_forward(emulated.args, Isa::avx512bf16)) << c.name();
+    EXPECT_EQ(native.o16, emulated.o16) << c.name() << ": output bits differ";
+    EXPECT_EQ(std::memcmp(native.lse.data(), emulated.lse.data(), native.lse.size() * 4), 0)
+        << c.name() << ": LSE bits differ";
+  }
+}
 TEST(Bf16NativeVsEmulated, AmxForwardIsBitwiseEqual) { check_bitwise(Isa::amx); }
 
 }  // namespace
