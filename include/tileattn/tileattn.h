@@ -311,7 +311,8 @@ typedef struct tileattn_kv_cache_args {
   float softcap;          /**< c > 0: scores become c * tanh(x / c); 0 (the default): off */
   int32_t bf16_probabilities; /**< nonzero: as in ::tileattn_forward_args, for the packed P V
                                    products (prefill; decode stacking over 8 query rows) and
-                                   on avx512bf16 the few-rows decode products of a bf16 cache */
+                                   on avx512bf16 (with AVX512-VBMI) the few-rows decode
+                                   products of a bf16 cache */
   const float* alibi_slopes;   /**< as in ::tileattn_forward_args; NULL: off */
   int64_t alibi_batch_stride;
   const float* sinks;          /**< as in ::tileattn_forward_args, [heads]; NULL: off */

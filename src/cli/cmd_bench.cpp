@@ -58,9 +58,11 @@ const char* const kHelp =
     "--softcap C caps the scores (C * tanh(x / C)) and --alibi adds the ALiBi bias (standard\n"
     "slopes) in tileattn; the baseline has neither. --sinks S.npy (float32 [H]) adds attention\n"
     "sinks in tileattn (the backward also computes their gradient); the baseline has none.\n"
-    "--bf16-probabilities (--dtype bf16, forward or backward) rounds P (and the backward's dS)\n"
-    "to bf16 for their products on the amx / avx512bf16 rungs (ForwardArgs::bf16_probabilities:\n"
-    "faster, within a stated bound instead of the accuracy rule).\n"
+    "--bf16-probabilities (--dtype bf16) rounds P (and the backward's dS) to bf16 for their\n"
+    "products on the amx / avx512bf16 rungs (ForwardArgs::bf16_probabilities: faster, within a\n"
+    "stated bound instead of the accuracy rule); with --decode, where the step's products do\n"
+    "(KvCacheArgs::bf16_probabilities: the packed ones, and on avx512bf16 with VBMI the\n"
+    "few-rows ones).\n"
     "\n"
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
@@ -111,8 +113,6 @@ int cmd_bench(int argc, char** argv) {
   const bool decode = args.has("--decode");
   if (backward && decode) throw UsageError("--decode: cannot be combined with --backward");
   const bool bf16_probabilities = args.has("--bf16-probabilities");
-  if (bf16_probabilities && decode)
-    throw UsageError("--bf16-probabilities: not with --decode (decode keeps P at fp32 precision)");
   const int64_t batch = args.integer("--batch", 1, 1, kMaxSize);
   const int64_t heads = args.integer("--heads", 8, 1, kMaxSize);
   const int64_t kv_heads = args.integer("--kv-heads", heads, 1, kMaxSize);
@@ -217,6 +217,7 @@ int cmd_bench(int argc, char** argv) {
     ca.alibi_slopes = fa.alibi_slopes;
     ca.sinks = fa.sinks;
     ca.threads = threads;
+    ca.bf16_probabilities = bf16_probabilities;
   }
 
   const detail::Band band = detail::make_band(causal, window_left, window_right);

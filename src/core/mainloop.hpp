@@ -312,7 +312,8 @@ class ForwardMainloop {
     // stays unscaled (bf16 values, exact products) and the kernel scales the
     // sums (an fp8 cache's per-key scales follow, scale_columns). Llama-3-8B
     // decode (bf16, 8192 tokens, 1 thread, AMD EPYC Zen 5, paired): 0.95 of
-    // the time of the FMA scores; P V stays on FMAs (P keeps fp32 precision).
+    // the time of the FMA scores; P V stays on FMAs (P keeps fp32 precision)
+    // unless the caller rounds P to bf16 (next).
     if constexpr (requires { K::kFewRowsDotScores; })
       dot_scores_ = direct_ && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1 &&
                     K::few_rows_dot_scores_take(kv_dtype_);

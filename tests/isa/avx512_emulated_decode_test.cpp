@@ -322,15 +322,17 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
 
 // bf16_probabilities on the emulated avx512bf16 rung: the few-rows P V of a
 // bf16 cache runs on vdpbf16ps with P rounded to bf16
-// (few_rows_dot::accumulate_bf16_probabilities; head dims 59 and 96 end in a
-// masked 32-column group, odd key counts pair the last key with zeros, 1100
-// keys split). Within the rule plus bf16_probabilities' bound (2^-8 of each
-// row's largest P |V|, tests/core's Bf16Probabilities), and different from
-// the default's output, where P keeps fp32 precision: the flag changes only
-// P V, so a difference shows that the rounded products ran.
+// (few_rows_dot::accumulate_bf16_probabilities; head dims 40, 48 and 59 end
+// in a masked 32-column group of 8, 16 and 27 columns, 96 and 128 in whole
+// groups; odd key counts pair the last key with zeros, 1100 keys split).
+// Within the rule plus bf16_probabilities' bound (2^-8 of each row's largest
+// P |V|, tests/core's Bf16Probabilities), and different from the default's
+// output, where P keeps fp32 precision: the flag changes only P V, so a
+// difference shows that the rounded products ran. Paged K/V (pages of 3,
+// shuffled: key pairs straddle pages) give the contiguous result bit for bit.
 TEST_F(Avx512EmulatedDecode, Bf16ProbabilitiesOnTheEmulatedDotProducts) {
   for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
-    for (int64_t head_dim : {59, 96, 128})
+    for (int64_t head_dim : {40, 48, 59, 96, 128})
       for (int64_t seqlen_k : {99, 1100}) {
         CaseData exact(decode_case(st, DType::bf16, head_dim, seqlen_k));
         CaseData rounded(exact.c);
@@ -343,6 +345,12 @@ TEST_F(Avx512EmulatedDecode, Bf16ProbabilitiesOnTheEmulatedDotProducts) {
             compare_outputs(rounded.args, reference_forward(rounded.args), naive_forward(rounded.args),
                             dense_o(rounded), dense_lse(rounded), 0, p_abs_v_allowance(rounded.c));
         EXPECT_TRUE(cmp.ok()) << cmp.describe();
+        if (head_dim != 59) continue;
+        const Outputs contiguous(rounded);
+        poison_outputs(rounded);
+        const PagedCopy paged(rounded, 3);
+        ASSERT_TRUE(emulated_bf16_forward(paged.args, Isa::avx512bf16));
+        EXPECT_TRUE(Outputs(rounded) == contiguous) << "paged differs from contiguous";
       }
 }
 

@@ -2,9 +2,11 @@
 // Isa::avx512bf16 and Isa::amx gives the same output and LSE bits as the
 // emulated rungs (emulated_bf16_forward.hpp): the emulation is the hardware
 // path, not an approximation of it. A handful of shapes: tails in every
-// dimension, masks, GQA, few queries against many keys. Not decode shapes of
-// at most kFewRowsMax stacked rows: there the emulated Kernels take their
-// few-rows products from the AVX2 file compiled natively, the native ones from
+// dimension, masks, GQA, few queries against many keys. Decode shapes of at
+// most kFewRowsMax stacked rows only with bf16_probabilities on a CPU with
+// VBMI, where both few-rows products are few_rows_dot.hpp's vdpbf16ps code on
+// both sides; otherwise the emulated Kernels take their few-rows products from
+// the AVX2 file compiled natively, the native ones from
 // avx512/few_rows_kernels.hpp, whose sums differ in the last bits.
 #include <gtest/gtest.h>
 
