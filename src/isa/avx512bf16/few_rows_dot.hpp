@@ -199,7 +199,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
 // Decode P V on vdpbf16ps with P rounded to bf16 (bf16_probabilities), bf16
 // V rows read in place: acc[r, :d] += sum_c bf16(p[r, c]) V[c, :d] for r < M,
 // c < n, every product exact and summed in fp32 (vdpbf16ps' denormal rules:
-// bf16_dot_semantics.hpp, as in the packed P V). Keys go in pairs (c, c + 1):
+// tests/isa/bf16_dot_semantics.hpp, as in the packed P V). Keys go in pairs:
 // a 32-key chunk's P is rounded once per row (vcvtne2ps2bf16, round to
 // nearest even; dword j holds keys 2j and 2j + 1 of the chunk), and the two V
 // rows of a pair are interleaved by vpunpcklwd / vpunpckhwd, so that one
