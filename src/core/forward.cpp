@@ -56,9 +56,13 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   }
   // bf16 products without a band take wider tiles where they still fit L2:
   // each P V product reuses its accumulator tiles over more keys, and on AMX
-  // each packed K/V tile serves more query rows. avx512bf16: 128 keys (AMX
-  // Xeon, paired, 2 threads: 256x128 took 0.95 of 256x64's time at H32
-  // N2048 D128 and 0.91 at H16 N4096 D64). amx: 512x256, else 256x256, else
+  // each packed K/V tile serves more query rows. avx512bf16: 256 keys, else
+  // 128 (AMX Xeon, paired, 2 threads: 256x128 took 0.95 of 256x64's time at
+  // H32 N2048 D128 and 0.91 at H16 N4096 D64; AMD EPYC Zen 4, 2026-12-04,
+  // noisy host, alternating, medians of 5-6: 256x256 took 0.96-0.99 of
+  // 256x128's time, H8 N4096 D128 2 threads 0.96 (0.99 with
+  // bf16_probabilities), H4 1 thread 0.99 (0.96), H16 D64 2 threads 0.96,
+  // each of the five medians below 1). amx: 512x256, else 256x256, else
   // 256x128. AMX Xeon, 1 thread, quiet, min of 10: H8 N4096 D128 256x128
   // 182 ms, 256x256 167, 384x256 160, 512x256 158-160, 256x512 175, 512x512
   // 180; H16 N4096 D64 275 / 251 / 242 (512x256); H4 N4096 D256 139 / 130 /
@@ -81,9 +85,9 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
     constexpr int64_t kMinWideItems = 32;
     static constexpr Wide kAmxTiles[] = {{512, 256}, {256, 256}, {256, 128}};
     static constexpr Wide kAmxCausalTiles[] = {{256, 256}, {256, 128}};
-    static constexpr Wide kDotTiles[] = {{0, 128}};
+    static constexpr Wide kDotTiles[] = {{0, 256}, {0, 128}};
     const Wide* wide = !amx ? kDotTiles : unbanded ? kAmxTiles : kAmxCausalTiles;
-    const int count = !amx ? 1 : unbanded ? 3 : 2;
+    const int count = !amx ? 2 : unbanded ? 3 : 2;
     for (int i = 0; i < count; ++i) {
       const int64_t q = args.block_q > 0 ? args.block_q : wide[i].block_q > 0 ? wide[i].block_q : p.block_q;
       if (wide[i].block_kv <= p.block_kv && q <= p.block_q) break;  // no wider than the cache model's
