@@ -48,14 +48,21 @@ static inline __m512i fp8_as_scaled_f16(__m512i x) {
   return _mm512_mask_blend_epi16(nan, h, _mm512_or_si512(h, _mm512_set1_epi16(0x7c00)));
 }
 
-// 16 fp8 e4m3 bytes as fp32.
+// 16 fp8 e4m3 bytes as fp32 value / 2^8 (the fp16 route, without its x 2^8).
 static inline __m512 fp8x16_to_ps(__m128i bytes) {
-  const __m256i h = fp8_as_scaled_f16(_mm256_cvtepi8_epi16(bytes));
-  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+  return _mm512_cvtph_ps(fp8_as_scaled_f16(_mm256_cvtepi8_epi16(bytes)));
 }
 
+// What the loads below give, over the element's value: fp8 e4m3 comes as
+// value / 2^8 (exactly), and the products put the 2^8 back once, on a pass's
+// score sums and on a 32-key chunk's P, instead of once per element (two
+// multiplies per 32 elements). Exact powers of two, so the sums are those of
+// the true values bit for bit (short of products below fp32's normal range).
+template <DType kType>
+constexpr float kLoadScale = kType == DType::f8_e4m3 ? 256.0f : 1.0f;
+
 // 16 contiguous elements of kType at src as fp32, in order (int8 and fp8
-// without their scale).
+// without their scale; fp8 divided by kLoadScale).
 template <DType kType>
 static inline __m512 load16(const char* src) {
   if constexpr (kType == DType::f32) {
@@ -99,9 +106,8 @@ static inline void load32(const char* src, __m512& lo, __m512& hi) {
     // 32 bytes in one: sign-extend to 16 bits, the fp16 bits, two conversions.
     const __m512i h =
         fp8_as_scaled_f16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
-    const __m512 two8 = _mm512_set1_ps(256.0f);
-    lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), two8);
-    hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), two8);
+    lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
   } else {
     lo = load16<kType>(src);
     hi = load16<kType>(src + 16 * kSize<kType>);
@@ -137,6 +143,7 @@ static inline void from_chunk_order(__m512& a, __m512& b) {
 template <DType kType>
 struct Loads {
   static constexpr bool kChunkOrder = kType == DType::bf16;
+  static constexpr float kScale = kLoadScale<kType>;  // loaded values x kScale = the elements
   void load32(const char* src, __m512& lo, __m512& hi) const { few_rows16::load32<kType>(src, lo, hi); }
   __m512 load16(const char* src) const { return few_rows16::load16<kType>(src); }
   __m512 load16_masked(const char* src, __mmask16 mask) const {
@@ -219,11 +226,14 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
         for (int r = 0; r < M; ++r)
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + d16), k, acc[r * KJ + j]);
       }
-    store_sums<M, KJ>(reduce16(acc), s, lds, c0, cn);
+    if constexpr (kLoadScale<kType> != 1.0f)
+      store_sums<M, KJ>(_mm512_mul_ps(reduce16(acc), _mm512_set1_ps(kLoadScale<kType>)), s, lds, c0, cn);
+    else
+      store_sums<M, KJ>(reduce16(acc), s, lds, c0, cn);
   }
 }
 
-// acc[r, t, t + 16 NVP) += sum_{c in [c0, c1)} p[r, c] value_rows[c][t, ...):
+// acc[r, t, t + 16 NVP) += sum_{c in [c0, c1)} p[r, c - c0] value_rows[c][t, ...):
 // one column pass. Even NVP: whole 32-element chunks, in `load`'s order
 // (Load::kChunkOrder: chunk order); NVP = 1 with kMasked: the lanes of
 // `last` only.
@@ -256,7 +266,7 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
       for (int u = 0; u < NVP; ++u) v[u] = load.load16(row + 16 * u * kS);
     }
     for (int r = 0; r < M; ++r) {
-      const __m512 pr = _mm512_set1_ps(p[r * ldp + c]);
+      const __m512 pr = _mm512_set1_ps(p[r * ldp + (c - c0)]);
       for (int u = 0; u < NVP; ++u) o[r][u] = _mm512_fmadd_ps(pr, v[u], o[r][u]);
     }
   }
@@ -279,21 +289,36 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
   constexpr int NV = kVectorsPerPass<M>;
   const int64_t d16 = d / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (d - d16)) - 1u);
+  // Loads that divide V by Load::kScale take P times it: a chunk's P scaled
+  // once into p_scaled (the passes take P from the chunk's first key).
+  constexpr bool kScaledP = Load::kScale != 1.0f;
+  alignas(64) float p_scaled[kScaledP ? M : 1][kScaledP ? kKeysPerChunk : 1];
   for (int64_t c0 = 0; c0 < n; c0 += kKeysPerChunk) {
     const int64_t c1 = n - c0 < kKeysPerChunk ? n : c0 + kKeysPerChunk;
+    if constexpr (kScaledP) {
+      for (int r = 0; r < M; ++r)
+        for (int64_t j = 0; j < c1 - c0; j += 16) {
+          const __mmask16 keys = static_cast<__mmask16>(c1 - c0 - j >= 16 ? 0xffff : (1u << (c1 - c0 - j)) - 1u);
+          _mm512_mask_storeu_ps(p_scaled[r] + j, keys,
+                                _mm512_mul_ps(_mm512_maskz_loadu_ps(keys, p + r * ldp + c0 + j),
+                                              _mm512_set1_ps(Load::kScale)));
+        }
+    }
+    const float* pc = kScaledP ? &p_scaled[0][0] : p + c0;  // key c0 + j of row r at pc[r * ldc + j]
+    const int64_t ldc = kScaledP ? kKeysPerChunk : ldp;
     int64_t t = 0;
     for (; t + 16 * NV <= d; t += 16 * NV)
-      accumulate_pass<kType, M, NV>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load);
+      accumulate_pass<kType, M, NV>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load);
     // What is left is < 16 NV columns (NV a power of two): each narrower
     // pass runs at most once.
     if constexpr (NV > 8)
-      if (t + 128 <= d) accumulate_pass<kType, M, 8>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 128;
+      if (t + 128 <= d) accumulate_pass<kType, M, 8>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 128;
     if constexpr (NV > 4)
-      if (t + 64 <= d) accumulate_pass<kType, M, 4>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 64;
+      if (t + 64 <= d) accumulate_pass<kType, M, 4>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 64;
     if constexpr (NV > 2)
-      if (t + 32 <= d) accumulate_pass<kType, M, 2>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 32;
-    if (t + 16 <= d) accumulate_pass<kType, M, 1>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load), t += 16;
-    if (tail) accumulate_pass<kType, M, 1, true>(c0, c1, t, p, ldp, value_rows, acc, ldacc, load, tail);
+      if (t + 32 <= d) accumulate_pass<kType, M, 2>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 32;
+    if (t + 16 <= d) accumulate_pass<kType, M, 1>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 16;
+    if (tail) accumulate_pass<kType, M, 1, true>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, tail);
   }
 }
 

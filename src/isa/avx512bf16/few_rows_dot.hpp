@@ -118,6 +118,7 @@ struct E4m3ToBf16 {
 #ifndef TILEATTN_AVX512_EMULATION
 struct E4m3Loads {
   static constexpr bool kChunkOrder = true;
+  static constexpr float kScale = 1.0f;  // exact values (the 16-element fallbacks put back their 2^8)
   E4m3ToBf16 to_bf16;
   static void widen(__m512i k, __m512& even, __m512& odd) {
     even = _mm512_castsi512_ps(_mm512_slli_epi32(k, 16));
@@ -134,9 +135,11 @@ struct E4m3Loads {
     widen(k0, v0, v1);
     widen(k1, v2, v3);
   }
-  __m512 load16(const char* src) const { return few_rows16::load16<DType::f8_e4m3>(src); }
+  __m512 load16(const char* src) const {
+    return _mm512_mul_ps(few_rows16::load16<DType::f8_e4m3>(src), _mm512_set1_ps(256.0f));
+  }
   __m512 load16_masked(const char* src, __mmask16 mask) const {
-    return few_rows16::load16_masked<DType::f8_e4m3>(src, mask);
+    return _mm512_mul_ps(few_rows16::load16_masked<DType::f8_e4m3>(src, mask), _mm512_set1_ps(256.0f));
   }
 };
 #endif
