@@ -36,7 +36,17 @@ static inline __m128i fp8_as_scaled_f16(__m128i x) {
   return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
 }
 
-// 8 contiguous elements of kType at src as fp32 (int8 and fp8 without their scale).
+// What load8 / load16 give, over the element's value: fp8 e4m3 comes as
+// value / 2^8 (exactly), and the products put the 2^8 back once, on a pass's
+// score sums and on a 32-key chunk's P, instead of once per 8 elements.
+// Powers of two, so the sums are those of the true values bit for bit (short
+// of products below fp32's normal range); the element-by-element column
+// tails read exact values (load_element) and take P and the sums unscaled.
+template <DType kType>
+constexpr float kLoadScale = kType == DType::f8_e4m3 ? 256.0f : 1.0f;
+
+// 8 contiguous elements of kType at src as fp32 (int8 and fp8 without their
+// scale; fp8 divided by kLoadScale).
 template <DType kType>
 static inline __m256 load8(const char* src) {
   if constexpr (kType == DType::f32) {
@@ -47,7 +57,7 @@ static inline __m256 load8(const char* src) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
   } else if constexpr (kType == DType::f8_e4m3) {
     const __m128i bytes = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-    return _mm256_mul_ps(_mm256_cvtph_ps(fp8_as_scaled_f16(bytes)), _mm256_set1_ps(256.0f));
+    return _mm256_cvtph_ps(fp8_as_scaled_f16(bytes));
   } else {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -177,6 +187,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     }
     for (int r = 0; r < M; ++r) {
       __m256 sums = sum_each(partial[r]);
+      if constexpr (kLoadScale<kType> != 1.0f) sums = _mm256_mul_ps(sums, _mm256_set1_ps(kLoadScale<kType>));
       if (d8 < d) {  // head_dim not a multiple of 8: the last elements one by one
         alignas(32) float tail[8] = {};
         for (int64_t i = 0; i < cn; ++i)
@@ -202,8 +213,18 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
                        float* acc, int64_t ldacc) {
   constexpr int64_t kSize = kElementSize<kType>;
   const int64_t d8 = d / 8 * 8;
+  // Loads that divide V by kLoadScale take P times it: a chunk's P scaled
+  // once into p_scaled for the vector columns (pv: key c0 + j of row r at
+  // pv[r * ldv + j]); the element-by-element tail keeps p.
+  constexpr bool kScaledP = kLoadScale<kType> != 1.0f;
+  alignas(32) float p_scaled[kScaledP ? M : 1][kScaledP ? kKeysPerChunk : 1];
   for (int64_t c0 = 0; c0 < n; c0 += kKeysPerChunk) {
     const int64_t c1 = n - c0 < kKeysPerChunk ? n : c0 + kKeysPerChunk;
+    if constexpr (kScaledP)
+      for (int r = 0; r < M; ++r)
+        for (int64_t c = c0; c < c1; ++c) p_scaled[r][c - c0] = p[r * ldp + c] * kLoadScale<kType>;
+    const float* pv = kScaledP ? &p_scaled[0][0] : p + c0;
+    const int64_t ldv = kScaledP ? kKeysPerChunk : ldp;
     int64_t t = 0;
     if constexpr (M <= 4) {  // 16-column chunks: two vectors per (row, chunk)
       constexpr int P = kChunksPerPass<M>;
@@ -221,7 +242,7 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
           __m256 v[2 * P];
           for (int u = 0; u < P; ++u) load16<kType>(row + 16 * u * kSize, v[2 * u], v[2 * u + 1]);
           for (int r = 0; r < M; ++r) {
-            const __m256 pr = _mm256_broadcast_ss(p + r * ldp + c);
+            const __m256 pr = _mm256_broadcast_ss(pv + r * ldv + (c - c0));
             for (int u = 0; u < 2 * P; ++u) o[r][u] = _mm256_fmadd_ps(pr, v[u], o[r][u]);
           }
         }
@@ -238,7 +259,7 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
       for (int r = 0; r < M; ++r) o[r] = _mm256_loadu_ps(acc + r * ldacc + t);
       for (int64_t c = c0; c < c1; ++c) {
         const __m256 v = load8<kType>(static_cast<const char*>(value_rows[c]) + t * kSize);
-        for (int r = 0; r < M; ++r) o[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ldp + c), v, o[r]);
+        for (int r = 0; r < M; ++r) o[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(pv + r * ldv + (c - c0)), v, o[r]);
       }
       for (int r = 0; r < M; ++r) _mm256_storeu_ps(acc + r * ldacc + t, o[r]);
     }
