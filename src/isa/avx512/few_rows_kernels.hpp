@@ -53,13 +53,10 @@ static inline __m512 fp8x16_to_ps(__m128i bytes) {
   return _mm512_cvtph_ps(fp8_as_scaled_f16(_mm256_cvtepi8_epi16(bytes)));
 }
 
-// What the loads below give, over the element's value: fp8 e4m3 comes as
-// value / 2^8 (exactly), and the products put the 2^8 back once, on a pass's
-// score sums and on a 32-key chunk's P, instead of once per element (two
-// multiplies per 32 elements). Exact powers of two, so the sums are those of
-// the true values bit for bit (short of products below fp32's normal range).
-template <DType kType>
-constexpr float kLoadScale = kType == DType::f8_e4m3 ? 256.0f : 1.0f;
+// What the loads below give, over the element's value (few_rows::kLoadScale:
+// fp8 e4m3 as value / 2^8; the products put the 2^8 back once per pass's
+// score sums and per 32-key chunk's P, two multiplies per 32 elements fewer).
+using few_rows::kLoadScale;
 
 // 16 contiguous elements of kType at src as fp32, in order (int8 and fp8
 // without their scale; fp8 divided by kLoadScale).
@@ -226,10 +223,9 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
         for (int r = 0; r < M; ++r)
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + d16), k, acc[r * KJ + j]);
       }
-    if constexpr (kLoadScale<kType> != 1.0f)
-      store_sums<M, KJ>(_mm512_mul_ps(reduce16(acc), _mm512_set1_ps(kLoadScale<kType>)), s, lds, c0, cn);
-    else
-      store_sums<M, KJ>(reduce16(acc), s, lds, c0, cn);
+    __m512 sums = reduce16(acc);
+    if constexpr (kLoadScale<kType> != 1.0f) sums = _mm512_mul_ps(sums, _mm512_set1_ps(kLoadScale<kType>));
+    store_sums<M, KJ>(sums, s, lds, c0, cn);
   }
 }
 
@@ -298,7 +294,7 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
     if constexpr (kScaledP) {
       for (int r = 0; r < M; ++r)
         for (int64_t j = 0; j < c1 - c0; j += 16) {
-          const __mmask16 keys = static_cast<__mmask16>(c1 - c0 - j >= 16 ? 0xffff : (1u << (c1 - c0 - j)) - 1u);
+          const __mmask16 keys = tail_mask(c1 - c0 - j);
           _mm512_mask_storeu_ps(p_scaled[r] + j, keys,
                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(keys, p + r * ldp + c0 + j),
                                               _mm512_set1_ps(Load::kScale)));

@@ -343,17 +343,9 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
                                   const void* const* key_rows, DType key_type, float scale, float* s, int64_t lds,
                                   const RowsToPrefetch& ahead = {}) {
     const auto run = [&]<DType kKType>() {
-      switch (m) {
-        case 1: return few_rows_dot::scores<kKType, 1>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 2: return few_rows_dot::scores<kKType, 2>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 3: return few_rows_dot::scores<kKType, 3>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 4: return few_rows_dot::scores<kKType, 4>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 5: return few_rows_dot::scores<kKType, 5>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 6: return few_rows_dot::scores<kKType, 6>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 7: return few_rows_dot::scores<kKType, 7>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        case 8: return few_rows_dot::scores<kKType, 8>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-        default: return;
-      }
+      few_rows_dot::with_rows(m, [&]<int M>() {
+        few_rows_dot::scores<kKType, M>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
+      });
     };
     if (key_type != DType::f8_e4m3) return run.template operator()<DType::bf16>();
 #ifdef TILEATTN_E4M3_PERMUTES
@@ -370,17 +362,9 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   static constexpr bool kFewRowsDotProbabilities = true;
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, float* acc, int64_t ldacc) {
-    switch (m) {
-      case 1: return few_rows_dot::accumulate_bf16_probabilities<1>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 2: return few_rows_dot::accumulate_bf16_probabilities<2>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 3: return few_rows_dot::accumulate_bf16_probabilities<3>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 4: return few_rows_dot::accumulate_bf16_probabilities<4>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 5: return few_rows_dot::accumulate_bf16_probabilities<5>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 6: return few_rows_dot::accumulate_bf16_probabilities<6>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 7: return few_rows_dot::accumulate_bf16_probabilities<7>(n, d, p, ldp, value_rows, acc, ldacc);
-      case 8: return few_rows_dot::accumulate_bf16_probabilities<8>(n, d, p, ldp, value_rows, acc, ldacc);
-      default: return;
-    }
+    few_rows_dot::with_rows(m, [&]<int M>() {
+      few_rows_dot::accumulate_bf16_probabilities<M>(n, d, p, ldp, value_rows, acc, ldacc);
+    });
   }
 #ifndef TILEATTN_AVX512_EMULATION
   // P V of an fp8 e4m3 cache (unit element stride) with V converted on byte

@@ -213,27 +213,44 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
 // is 0, and 0 x an inf or NaN of a real row would be NaN). Per key and 64
 // columns at 4 rows: 8 vdpbf16ps and 2 interleaves, where the fp32 product
 // (few_rows16::accumulate) takes 16 FMAs and 4 widenings.
+// Calls f.template operator()<M>() for M = m (1..8; other m do nothing):
+// the dot-product decode kernels' one row-count switch.
+template <class F>
+static inline void with_rows(int64_t m, F&& f) {
+  switch (m) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    case 8: return f.template operator()<8>();
+    default: return;
+  }
+}
+
 // Accumulator vectors per row and column pass (M x NV <= 16, as
 // few_rows16::accumulate's), even: whole 32-column groups.
 template <int M>
 constexpr int kPairVectorsPerPass = M == 1 ? 16 : M == 2 ? 8 : M <= 4 ? 4 : 2;
 constexpr int64_t kPairKeysPerChunk = 32;  // one vcvtne2ps2bf16 per row; V rows stay in L1 across passes
 
-// fp32 columns 0..15 (a) and 16..31 (b) to the interleave's order (a: columns
-// 8L + j, b: 8L + 4 + j, j < 4, lanes L) and back.
-static inline void to_pair_order(__m512& a, __m512& b) {
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i second = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+// (a, b) <- the lanes `first` and `second` pick from a's 16 and b's 16.
+static inline void permute_pair(__m512& a, __m512& b, __m512i first, __m512i second) {
   const __m512 x = _mm512_permutex2var_ps(a, first, b);
   b = _mm512_permutex2var_ps(a, second, b);
   a = x;
 }
+// fp32 columns 0..15 (a) and 16..31 (b) to the interleave's order (a: columns
+// 8L + j, b: 8L + 4 + j, j < 4, lanes L) and back.
+static inline void to_pair_order(__m512& a, __m512& b) {
+  permute_pair(a, b, _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
+               _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31));
+}
 static inline void from_pair_order(__m512& a, __m512& b) {
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  const __m512 x = _mm512_permutex2var_ps(a, first, b);
-  b = _mm512_permutex2var_ps(a, second, b);
-  a = x;
+  permute_pair(a, b, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+               _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31));
 }
 
 // The partner row of an odd last key: as many columns as one pass reads.
