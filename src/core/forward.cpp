@@ -105,9 +105,33 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   p.stack_rows = p.block_q;
   if (max_nq > 0 && max_nq < p.block_q) p.block_q = int(max_nq);
   // Query heads of one KV group share each packed K/V tile; cap the group's
-  // Q and accumulator tiles at half of L2.
+  // Q and accumulator tiles at half of L2, or at the rows of the query tile
+  // the cache model sized (stack_rows) where those are more, and split a
+  // larger group evenly. MLA's absorbed decode (128 heads on one KV head,
+  // 576 / 512, 1 MiB L2): half of L2 gave items of 120 + 8 heads, each
+  // packing every K/V tile; one item of 128 (the 128-row tile's working
+  // set) took 0.86 of the time on one thread (below).
   const int64_t per_head_bytes = int64_t(p.block_q) * (p.head_dim_padded + p.v_head_dim_padded) * 4;
-  p.heads_per_item = int(min64(p.group, max64(1, cache_sizes().l2 / 2 / per_head_bytes)));
+  const int64_t head_cap = max64(max64(1, cache_sizes().l2 / 2 / per_head_bytes), p.stack_rows / max64(1, p.block_q));
+  const int64_t group_items = (p.group + head_cap - 1) / head_cap;
+  p.heads_per_item = int((p.group + group_items - 1) / group_items);
+  // Decode steps stacking more rows than the few-rows products take (MLA)
+  // on bf16 products: the widest of 256 or 128 keys whose per-thread scratch
+  // (bf16 K/V tiles, not the cache model's fp32 ones) fits L2, as unbanded
+  // calls take (above): the causal band of a step's few query rows cuts at
+  // most one tile either way. AMD EPYC Zen 4, MLA decode, 8192 tokens, one
+  // thread, 128 heads per item, alternating: 128 keys 0.86-0.92 of 64 keys'
+  // time with bf16_probabilities, 256 keys 0.92-0.96 (its scratch exceeds L2).
+  if (p.product == TileProduct::bf16_dot && !amx && args.block_kv <= 0 && max_nq < p.stack_rows &&
+      int64_t(p.heads_per_item) * p.block_q > kFewRowsMax && tiles.reason.rfind("cache model", 0) == 0) {
+    const int cache_model_kv = p.block_kv;
+    for (const int keys : {256, 128}) {
+      if (keys <= cache_model_kv) break;
+      p.block_kv = keys;
+      if (forward_scratch_layout(p).total * int64_t(sizeof(float)) <= cache_sizes().l2) break;
+      p.block_kv = cache_model_kv;
+    }
+  }
   // Split-KV when there are too few work items to keep threads busy (decode:
   // few sequences and KV heads, one query tile). Decided from the shape alone
   // so that the result does not depend on the thread count.
@@ -201,55 +225,69 @@ void write_reference(const ForwardArgs& a) {
 
 // Merges the key splits of every query row, in split order (deterministic),
 // with the row's sink when there are sinks, and writes O in the output dtype
-// and the LSE.
-void merge_splits(const Problem& p) {
+// and the LSE. One (sequence, head) at a time, on `threads` threads where the
+// merge reads enough partial rows to pay for the parallel region: each row's
+// arithmetic is the same on any thread.
+void merge_splits(const Problem& p, int threads) {
   const ForwardArgs& a = p.args;
   const int64_t d = p.v_head_dim, dp = p.v_head_dim_padded;  // O's rows
   const int64_t esize = int64_t(dtype_size(a.dtype));
-  std::vector<float> row(static_cast<size_t>(d));
-  for (int64_t b = 0; b < a.shape.batch; ++b) {
+  const auto merge_head = [&](int64_t bh, std::vector<float>& row) {
+    const int64_t b = bh / a.shape.heads, h = bh % a.shape.heads;
     const Sequence seq = sequence_of(p, b);
-    for (int64_t h = 0; h < a.shape.heads; ++h)
-      for (int64_t i = 0; i < seq.nq; ++i) {
-        // The sink (ForwardArgs::sinks) is one more state with LSE = sink
-        // and O = 0, merged here once (the splits' partials exclude it).
-        const float sink = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
-        float max_lse = sink;
-        bool nan = false;
-        for (int64_t s = 0; s < p.kv_splits; ++s) {
-          const float l = p.partial_lse[partial_slot(p, s, b, h, i)];
-          nan |= l != l;
-          max_lse = l > max_lse ? l : max_lse;
-        }
-        std::fill(row.begin(), row.end(), nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
-        float lse = nan ? std::numeric_limits<float>::quiet_NaN() : max_lse;
-        if (!nan && max_lse != -std::numeric_limits<float>::infinity()) {
-          float weight_sum = a.sinks ? std::exp(sink - max_lse) : 0.0f;
-          for (int64_t s = 0; s < p.kv_splits; ++s) {
-            const int64_t slot = partial_slot(p, s, b, h, i);
-            const float l = p.partial_lse[slot];
-            if (l == -std::numeric_limits<float>::infinity()) continue;
-            const float weight = std::exp(l - max_lse);
-            weight_sum += weight;
-            const float* o = p.partial_o + slot * dp;
-            for (int64_t c = 0; c < d; ++c) row[size_t(c)] += weight * o[c];
-          }
-          for (float& x : row) x /= weight_sum;
-          lse = max_lse + std::log(weight_sum);
-        }
-        const int64_t out_row = seq.q_row0 + i;
-        char* o_row = static_cast<char*>(a.o.data) +
-                      (seq.q_batch * a.o.stride[0] + h * a.o.stride[1] + out_row * a.o.stride[2]) * esize;
-        for (int64_t c = 0; c < d; ++c) {
-          const int64_t off = c * a.o.stride[3];
-          if (a.dtype == DType::f32) reinterpret_cast<float*>(o_row)[off] = row[size_t(c)];
-          else if (a.dtype == DType::f16) reinterpret_cast<uint16_t*>(o_row)[off] = float_to_f16(row[size_t(c)]);
-          else reinterpret_cast<uint16_t*>(o_row)[off] = float_to_bf16(row[size_t(c)]);
-        }
-        if (a.lse)
-          a.lse[seq.q_batch * a.lse_stride[0] + h * a.lse_stride[1] + out_row * a.lse_stride[2]] = lse;
+    for (int64_t i = 0; i < seq.nq; ++i) {
+      // The sink (ForwardArgs::sinks) is one more state with LSE = sink
+      // and O = 0, merged here once (the splits' partials exclude it).
+      const float sink = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
+      float max_lse = sink;
+      bool nan = false;
+      for (int64_t s = 0; s < p.kv_splits; ++s) {
+        const float l = p.partial_lse[partial_slot(p, s, b, h, i)];
+        nan |= l != l;
+        max_lse = l > max_lse ? l : max_lse;
       }
+      std::fill(row.begin(), row.end(), nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+      float lse = nan ? std::numeric_limits<float>::quiet_NaN() : max_lse;
+      if (!nan && max_lse != -std::numeric_limits<float>::infinity()) {
+        float weight_sum = a.sinks ? std::exp(sink - max_lse) : 0.0f;
+        for (int64_t s = 0; s < p.kv_splits; ++s) {
+          const int64_t slot = partial_slot(p, s, b, h, i);
+          const float l = p.partial_lse[slot];
+          if (l == -std::numeric_limits<float>::infinity()) continue;
+          const float weight = std::exp(l - max_lse);
+          weight_sum += weight;
+          const float* o = p.partial_o + slot * dp;
+          for (int64_t c = 0; c < d; ++c) row[size_t(c)] += weight * o[c];
+        }
+        for (float& x : row) x /= weight_sum;
+        lse = max_lse + std::log(weight_sum);
+      }
+      const int64_t out_row = seq.q_row0 + i;
+      char* o_row = static_cast<char*>(a.o.data) +
+                    (seq.q_batch * a.o.stride[0] + h * a.o.stride[1] + out_row * a.o.stride[2]) * esize;
+      for (int64_t c = 0; c < d; ++c) {
+        const int64_t off = c * a.o.stride[3];
+        if (a.dtype == DType::f32) reinterpret_cast<float*>(o_row)[off] = row[size_t(c)];
+        else if (a.dtype == DType::f16) reinterpret_cast<uint16_t*>(o_row)[off] = float_to_f16(row[size_t(c)]);
+        else reinterpret_cast<uint16_t*>(o_row)[off] = float_to_bf16(row[size_t(c)]);
+      }
+      if (a.lse) a.lse[seq.q_batch * a.lse_stride[0] + h * a.lse_stride[1] + out_row * a.lse_stride[2]] = lse;
+    }
+  };
+  // MLA's decode (128 heads x 512 columns x 8 splits, 2 MiB of partial
+  // rows) merged on one thread for ~0.3 ms of a ~8 ms step (AMD EPYC Zen 4).
+  constexpr int64_t kMinParallelMerge = 256 * 1024;  // partial elements read
+  const int64_t heads = a.shape.batch * a.shape.heads;
+  if (threads > 1 && p.kv_splits * heads * p.max_rows_q * dp >= kMinParallelMerge) {
+    parallel_for(heads, threads, [&](int64_t bh, int) {
+      thread_local std::vector<float> row;
+      row.resize(size_t(d));
+      merge_head(bh, row);
+    });
+    return;
   }
+  std::vector<float> row(static_cast<size_t>(d));
+  for (int64_t bh = 0; bh < heads; ++bh) merge_head(bh, row);
 }
 
 void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
@@ -279,7 +317,7 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     run_item(p, items[size_t(item)], scratch.for_worker(worker));
   });
-  if (p.kv_splits > 1) merge_splits(p);
+  if (p.kv_splits > 1) merge_splits(p, workers);
 }
 
 }  // namespace detail

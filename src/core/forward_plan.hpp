@@ -15,8 +15,9 @@ ForwardItemFn forward_item_fn(Isa isa, DType dtype);
 int effective_threads(int requested);
 // Tiles, GQA grouping and key splits of a validated call on `isa`'s tiles.
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads);
-// Merges the key splits' partial O and LSE into args.o / args.lse (kv_splits > 1).
-void merge_splits(const Problem& p);
+// Merges the key splits' partial O and LSE into args.o / args.lse (kv_splits > 1),
+// on up to `threads` threads.
+void merge_splits(const Problem& p, int threads);
 // Runs a planned call: the schedule, per-worker scratch, every work item through
 // `run_item` on `threads` threads, then the merge of key splits.
 void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item);

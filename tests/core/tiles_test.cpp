@@ -2,6 +2,8 @@
 // adjustments, as `tileattn bench` reports them.
 #include <gtest/gtest.h>
 
+#include "core/forward_plan.hpp"
+#include "core/problem.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/machine.hpp"
 
@@ -78,6 +80,39 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
     windowed.args.isa = isa;
     EXPECT_EQ(forward_tiles(windowed.args).block_kv, base.block_kv) << isa_name(isa);
   }
+}
+
+// MLA's absorbed decode (one query per head, 128 heads on one KV head, K 576
+// wide, V 512) on the bf16 dot-product rung: 256 or 128 keys per tile, the
+// widest whose per-thread scratch (the main loop's layout, bf16 K/V tiles)
+// fits L2, else the cache model's keys; the query heads go to one work item.
+TEST(ForwardTiles, MlaDecodeOnBf16ProductsTakesWiderKeyTiles) {
+  if (!isa_available(Isa::avx512bf16)) GTEST_SKIP() << "no avx512bf16 rung on this CPU";
+  Case c;
+  c.heads = 128;
+  c.kv_heads = 1;
+  c.seqlen_q = 1;
+  c.seqlen_k = 8192;
+  c.head_dim = 576;
+  c.v_head_dim = 512;
+  c.dtype = DType::bf16;
+  c.mask = MaskCase::causal;
+  CaseData mla(c);
+  mla.args.isa = Isa::avx512bf16;
+  const TileShape model = choose_tiles(Isa::avx512bf16, 576, DType::bf16, 512);
+  int expected = model.block_kv;
+  for (int keys : {256, 128}) {
+    ForwardArgs a = mla.args;
+    a.block_kv = keys;
+    const detail::Problem p = detail::plan_forward(a, Isa::avx512bf16, 1);
+    if (keys > model.block_kv && detail::forward_scratch_layout(p).total * 4 <= cache_sizes().l2) {
+      expected = keys;
+      break;
+    }
+  }
+  EXPECT_EQ(forward_tiles(mla.args).block_kv, expected);
+  const detail::Problem plan = detail::plan_forward(mla.args, Isa::avx512bf16, 1);
+  EXPECT_EQ(plan.heads_per_item, 128) << "the cache model's " << model.block_q << "-row query tile";
 }
 
 }  // namespace

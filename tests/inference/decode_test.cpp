@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "decode_fixture.hpp"
+#include "support/thread_census.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::kvtest {
@@ -213,6 +214,43 @@ TEST(Decode, MlaHeadDimsContiguousAndPaged) {
     spec.cached = {m.cached};
     spec.dtype = m.dtype;
     expect_decode_matches_full_sequence(spec);
+  }
+}
+
+// MLA's absorbed decode with its whole group: 128 query heads on one KV head
+// stack into one work item (the cache model's 128-row query tile) and, on the
+// bf16 dot-product rung, wider key tiles (plan_forward); 4100 cached tokens
+// split the keys 8 ways, and the merge of 128 heads x 512 columns x 8 splits
+// runs on every thread. Against the float64 reference, and bit for bit
+// between 1 and 2 threads (both threads take merge heads: the census hook
+// deals items round-robin).
+TEST(Decode, MlaWholeGroupSplitKeysMergedOnEveryThread) {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::avx512bf16, Isa::amx})
+    if (isa_available(isa)) isas.push_back(isa);
+  if (isas.empty()) isas.push_back(Isa::automatic);
+  for (Isa isa : isas) {
+    DecodeSpec spec;
+    spec.head_dim = 576;
+    spec.v_head_dim = 512;
+    spec.heads = 128;
+    spec.kv_heads = 1;
+    spec.cached = {4100};
+    spec.dtype = DType::bf16;
+    spec.isa = isa;
+    spec.threads = 1;
+    expect_decode_matches_full_sequence(spec);
+    DecodeRun one(spec), two(spec);
+    two.args.threads = 2;
+    one.prefill();
+    two.prefill();
+    one.decode();
+    const detail::ThreadCensus census = tileattn::testing::run_on_every_thread([&] { two.decode(); });
+    tileattn::testing::expect_threads_took_part(census, 2, spec.name());
+    ASSERT_EQ(one.o.elements(), two.o.elements());
+    for (int64_t i = 0; i < one.o.elements(); ++i)
+      ASSERT_EQ(one.o.get(i), two.o.get(i)) << isa_name(isa) << " element " << i << ": 1 and 2 threads differ";
+    for (size_t i = 0; i < one.lse.size(); ++i) ASSERT_EQ(one.lse[i], two.lse[i]) << isa_name(isa) << " lse " << i;
   }
 }
 
