@@ -71,13 +71,16 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // may follow the shape alone). Causal bands (no left edge) on amx: 256x256
   // (H8 N4096 D128, 1 thread, noisy host, alternating, min / p25 of 25:
   // 93-100 / 121-135 ms against 111 / 141 for 256x64 and 105 / 134 for
-  // 512x256, whose diagonal tiles waste more). Other bands keep the cache
-  // model's tiles (256x128 lost 1.06 at causal H8 N4096 D128 on avx512bf16-
-  // era code, 1 thread: more partial tiles).
+  // 512x256, whose diagonal tiles waste more). Causal bands on avx512bf16:
+  // 128 keys (AMD EPYC Zen 4, 2 threads, 2026-12-04, alternating, medians of
+  // 3: 256x128 took 0.96 of 256x64's time at H8 N4096 D128 with
+  // bf16_probabilities and 0.98 without, 0.94 at H16 N4096 D64, 0.99 at GQA
+  // 32/8 N2048 D128; 256x256 0.96, 0.98, 0.96 and 1.06, whose diagonal tiles
+  // waste more at N2048). Other bands keep the cache model's tiles.
   const bool unbanded = p.band.left >= kUnbounded && p.band.right >= kUnbounded;
   const bool causal_like = p.band.left >= kUnbounded && !unbanded;
   const bool amx = isa == Isa::amx;
-  if (p.product == TileProduct::bf16_dot && (unbanded || (amx && causal_like)) && args.block_kv <= 0 &&
+  if (p.product == TileProduct::bf16_dot && (unbanded || causal_like) && args.block_kv <= 0 &&
       tiles.reason.rfind("cache model", 0) == 0) {
     struct Wide {
       int block_q, block_kv;  // block_q 0: the cache model's
@@ -86,8 +89,9 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
     static constexpr Wide kAmxTiles[] = {{512, 256}, {256, 256}, {256, 128}};
     static constexpr Wide kAmxCausalTiles[] = {{256, 256}, {256, 128}};
     static constexpr Wide kDotTiles[] = {{0, 256}, {0, 128}};
-    const Wide* wide = !amx ? kDotTiles : unbanded ? kAmxTiles : kAmxCausalTiles;
-    const int count = !amx ? 2 : unbanded ? 3 : 2;
+    static constexpr Wide kDotCausalTiles[] = {{0, 128}};
+    const Wide* wide = !amx ? (unbanded ? kDotTiles : kDotCausalTiles) : unbanded ? kAmxTiles : kAmxCausalTiles;
+    const int count = !amx ? (unbanded ? 2 : 1) : unbanded ? 3 : 2;
     for (int i = 0; i < count; ++i) {
       const int64_t q = args.block_q > 0 ? args.block_q : wide[i].block_q > 0 ? wide[i].block_q : p.block_q;
       if (wide[i].block_kv <= p.block_kv && q <= p.block_q) break;  // no wider than the cache model's

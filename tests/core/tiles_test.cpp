@@ -2,6 +2,8 @@
 // adjustments, as `tileattn bench` reports them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/forward_plan.hpp"
 #include "core/problem.hpp"
 #include "testing/problem_case.hpp"
@@ -63,8 +65,8 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
     if (wide.block_kv != base.block_kv) {
       EXPECT_NE(wide.reason.find("wider tiles"), std::string::npos) << wide.reason;
     }
-    // A causal band: amx takes 256x256 (where it fits L2), avx512bf16 keeps
-    // the cache model's tiles; a sliding window keeps them on both.
+    // A causal band: amx takes 256x256 (where it fits L2), avx512bf16 128
+    // keys (where they fit); a sliding window keeps the cache model's tiles on both.
     b.mask = MaskCase::causal;
     CaseData banded(b);
     banded.args.isa = isa;
@@ -72,6 +74,9 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
     if (isa == Isa::amx && fits_l2(256, 256)) {
       EXPECT_EQ(causal.block_q, 256);
       EXPECT_EQ(causal.block_kv, 256);
+    } else if (isa == Isa::avx512bf16) {
+      EXPECT_EQ(causal.block_q, base.block_q);
+      EXPECT_EQ(causal.block_kv, fits_l2(base.block_q, 128) ? std::max(128, base.block_kv) : base.block_kv);
     } else {
       EXPECT_EQ(causal.block_kv, base.block_kv) << isa_name(isa);
     }
