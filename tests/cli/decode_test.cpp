@@ -120,6 +120,10 @@ TEST(cliDecode, ValueHeadDim) {
   const Json rounded = decode_json("", "decode --prompt 64 --steps 2 --heads 16 --kv-heads 1 --dim 64 "
                                        "--recompute-steps 1 --bf16-probabilities --json");
   EXPECT_TRUE(rounded.get("bf16_probabilities")->flag);
+  // An fp8 e4m3 cache takes it too (the few-rows P V on avx512bf16 with VBMI).
+  const Json fp8 = decode_json("", "decode --prompt 64 --steps 2 --heads 8 --kv-heads 2 --dim 64 --dtype bf16 "
+                                   "--kv-dtype fp8_e4m3 --recompute-steps 1 --bf16-probabilities --json");
+  EXPECT_TRUE(fp8.get("bf16_probabilities")->flag);
 }
 
 TEST(cliDecode, UsageErrorsNameTheFlag) {

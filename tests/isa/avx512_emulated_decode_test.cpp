@@ -354,5 +354,39 @@ TEST_F(Avx512EmulatedDecode, Bf16ProbabilitiesOnTheEmulatedDotProducts) {
       }
 }
 
+// bf16_probabilities with an fp8 e4m3 cache on the emulated avx512bf16 rung:
+// P V of bf16 queries runs on vdpbf16ps too, V turned into bf16 by the byte
+// permutes (64 columns per conversion in whole 64-column passes, else 32;
+// head dims 40, 59 and 96 end in masked or 32-column groups). Within the rule
+// plus 2^-8 of each row's largest P |V| (float64 over the dequantized |V|:
+// e4m3's sign bit cleared) and different from the default's output.
+TEST_F(Avx512EmulatedDecode, Fp8CacheBf16ProbabilitiesOnTheEmulatedDotProducts) {
+  for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
+    for (int64_t head_dim : {40, 59, 96, 128})
+      for (int64_t seqlen_k : {99, 1100}) {
+        CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
+        const QuantizedCopy exact(data, KvQuant::fp8_e4m3);
+        QuantizedCopy rounded(data, KvQuant::fp8_e4m3);
+        rounded.args.bf16_probabilities = true;
+        SCOPED_TRACE(data.c.name() + " fp8 with bf16_probabilities on the emulated avx512bf16 rung");
+        ASSERT_TRUE(emulated_bf16_forward(exact.args, Isa::avx512bf16));
+        const std::vector<uint16_t> exact_o = data.o16;
+        ASSERT_TRUE(emulated_bf16_forward(rounded.args, Isa::avx512bf16));
+        EXPECT_NE(data.o16, exact_o) << "bf16_probabilities changed nothing";
+        QuantizedCopy abs_v(data, KvQuant::fp8_e4m3);
+        for (uint8_t& bits : abs_v.v) bits &= 0x7f;
+        const ReferenceOutput pv = reference_forward(abs_v.args);
+        const size_t dv = size_t(head_dim);
+        std::vector<double> allowance(pv.o.size() / dv, 0.0);
+        for (size_t row = 0; row < allowance.size(); ++row)
+          for (size_t e = row * dv; e < (row + 1) * dv; ++e)
+            allowance[row] = std::max(allowance[row], std::ldexp(pv.o[e], -8));
+        const Comparison cmp = compare_outputs(rounded.args, reference_forward(rounded.args),
+                                               naive_forward(rounded.args), dense_o(data), dense_lse(data), 0,
+                                               allowance);
+        EXPECT_TRUE(cmp.ok()) << cmp.describe();
+      }
+}
+
 }  // namespace
 }  // namespace tileattn::testing

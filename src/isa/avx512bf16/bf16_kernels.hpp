@@ -356,15 +356,23 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   }
   // Decode P V with P rounded to bf16 (ForwardArgs / KvCacheArgs
   // ::bf16_probabilities) on vdpbf16ps (few_rows_dot::
-  // accumulate_bf16_probabilities): the main loop takes it for a bf16 cache
-  // read with unit element stride where the dot scores run (the same CPUs:
-  // Cooper Lake, unmeasured, keeps the FMA products).
+  // accumulate_bf16_probabilities): the main loop takes it for a bf16 or
+  // fp8 e4m3 cache read with unit element stride where the dot scores run
+  // (the same CPUs: Cooper Lake, unmeasured, keeps the FMA products).
   static constexpr bool kFewRowsDotProbabilities = true;
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                                      const void* const* value_rows, float* acc, int64_t ldacc) {
-    few_rows_dot::with_rows(m, [&]<int M>() {
-      few_rows_dot::accumulate_bf16_probabilities<M>(n, d, p, ldp, value_rows, acc, ldacc);
-    });
+                                      const void* const* value_rows, DType value_type, float* acc, int64_t ldacc) {
+    const auto run = [&]<DType kVType>() {
+      few_rows_dot::with_rows(m, [&]<int M>() {
+        few_rows_dot::accumulate_bf16_probabilities<M, kVType>(n, d, p, ldp, value_rows, acc, ldacc);
+      });
+    };
+    if (value_type != DType::f8_e4m3) return run.template operator()<DType::bf16>();
+#ifdef TILEATTN_E4M3_PERMUTES
+    run.template operator()<DType::f8_e4m3>();
+#else
+    few_rows_dot_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
+#endif
   }
 #ifndef TILEATTN_AVX512_EMULATION
   // P V of an fp8 e4m3 cache (unit element stride) with V converted on byte

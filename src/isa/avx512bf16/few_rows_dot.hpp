@@ -1,6 +1,7 @@
 // Decode products on vdpbf16ps for a few stacked query rows (keys read in
-// place): the scores of bf16 and fp8 e4m3 keys, and the fp8 -> bf16
-// conversion on AVX512-VBMI byte permutes that the fp8 scores and P V use.
+// place): the scores of bf16 and fp8 e4m3 keys, P V with P rounded to bf16
+// (bf16_probabilities) of bf16 and fp8 e4m3 values, and the fp8 -> bf16
+// conversion on AVX512-VBMI byte permutes that the fp8 products use.
 // Included by bf16_kernels.hpp (the avx512bf16 rung and its emulation). The
 // fp8 parts need VBMI, which Cooper Lake lacks: natively they are compiled
 // only in few_rows_vbmi.cpp (its flags add -mavx512vbmi) and called through
@@ -29,6 +30,10 @@ void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, i
                               const RowsToPrefetch& ahead);
 void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                               const void* const* value_rows, float* acc, int64_t ldacc);
+// The same P V with P rounded to bf16 (few_rows_dot::accumulate_bf16_probabilities
+// with e4m3 V rows).
+void few_rows_dot_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                  const void* const* value_rows, float* acc, int64_t ldacc);
 }  // namespace tileattn::detail
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
@@ -200,7 +205,8 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
 }
 
 // Decode P V on vdpbf16ps with P rounded to bf16 (bf16_probabilities), bf16
-// V rows read in place: acc[r, :d] += sum_c bf16(p[r, c]) V[c, :d] for r < M,
+// or fp8 e4m3 V rows read in place (PairRows below; e4m3 as the bf16 of the
+// same values): acc[r, :d] += sum_c bf16(p[r, c]) V[c, :d] for r < M,
 // c < n, every product exact and summed in fp32 (vdpbf16ps' denormal rules:
 // tests/isa/bf16_dot_semantics.hpp, as in the packed P V). Keys go in pairs:
 // a 32-key chunk's P is rounded once per row (vcvtne2ps2bf16, round to
@@ -212,7 +218,8 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
 // (to_pair_order). An odd last key pairs with a row of zeros (its P partner
 // is 0, and 0 x an inf or NaN of a real row would be NaN). Per key and 64
 // columns at 4 rows: 8 vdpbf16ps and 2 interleaves, where the fp32 product
-// (few_rows16::accumulate) takes 16 FMAs and 4 widenings.
+// (few_rows16::accumulate) takes 16 FMAs and 4 widenings (e4m3 adds six
+// instructions per key for the conversion either way).
 // Calls f.template operator()<M>() for M = m (1..8; other m do nothing):
 // the dot-product decode kernels' one row-count switch.
 template <class F>
@@ -256,13 +263,71 @@ static inline void from_pair_order(__m512& a, __m512& b) {
 // The partner row of an odd last key: as many columns as one pass reads.
 alignas(64) inline constexpr uint16_t kZeroRow[16 * kPairVectorsPerPass<1>] = {};
 
+// How the pair passes read V rows: NV / 2 groups of 32 columns of two keys'
+// rows (r0, r1, already at the pass's first column), interleaved into v[u]
+// (unpacklo) and v[u + 1] (unpackhi) for each group u. bf16 rows load as
+// they are; fp8 e4m3 rows (VBMI byte permutes) become the bf16 of the same
+// values through E4m3ToBf16, 64 columns per conversion where the pass is
+// that wide (six instructions per row and 64 columns), else 32.
+template <DType kVType>
+struct PairRows;
+
+template <>
+struct PairRows<DType::bf16> {
+  static constexpr int64_t kSize = 2;
+  template <int NV, bool kMasked>
+  void load(const uint8_t* r0, const uint8_t* r1, __mmask32 words, __m512i* v) const {
+    for (int u = 0; u < NV; u += 2) {
+      const __m512i x0 = kMasked ? _mm512_maskz_loadu_epi16(words, r0) : _mm512_loadu_si512(r0 + 32 * u);
+      const __m512i x1 = kMasked ? _mm512_maskz_loadu_epi16(words, r1) : _mm512_loadu_si512(r1 + 32 * u);
+      v[u] = _mm512_unpacklo_epi16(x0, x1);
+      v[u + 1] = _mm512_unpackhi_epi16(x0, x1);
+    }
+  }
+};
+
+#ifdef TILEATTN_E4M3_PERMUTES
+template <>
+struct PairRows<DType::f8_e4m3> {
+  static constexpr int64_t kSize = 1;
+  E4m3ToBf16 to_bf16;
+  template <int NV, bool kMasked>
+  void load(const uint8_t* r0, const uint8_t* r1, __mmask32 words, __m512i* v) const {
+    if constexpr (NV % 4 == 0 && !kMasked) {
+      for (int u = 0; u < NV; u += 4) {
+        __m512i a0, a1, b0, b1;
+        to_bf16(_mm512_loadu_si512(r0 + 16 * u), a0, a1);
+        to_bf16(_mm512_loadu_si512(r1 + 16 * u), b0, b1);
+        v[u] = _mm512_unpacklo_epi16(a0, b0);
+        v[u + 1] = _mm512_unpackhi_epi16(a0, b0);
+        v[u + 2] = _mm512_unpacklo_epi16(a1, b1);
+        v[u + 3] = _mm512_unpackhi_epi16(a1, b1);
+      }
+    } else {
+      // 32 bytes a group (a masked 64-byte load reads only those); past d
+      // they load as 0 (bf16 +0).
+      const __mmask64 bytes = kMasked ? __mmask64(words) : __mmask64(0xffffffffu);
+      for (int u = 0; u < NV; u += 2) {
+        __m512i a0, a1, b0, b1;
+        to_bf16(_mm512_maskz_loadu_epi8(bytes, r0 + 16 * u), a0, a1);
+        to_bf16(_mm512_maskz_loadu_epi8(bytes, r1 + 16 * u), b0, b1);
+        v[u] = _mm512_unpacklo_epi16(a0, b0);
+        v[u + 1] = _mm512_unpackhi_epi16(a0, b0);
+      }
+    }
+  }
+};
+#endif
+
 // One column pass of keys [c0, c1) (c1 - c0 <= 32, their P pairs in
 // `pairs`): columns [t, t + 16 NV), or with kMasked (NV == 2) the d - t < 32
 // columns left.
-template <int M, int NV, bool kMasked>
+template <int M, int NV, bool kMasked, DType kVType>
 static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int64_t d, const uint32_t (*pairs)[16],
-                                         const void* const* value_rows, float* acc, int64_t ldacc) {
+                                         const void* const* value_rows, float* acc, int64_t ldacc,
+                                         const PairRows<kVType>& rows) {
   static_assert(NV % 2 == 0 && (!kMasked || NV == 2), "whole 32-column groups; one masked group");
+  constexpr int64_t kS = PairRows<kVType>::kSize;
   const __mmask16 m0 = kMasked ? lanes16(d - t) : __mmask16(0xffff);
   const __mmask16 m1 = kMasked ? lanes16(d - t - 16) : __mmask16(0xffff);
   const __mmask32 words = kMasked ? tail_mask32(d - t) : __mmask32(0xffffffffu);
@@ -276,15 +341,11 @@ static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int6
     }
   }
   for (int64_t c = c0; c < c1; c += 2) {
-    const uint16_t* r0 = static_cast<const uint16_t*>(value_rows[c]) + t;
-    const uint16_t* r1 = c + 1 < c1 ? static_cast<const uint16_t*>(value_rows[c + 1]) + t : kZeroRow;
+    const uint8_t* r0 = static_cast<const uint8_t*>(value_rows[c]) + t * kS;
+    const uint8_t* r1 = c + 1 < c1 ? static_cast<const uint8_t*>(value_rows[c + 1]) + t * kS
+                                   : reinterpret_cast<const uint8_t*>(kZeroRow);
     __m512i v[NV];
-    for (int u = 0; u < NV; u += 2) {
-      const __m512i x0 = kMasked ? _mm512_maskz_loadu_epi16(words, r0) : _mm512_loadu_si512(r0 + 16 * u);
-      const __m512i x1 = kMasked ? _mm512_maskz_loadu_epi16(words, r1) : _mm512_loadu_si512(r1 + 16 * u);
-      v[u] = _mm512_unpacklo_epi16(x0, x1);
-      v[u + 1] = _mm512_unpackhi_epi16(x0, x1);
-    }
+    rows.template load<NV, kMasked>(r0, r1, words, v);
     const int64_t j = (c - c0) / 2;
     for (int r = 0; r < M; ++r) {
       const __m512bh pr = as_bf16_pairs(_mm512_set1_epi32(int32_t(pairs[r][j])));
@@ -306,11 +367,12 @@ static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int6
   }
 }
 
-template <int M>
+template <int M, DType kVType = DType::bf16>
 static void accumulate_bf16_probabilities(int64_t n, int64_t d, const float* p, int64_t ldp,
                                           const void* const* value_rows, float* acc, int64_t ldacc) {
   constexpr int NV = kPairVectorsPerPass<M>;
   constexpr int64_t kKeys = kPairKeysPerChunk;
+  const PairRows<kVType> rows{};
   alignas(64) uint32_t pairs[M][16];
   for (int64_t c0 = 0; c0 < n; c0 += kKeys) {
     const int64_t c1 = n - c0 < kKeys ? n : c0 + kKeys;
@@ -321,16 +383,19 @@ static void accumulate_bf16_probabilities(int64_t n, int64_t d, const float* p, 
     }
     int64_t t = 0;
     for (; t + 16 * NV <= d; t += 16 * NV)
-      accumulate_pairs_pass<M, NV, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc);
+      accumulate_pairs_pass<M, NV, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows);
     // What is left is < 16 NV columns (NV a power of two): each narrower
     // pass runs at most once, then one masked 32-column group.
     if constexpr (NV > 8)
-      if (t + 128 <= d) accumulate_pairs_pass<M, 8, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc), t += 128;
+      if (t + 128 <= d)
+        accumulate_pairs_pass<M, 8, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows), t += 128;
     if constexpr (NV > 4)
-      if (t + 64 <= d) accumulate_pairs_pass<M, 4, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc), t += 64;
+      if (t + 64 <= d)
+        accumulate_pairs_pass<M, 4, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows), t += 64;
     if constexpr (NV > 2)
-      if (t + 32 <= d) accumulate_pairs_pass<M, 2, false>(c0, c1, t, d, pairs, value_rows, acc, ldacc), t += 32;
-    if (t < d) accumulate_pairs_pass<M, 2, true>(c0, c1, t, d, pairs, value_rows, acc, ldacc);
+      if (t + 32 <= d)
+        accumulate_pairs_pass<M, 2, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows), t += 32;
+    if (t < d) accumulate_pairs_pass<M, 2, true, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows);
   }
 }
 

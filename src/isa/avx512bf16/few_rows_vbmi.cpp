@@ -1,5 +1,6 @@
 // The fp8 e4m3 decode products on AVX512-VBMI byte permutes (few_rows_dot.hpp:
-// the scores on vdpbf16ps, P V on FMAs with V converted through bf16). This
+// the scores on vdpbf16ps, P V on FMAs with V converted through bf16, or on
+// vdpbf16ps with P rounded to bf16). This
 // file alone gets -mavx512vbmi on top of the avx512bf16 flags (CMakeLists.txt),
 // in a namespace of its own, so no other code of the rung can pick up VBMI
 // instructions; the rung calls these only where CPUID has VBMI.
@@ -26,6 +27,14 @@ void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, i
     few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load);
   };
   few_rows::with_rows<DType::f8_e4m3>(m, run);
+}
+
+void few_rows_dot_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                  const void* const* value_rows, float* acc, int64_t ldacc) {
+  using namespace avx512bf16_vbmi;
+  few_rows_dot::with_rows(m, [&]<int M>() {
+    few_rows_dot::accumulate_bf16_probabilities<M, DType::f8_e4m3>(n, d, p, ldp, value_rows, acc, ldacc);
+  });
 }
 
 }  // namespace tileattn::detail
