@@ -114,7 +114,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // larger group evenly. MLA's absorbed decode (128 heads on one KV head,
   // 576 / 512, 1 MiB L2): half of L2 gave items of 120 + 8 heads, each
   // packing every K/V tile; one item of 128 (the 128-row tile's working
-  // set) took 0.86 of the time on one thread (below).
+  // set) is measured with the key tiles below.
   const int64_t per_head_bytes = int64_t(p.block_q) * (p.head_dim_padded + p.v_head_dim_padded) * 4;
   const int64_t head_cap = max64(max64(1, cache_sizes().l2 / 2 / per_head_bytes), p.stack_rows / max64(1, p.block_q));
   const int64_t group_items = (p.group + head_cap - 1) / head_cap;
@@ -123,9 +123,12 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // on bf16 products: the widest of 256 or 128 keys whose per-thread scratch
   // (bf16 K/V tiles, not the cache model's fp32 ones) fits L2, as unbanded
   // calls take (above): the causal band of a step's few query rows cuts at
-  // most one tile either way. AMD EPYC Zen 4, MLA decode, 8192 tokens, one
-  // thread, 128 heads per item, alternating: 128 keys 0.86-0.92 of 64 keys'
-  // time with bf16_probabilities, 256 keys 0.92-0.96 (its scratch exceeds L2).
+  // most one tile either way. AMD EPYC Zen 4, MLA decode (8192 tokens in L3,
+  // bf16_probabilities, one thread, medians of 10 calls, two alternating
+  // rounds): 120 + 8 heads with 64-key tiles 15.7-16.2 ms, 128 heads with 128
+  // keys 13.3-13.8, with 256 keys (scratch past L2) 14.2; a later paired run
+  // of old and new plans: 0.95 (0.94 without bf16_probabilities), and two
+  // threads 0.96 (1.00).
   if (p.product == TileProduct::bf16_dot && !amx && args.block_kv <= 0 && max_nq < p.stack_rows &&
       int64_t(p.heads_per_item) * p.block_q > kFewRowsMax && tiles.reason.rfind("cache model", 0) == 0) {
     const int cache_model_kv = p.block_kv;
