@@ -90,7 +90,8 @@ struct KvCacheArgs {
   // ForwardArgs::bf16_probabilities: P rounded to bf16 for the packed P V
   // products (prefill, and decode steps stacking more query rows than the
   // few-rows products take, e.g. MLA's 128 heads on one KV head) and, on the
-  // avx512bf16 rung with a bf16 cache (or an fp8 e4m3 one and bf16 queries),
+  // avx512bf16 rung with a bf16 cache (or an fp8 e4m3 or int8 one and bf16
+  // queries),
   // for the few-rows decode products too
   // (vdpbf16ps; CPUs with AVX512-VBMI, as the decode dot scores); the amx
   // rung's few-rows decode products keep P at fp32 precision.

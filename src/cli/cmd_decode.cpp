@@ -42,8 +42,8 @@ const char* const kHelp =
     "--rotary-dim R: RoPE rotates the first R dims of q and k (even, 2..D; default D).\n"
     "--bf16-probabilities (bf16): P rounded to bf16 in the packed P V products, which steps\n"
     "stacking more than 8 query rows per KV head take, and on avx512bf16 (with VBMI) in the\n"
-    "few-rows ones of smaller steps too, there also of an fp8_e4m3 cache\n"
-    "(KvCacheArgs::bf16_probabilities; not with --kv-dtype int8).\n"
+    "few-rows ones of smaller steps too, there also of an fp8_e4m3 or int8 cache\n"
+    "(KvCacheArgs::bf16_probabilities).\n"
     "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
     "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
     "(a streaming read of a buffer of the same bytes, same threads, each reading two streams,\n"
@@ -492,8 +492,8 @@ int cmd_decode(int argc, char** argv) {
     s.dtype = cache_dtype;
   }
   s.bf16_probabilities = args.has("--bf16-probabilities");
-  if (s.bf16_probabilities && (s.dtype != DType::bf16 || s.kv_quant == KvQuant::int8))
-    throw UsageError("--bf16-probabilities: only with --dtype bf16 and a bf16 or fp8_e4m3 cache (not --kv-dtype int8)");
+  if (s.bf16_probabilities && s.dtype != DType::bf16)
+    throw UsageError("--bf16-probabilities: only with --dtype bf16");
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const bool paged = args.has("--paged");
   const int64_t page_size = args.integer("--page-size", 16, 1, kMaxSize);

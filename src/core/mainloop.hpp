@@ -318,12 +318,11 @@ class ForwardMainloop {
       dot_scores_ = direct_ && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1 &&
                     K::few_rows_dot_scores_take(kv_dtype_);
     // P V likewise on bf16 dot products where the caller asks for P in bf16
-    // (bf16_probabilities) and V is a bf16 or fp8 e4m3 cache read with unit
-    // stride (an fp8 cache's per-key scales are on P first, scale_columns).
+    // (bf16_probabilities) and V is a bf16, fp8 e4m3 or int8 cache read with
+    // unit stride (a quantized cache's scales are on P first, scale_columns).
     if constexpr (requires { K::kFewRowsDotProbabilities; })
       dot_probabilities_ = direct_ && p.args.bf16_probabilities && p.args.dtype == DType::bf16 &&
-                           (kv_dtype_ == DType::bf16 || kv_dtype_ == DType::f8_e4m3) && p.args.v.stride[3] == 1 &&
-                           K::few_rows_dot_scores_take(kv_dtype_);
+                           p.args.v.stride[3] == 1 && K::few_rows_dot_probabilities_take(kv_dtype_);
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     // Few-rows scores of an int8 cache on AMX-INT8 tiles (K::kFewRowsInt8Tiles):
     // Q split once per item into int8 pieces, keys read in place with unit

@@ -120,10 +120,14 @@ TEST(cliDecode, ValueHeadDim) {
   const Json rounded = decode_json("", "decode --prompt 64 --steps 2 --heads 16 --kv-heads 1 --dim 64 "
                                        "--recompute-steps 1 --bf16-probabilities --json");
   EXPECT_TRUE(rounded.get("bf16_probabilities")->flag);
-  // An fp8 e4m3 cache takes it too (the few-rows P V on avx512bf16 with VBMI).
-  const Json fp8 = decode_json("", "decode --prompt 64 --steps 2 --heads 8 --kv-heads 2 --dim 64 --dtype bf16 "
-                                   "--kv-dtype fp8_e4m3 --recompute-steps 1 --bf16-probabilities --json");
-  EXPECT_TRUE(fp8.get("bf16_probabilities")->flag);
+  // Quantized caches take it too (the few-rows P V on avx512bf16 with VBMI).
+  for (const char* kv : {"fp8_e4m3", "int8"}) {
+    const Json quantized = decode_json("", std::string("decode --prompt 64 --steps 2 --heads 8 --kv-heads 2 --dim 64 "
+                                                       "--dtype bf16 --kv-dtype ") +
+                                               kv + " --recompute-steps 1 --bf16-probabilities --json");
+    EXPECT_TRUE(quantized.get("bf16_probabilities")->flag) << kv;
+    EXPECT_EQ(quantized.get("kv_dtype")->str, kv);
+  }
 }
 
 TEST(cliDecode, UsageErrorsNameTheFlag) {
@@ -145,7 +149,7 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
       {"--dim 576", "--dim-v"},          // V would be 576 wide
       {"--dim-v 600", "--dim-v"},
       {"--dtype fp32 --bf16-probabilities", "--bf16-probabilities"},
-      {"--kv-dtype int8 --bf16-probabilities", "--bf16-probabilities"},
+      {"--dtype fp16 --kv-dtype int8 --bf16-probabilities", "--bf16-probabilities"},
   };
   for (const auto& c : cases) {
     const Result r = run_cli(std::string("decode --prompt 16 --steps 2 --json ") + c.flags, dir);

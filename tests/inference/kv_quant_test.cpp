@@ -156,56 +156,59 @@ TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
       }
 }
 
-// KvCacheArgs::bf16_probabilities with an fp8 e4m3 cache and bf16 queries:
-// on avx512bf16 with VBMI the few-rows P V runs on vdpbf16ps with P rounded
-// to bf16 (few_rows_dot.hpp, V through the byte permutes), elsewhere the flag
-// changes nothing here. The output moves by at most 2^-8 max |V| (V
-// dequantized: within 2^-4 of the bf16 values it came from) plus both
-// outputs' bf16 rounding; paged (pages of 3) equals contiguous bit for bit.
-TEST(KvQuant, Fp8Bf16ProbabilitiesOnTheDotProducts) {
-  for (Isa isa : isa_paths()) {
-    const bool dot = isa == Isa::avx512bf16 && cpu_features().avx512_vbmi;
-    for (const auto& [head_dim, cached] : std::vector<std::pair<int64_t, std::vector<int32_t>>>{
-             {128, {1100}}, {40, {5, 99}}, {96, {333}}}) {
-      DecodeSpec s;
-      s.isa = isa;
-      s.kv_quant = KvQuant::fp8_e4m3;
-      s.dtype = DType::bf16;
-      s.heads = 8;
-      s.kv_heads = 2;
-      s.head_dim = head_dim;
-      s.cached = cached;
-      s.page_size = head_dim == 40 ? 3 : 0;
-      SCOPED_TRACE(s.name());
-      DecodeRun exact(s), rounded(s);
-      rounded.args.bf16_probabilities = true;
-      for (DecodeRun* run : {&exact, &rounded}) {
-        run->prefill();
-        run->decode();
+// KvCacheArgs::bf16_probabilities with a quantized cache (fp8 e4m3, int8)
+// and bf16 queries: on avx512bf16 with VBMI the few-rows P V runs on
+// vdpbf16ps with P (times each key's V scale) rounded to bf16
+// (few_rows_dot.hpp: fp8 V through the byte permutes, int8 through fp32),
+// elsewhere the flag changes nothing here. The output moves by at most 2^-8
+// max |V| (V dequantized: within 2^-4 of the bf16 values it came from for
+// fp8, half a scale for int8) plus both outputs' bf16 rounding; paged (pages
+// of 3) equals contiguous bit for bit.
+TEST(KvQuant, QuantizedBf16ProbabilitiesOnTheDotProducts) {
+  for (KvQuant quant : {KvQuant::fp8_e4m3, KvQuant::int8})
+    for (Isa isa : isa_paths()) {
+      const bool dot = isa == Isa::avx512bf16 && cpu_features().avx512_vbmi;
+      for (const auto& [head_dim, cached] : std::vector<std::pair<int64_t, std::vector<int32_t>>>{
+               {128, {1100}}, {40, {5, 99}}, {96, {333}}}) {
+        DecodeSpec s;
+        s.isa = isa;
+        s.kv_quant = quant;
+        s.dtype = DType::bf16;
+        s.heads = 8;
+        s.kv_heads = 2;
+        s.head_dim = head_dim;
+        s.cached = cached;
+        s.page_size = head_dim == 40 ? 3 : 0;
+        SCOPED_TRACE(s.name());
+        DecodeRun exact(s), rounded(s);
+        rounded.args.bf16_probabilities = true;
+        for (DecodeRun* run : {&exact, &rounded}) {
+          run->prefill();
+          run->decode();
+        }
+        double max_v = 0, max_o = 0, max_diff = 0;
+        for (int64_t i = 0; i < exact.v_full.elements(); ++i)
+          max_v = std::max(max_v, std::abs(double(exact.v_full.get(i))));
+        for (int64_t i = 0; i < exact.o.elements(); ++i) {
+          max_o = std::max(max_o, std::abs(double(exact.o.get(i))));
+          max_diff = std::max(max_diff, std::abs(double(rounded.o.get(i)) - double(exact.o.get(i))));
+        }
+        if (dot) {
+          EXPECT_GT(max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing";
+        } else {
+          EXPECT_EQ(max_diff, 0.0) << isa_name(isa) << ": no dot-product P V here";
+        }
+        EXPECT_LE(max_diff, std::ldexp(max_v * 1.0625, -8) + std::ldexp(max_o, -7)) << isa_name(isa);
+        if (s.page_size == 0) continue;
+        s.page_size = 0;
+        DecodeRun contiguous(s);
+        contiguous.args.bf16_probabilities = true;
+        contiguous.prefill();
+        contiguous.decode();
+        EXPECT_EQ(rounded.o.bytes(), contiguous.o.bytes()) << "paged output differs from contiguous";
+        EXPECT_EQ(rounded.lse, contiguous.lse);
       }
-      double max_v = 0, max_o = 0, max_diff = 0;
-      for (int64_t i = 0; i < exact.v_full.elements(); ++i)
-        max_v = std::max(max_v, std::abs(double(exact.v_full.get(i))));
-      for (int64_t i = 0; i < exact.o.elements(); ++i) {
-        max_o = std::max(max_o, std::abs(double(exact.o.get(i))));
-        max_diff = std::max(max_diff, std::abs(double(rounded.o.get(i)) - double(exact.o.get(i))));
-      }
-      if (dot) {
-        EXPECT_GT(max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing";
-      } else {
-        EXPECT_EQ(max_diff, 0.0) << isa_name(isa) << ": no dot-product P V here";
-      }
-      EXPECT_LE(max_diff, std::ldexp(max_v * 1.0625, -8) + std::ldexp(max_o, -7)) << isa_name(isa);
-      if (s.page_size == 0) continue;
-      s.page_size = 0;
-      DecodeRun contiguous(s);
-      contiguous.args.bf16_probabilities = true;
-      contiguous.prefill();
-      contiguous.decode();
-      EXPECT_EQ(rounded.o.bytes(), contiguous.o.bytes()) << "paged output differs from contiguous";
-      EXPECT_EQ(rounded.lse, contiguous.lse);
     }
-  }
 }
 
 // MLA's absorbed decode on a quantized cache: K 576 wide, V 512 (each row

@@ -354,38 +354,50 @@ TEST_F(Avx512EmulatedDecode, Bf16ProbabilitiesOnTheEmulatedDotProducts) {
       }
 }
 
-// bf16_probabilities with an fp8 e4m3 cache on the emulated avx512bf16 rung:
-// P V of bf16 queries runs on vdpbf16ps too, V turned into bf16 by the byte
-// permutes (64 columns per conversion in whole 64-column passes, else 32;
-// head dims 40, 59 and 96 end in masked or 32-column groups). Within the rule
-// plus 2^-8 of each row's largest P |V| (float64 over the dequantized |V|:
-// e4m3's sign bit cleared) and different from the default's output.
-TEST_F(Avx512EmulatedDecode, Fp8CacheBf16ProbabilitiesOnTheEmulatedDotProducts) {
-  for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
-    for (int64_t head_dim : {40, 59, 96, 128})
-      for (int64_t seqlen_k : {99, 1100}) {
-        CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
-        const QuantizedCopy exact(data, KvQuant::fp8_e4m3);
-        QuantizedCopy rounded(data, KvQuant::fp8_e4m3);
-        rounded.args.bf16_probabilities = true;
-        SCOPED_TRACE(data.c.name() + " fp8 with bf16_probabilities on the emulated avx512bf16 rung");
-        ASSERT_TRUE(emulated_bf16_forward(exact.args, Isa::avx512bf16));
-        const std::vector<uint16_t> exact_o = data.o16;
-        ASSERT_TRUE(emulated_bf16_forward(rounded.args, Isa::avx512bf16));
-        EXPECT_NE(data.o16, exact_o) << "bf16_probabilities changed nothing";
-        QuantizedCopy abs_v(data, KvQuant::fp8_e4m3);
-        for (uint8_t& bits : abs_v.v) bits &= 0x7f;
-        const ReferenceOutput pv = reference_forward(abs_v.args);
-        const size_t dv = size_t(head_dim);
-        std::vector<double> allowance(pv.o.size() / dv, 0.0);
-        for (size_t row = 0; row < allowance.size(); ++row)
-          for (size_t e = row * dv; e < (row + 1) * dv; ++e)
-            allowance[row] = std::max(allowance[row], std::ldexp(pv.o[e], -8));
-        const Comparison cmp = compare_outputs(rounded.args, reference_forward(rounded.args),
-                                               naive_forward(rounded.args), dense_o(data), dense_lse(data), 0,
-                                               allowance);
-        EXPECT_TRUE(cmp.ok()) << cmp.describe();
-      }
+// bf16_probabilities with a quantized cache on the emulated avx512bf16 rung:
+// P V of bf16 queries runs on vdpbf16ps too, V turned into bf16 of the same
+// values (fp8 e4m3 by the byte permutes, 64 columns per conversion in whole
+// 64-column passes, else 32; int8 widened through fp32, 32 columns at a
+// time; head dims 40, 59 and 96 end in masked or 32-column groups), P times
+// each key's V scale rounded to bf16. Within the rule plus 2^-8 of each
+// row's largest P |V| (float64 over the dequantized |V|: e4m3's sign bit
+// cleared, int8's magnitudes) and different from the default's output.
+// Some int8 V elements are -128, which the cache reads though an append
+// never writes it (its |V| is taken as 127 in the allowance: 1/128 of one
+// key's share of a column).
+TEST_F(Avx512EmulatedDecode, QuantizedCacheBf16ProbabilitiesOnTheEmulatedDotProducts) {
+  for (KvQuant quant : {KvQuant::fp8_e4m3, KvQuant::int8})
+    for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
+      for (int64_t head_dim : {40, 59, 96, 128})
+        for (int64_t seqlen_k : {99, 1100}) {
+          const bool int8 = quant == KvQuant::int8;
+          CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
+          QuantizedCopy exact(data, quant);
+          if (int8)
+            for (size_t e = 7; e < exact.v.size(); e += 101) exact.v[e] = 0x80;
+          QuantizedCopy rounded(data, quant);
+          std::copy(exact.v.begin(), exact.v.end(), rounded.v.begin());
+          rounded.args.bf16_probabilities = true;
+          SCOPED_TRACE(data.c.name() + (int8 ? " int8" : " fp8") +
+                       " with bf16_probabilities on the emulated avx512bf16 rung");
+          ASSERT_TRUE(emulated_bf16_forward(exact.args, Isa::avx512bf16));
+          const std::vector<uint16_t> exact_o = data.o16;
+          ASSERT_TRUE(emulated_bf16_forward(rounded.args, Isa::avx512bf16));
+          EXPECT_NE(data.o16, exact_o) << "bf16_probabilities changed nothing";
+          QuantizedCopy abs_v(data, quant);
+          for (size_t e = 0; e < abs_v.v.size(); ++e)
+            abs_v.v[e] = int8 ? uint8_t(std::min(std::abs(int(int8_t(exact.v[e]))), 127)) : uint8_t(exact.v[e] & 0x7f);
+          const ReferenceOutput pv = reference_forward(abs_v.args);
+          const size_t dv = size_t(head_dim);
+          std::vector<double> allowance(pv.o.size() / dv, 0.0);
+          for (size_t row = 0; row < allowance.size(); ++row)
+            for (size_t e = row * dv; e < (row + 1) * dv; ++e)
+              allowance[row] = std::max(allowance[row], std::ldexp(pv.o[e], -8));
+          const Comparison cmp = compare_outputs(rounded.args, reference_forward(rounded.args),
+                                                 naive_forward(rounded.args), dense_o(data), dense_lse(data), 0,
+                                                 allowance);
+          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+        }
 }
 
 }  // namespace

@@ -373,6 +373,30 @@ inline __m512i _mm512_maskz_loadu_epi8(__mmask64 k, const void* p) {
   std::memcpy(&r, b, sizeof r);
   return r;
 }
+// 128-bit vectors: the kernels use them only as 16 int8 values (widened by
+// _mm512_cvtepi8_epi32).
+struct __m128i {
+  int8_t i8[16];
+};
+inline __m128i _mm_loadu_si128(const __m128i* p) {
+  __m128i r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+// VMOVDQU8 xmm with zero-masking: a masked-off byte's memory is never read.
+inline __m128i _mm_maskz_loadu_epi8(__mmask16 k, const void* p) {
+  __m128i r{};
+  const char* bytes = static_cast<const char*>(p);
+  for (int i = 0; i < 16; ++i)
+    if (memory::active(k, i)) std::memcpy(&r.i8[i], bytes + i, 1);
+  return r;
+}
+// VPMOVSXBD: 16 int8 sign-extended to int32.
+inline __m512i _mm512_cvtepi8_epi32(__m128i a) {
+  __m512i r;
+  for (int i = 0; i < 16; ++i) r.i32[i] = int32_t(a.i8[i]);
+  return r;
+}
 // VPERMT2B (AVX512-VBMI): byte i is byte idx[5:0] of a, or of b where idx
 // bit 6 is set; idx bit 7 is ignored. Counted (all threads) for the tests
 // that check which decode scores ran (few_rows_dot.hpp's fp8 keys).

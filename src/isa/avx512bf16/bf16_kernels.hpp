@@ -356,10 +356,15 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   }
   // Decode P V with P rounded to bf16 (ForwardArgs / KvCacheArgs
   // ::bf16_probabilities) on vdpbf16ps (few_rows_dot::
-  // accumulate_bf16_probabilities): the main loop takes it for a bf16 or
-  // fp8 e4m3 cache read with unit element stride where the dot scores run
-  // (the same CPUs: Cooper Lake, unmeasured, keeps the FMA products).
+  // accumulate_bf16_probabilities): the main loop takes it for a bf16, fp8
+  // e4m3 or int8 cache read with unit element stride on the CPUs where the
+  // dot scores run (VBMI; Cooper Lake, unmeasured, keeps the FMA products;
+  // an int8 cache's scores stay on FMAs, docs/inference.md).
   static constexpr bool kFewRowsDotProbabilities = true;
+  static bool few_rows_dot_probabilities_take(DType value_type) {
+    return (value_type == DType::bf16 || value_type == DType::f8_e4m3 || value_type == DType::i8) &&
+           few_rows_dot_vbmi();
+  }
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, DType value_type, float* acc, int64_t ldacc) {
     const auto run = [&]<DType kVType>() {
@@ -367,6 +372,7 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
         few_rows_dot::accumulate_bf16_probabilities<M, kVType>(n, d, p, ldp, value_rows, acc, ldacc);
       });
     };
+    if (value_type == DType::i8) return run.template operator()<DType::i8>();
     if (value_type != DType::f8_e4m3) return run.template operator()<DType::bf16>();
 #ifdef TILEATTN_E4M3_PERMUTES
     run.template operator()<DType::f8_e4m3>();

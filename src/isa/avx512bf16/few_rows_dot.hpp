@@ -1,6 +1,6 @@
 // Decode products on vdpbf16ps for a few stacked query rows (keys read in
 // place): the scores of bf16 and fp8 e4m3 keys, P V with P rounded to bf16
-// (bf16_probabilities) of bf16 and fp8 e4m3 values, and the fp8 -> bf16
+// (bf16_probabilities) of bf16, fp8 e4m3 and int8 values, and the fp8 -> bf16
 // conversion on AVX512-VBMI byte permutes that the fp8 products use.
 // Included by bf16_kernels.hpp (the avx512bf16 rung and its emulation). The
 // fp8 parts need VBMI, which Cooper Lake lacks: natively they are compiled
@@ -204,9 +204,9 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   }
 }
 
-// Decode P V on vdpbf16ps with P rounded to bf16 (bf16_probabilities), bf16
-// or fp8 e4m3 V rows read in place (PairRows below; e4m3 as the bf16 of the
-// same values): acc[r, :d] += sum_c bf16(p[r, c]) V[c, :d] for r < M,
+// Decode P V on vdpbf16ps with P rounded to bf16 (bf16_probabilities), bf16,
+// fp8 e4m3 or int8 V rows read in place (PairRows below; e4m3 and int8 as the
+// bf16 of the same values): acc[r, :d] += sum_c bf16(p[r, c]) V[c, :d] for r < M,
 // c < n, every product exact and summed in fp32 (vdpbf16ps' denormal rules:
 // tests/isa/bf16_dot_semantics.hpp, as in the packed P V). Keys go in pairs:
 // a 32-key chunk's P is rounded once per row (vcvtne2ps2bf16, round to
@@ -219,7 +219,8 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
 // is 0, and 0 x an inf or NaN of a real row would be NaN). Per key and 64
 // columns at 4 rows: 8 vdpbf16ps and 2 interleaves, where the fp32 product
 // (few_rows16::accumulate) takes 16 FMAs and 4 widenings (e4m3 adds six
-// instructions per key for the conversion either way).
+// instructions per key for the conversion either way, int8 five per 32
+// columns against four).
 // Calls f.template operator()<M>() for M = m (1..8; other m do nothing):
 // the dot-product decode kernels' one row-count switch.
 template <class F>
@@ -268,7 +269,8 @@ alignas(64) inline constexpr uint16_t kZeroRow[16 * kPairVectorsPerPass<1>] = {}
 // (unpacklo) and v[u + 1] (unpackhi) for each group u. bf16 rows load as
 // they are; fp8 e4m3 rows (VBMI byte permutes) become the bf16 of the same
 // values through E4m3ToBf16, 64 columns per conversion where the pass is
-// that wide (six instructions per row and 64 columns), else 32.
+// that wide (six instructions per row and 64 columns), else 32; int8 rows
+// through fp32 (vpmovsxbd, vcvtdq2ps, vcvtne2ps2bf16).
 template <DType kVType>
 struct PairRows;
 
@@ -282,6 +284,37 @@ struct PairRows<DType::bf16> {
       const __m512i x1 = kMasked ? _mm512_maskz_loadu_epi16(words, r1) : _mm512_loadu_si512(r1 + 32 * u);
       v[u] = _mm512_unpacklo_epi16(x0, x1);
       v[u + 1] = _mm512_unpackhi_epi16(x0, x1);
+    }
+  }
+};
+
+// int8 rows (a quantized cache; the per-key scales are on P already): every
+// int8 value is a bf16 value (|x| <= 128 needs 8 significant bits), so 16
+// bytes at a time widen to int32 (vpmovsxbd), become fp32 exactly
+// (vcvtdq2ps) and bf16 exactly (vcvtne2ps2bf16): five instructions per row
+// and 32 columns, where the fp32 product widens with four and, at 4 rows,
+// takes 8 FMAs against 4 vdpbf16ps here. No VBMI needed.
+template <>
+struct PairRows<DType::i8> {
+  static constexpr int64_t kSize = 1;
+  // 32 int8 columns of `row` as 32 bf16 in order; past a masked `columns`
+  // they load as 0 (bf16 +0).
+  template <bool kMasked>
+  static __m512i bf16_of(const uint8_t* row, __mmask32 columns) {
+    const __m128i b0 = kMasked ? _mm_maskz_loadu_epi8(__mmask16(columns), row)
+                               : _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
+    const __m128i b1 = kMasked ? _mm_maskz_loadu_epi8(__mmask16(columns >> 16), row + 16)
+                               : _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16));
+    return bf16_bits(_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0))));
+  }
+  template <int NV, bool kMasked>
+  void load(const uint8_t* r0, const uint8_t* r1, __mmask32 words, __m512i* v) const {
+    for (int u = 0; u < NV; u += 2) {
+      const __m512i a = bf16_of<kMasked>(r0 + 16 * u, words);
+      const __m512i b = bf16_of<kMasked>(r1 + 16 * u, words);
+      v[u] = _mm512_unpacklo_epi16(a, b);
+      v[u + 1] = _mm512_unpackhi_epi16(a, b);
     }
   }
 };
