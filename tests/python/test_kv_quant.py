@@ -100,6 +100,44 @@ def test_int8_torch_paged_equals_contiguous():
     assert torch.equal(o, op)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
+def test_bf16_probabilities_on_quantized_caches(cache_dtype):
+    # set_bf16_probabilities reaches attention_with_kvcache's few-rows P @ V on quantized caches:
+    # on avx512bf16 with AVX512-VBMI it rounds P (times each key's V scale) to bf16, so the output
+    # moves, by at most 2^-8 max|V| (dequantized) plus both outputs' bf16 rounding; elsewhere
+    # (other rungs, or the amx rung's few-rows products) it changes nothing.
+    gen = torch.Generator().manual_seed(5)
+    b, h, hk, d, n = 1, 8, 2, 128, 300
+    k = torch.randn(b, hk, n, d, generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(b, hk, n, d, generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(b, h, 1, d, generator=gen, dtype=torch.bfloat16)
+    kc = torch.zeros(b, hk, n, d, dtype=cache_dtype)
+    vc = torch.zeros_like(kc)
+    if cache_dtype == torch.int8:
+        ks, vs = torch.zeros(b, hk, n), torch.zeros(b, hk, n)
+    else:
+        ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.005, 0.01])
+    tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=0, k_scale=ks, v_scale=vs)
+    outs = []
+    try:
+        for rounded in (False, True):
+            tileattn.set_bf16_probabilities(rounded)
+            outs.append(tileattn.attention_with_kvcache(q, kc, vc, cache_seqlens=n, k_scale=ks, v_scale=vs))
+    finally:
+        tileattn.set_bf16_probabilities(False)
+    exact, rounded = (o.double() for o in outs)
+    info = tileattn.info()
+    dot = info["bf16_isa"] == "avx512bf16" and info["isa"] == "avx512bf16" and info["avx512_vbmi"]
+    diff = (rounded - exact).abs().max().item()
+    if dot:
+        assert diff > 0, "set_bf16_probabilities changed nothing"
+    else:
+        assert diff == 0
+    v_scale = vs.view(b, hk, n, 1) if cache_dtype == torch.int8 else vs.view(1, hk, 1, 1)
+    max_v = (vc.double() * v_scale.double()).abs().max().item()
+    assert diff <= 2.0 ** -8 * max_v + 2.0 ** -7 * exact.abs().max().item()
+
+
 def _bytes(*arrays):
     return [np.array(a, copy=True) if isinstance(a, np.ndarray) else a.clone() for a in arrays]
 
