@@ -58,12 +58,12 @@ void print_args(const KvCacheArgs& a) {
   std::fprintf(stderr,
                "  dtype %d batch %lld heads %lld kv_heads %lld head_dim %lld seqlen_q %lld seqlen_new %lld\n"
                "  capacity %lld paged %d page_size %lld num_pages %lld table_stride %lld rotary_dim %lld\n"
-               "  causal %d window %lld %lld scale %g threads %d isa %d\n",
+               "  causal %d window %lld %lld scale %g threads %d isa %d bf16_probabilities %d\n",
                int(a.dtype), (long long)a.batch, (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim,
                (long long)a.seqlen_q, (long long)a.seqlen_new, (long long)a.capacity, a.block_table != nullptr,
                (long long)a.page_size, (long long)a.num_pages, (long long)a.block_table_stride,
                (long long)a.rotary_dim, a.causal, (long long)a.window_left, (long long)a.window_right,
-               double(a.scale), a.threads, int(a.isa));
+               double(a.scale), a.threads, int(a.isa), int(a.bf16_probabilities));
   std::fprintf(stderr, "  k_cache %p %s v_cache %p %s\n  q %p %s o %p %s\n",
                a.k_cache.data, s4(a.k_cache.stride), a.v_cache.data, s4(a.v_cache.stride), a.q.data,
                s4(a.q.stride), a.o.data, s4(a.o.stride));
@@ -301,9 +301,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.window_left = windows[in.ConsumeIntegralInRange<int>(0, 7)];
   a.window_right = windows[in.ConsumeIntegralInRange<int>(0, 7)];
   a.threads = in.ConsumeIntegralInRange<int>(-1, 2);
-  const tileattn::Isa isas[] = {tileattn::Isa::automatic, tileattn::Isa::generic, tileattn::Isa::avx2,
-                                tileattn::Isa::avx512, tileattn::Isa::reference};
-  a.isa = isas[in.ConsumeIntegralInRange<int>(0, 4)];
+  // The bf16 rungs too (a CPU without one refuses them: NotSupported).
+  const tileattn::Isa isas[] = {tileattn::Isa::automatic, tileattn::Isa::generic,    tileattn::Isa::avx2,
+                                tileattn::Isa::avx512,    tileattn::Isa::avx512bf16, tileattn::Isa::amx,
+                                tileattn::Isa::reference};
+  a.isa = isas[in.ConsumeIntegralInRange<int>(0, 6)];
+  a.bf16_probabilities = in.ConsumeBool();
 
   // Placements that must be refused: o on the cache, k_new on the cache,
   // v_cache on k_cache (only where the buffers allow it, so a wrongly
