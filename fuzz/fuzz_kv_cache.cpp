@@ -2,17 +2,22 @@
 // a KvCacheArgs with small sizes -- contiguous or paged caches, GQA head
 // counts, cache_seqlens (some corrupt), block tables (distinct pages, random
 // pages, shared prefixes, entries out of range), new_counts, RoPE tables
-// (short, odd rotary_dim, one table missing), windows, scales, ISA paths --
-// and arbitrary strides, over buffers sized to exactly the bytes each view
+// (short, odd rotary_dim, one table missing), windows, scales, ISA paths,
+// quantized caches (int8 with per-(token, head) scales of any strides, fp8
+// e4m3 with per-head scales, some of them 0, NaN, inf or missing) -- and
+// arbitrary strides, over buffers sized to exactly the bytes each view
 // reaches (fuzz_views.hpp), so ASan sees any access outside a view.
 //
 // Properties checked, beyond "no sanitizer finding":
 //  - the call either succeeds or throws tileattn::Error / NotSupported;
-//  - on a throw, no byte changed anywhere: cache, cache_seqlens, o, lse, inputs;
+//  - on a throw, no byte changed anywhere: cache, scales, cache_seqlens, o,
+//    lse, inputs;
 //  - on success, cache_seqlens[b] advanced by exactly the rows appended; the
 //    cache changed only in the appended rows, which hold the new values (bit
-//    for bit, keys too when no RoPE is given); no input changed; o and lse
-//    changed only inside their views (append-only calls: not at all);
+//    for bit, keys too when no RoPE is given; a quantized cache's rows and
+//    int8 scales change only there, fp8 scales not at all); no input
+//    changed; o and lse changed only inside their views (append-only calls:
+//    not at all);
 //  - on success with finite, moderate inputs and scale, o is finite;
 //  - a cache, q/o or k_new/v_new view whose byte extent overflows int64 is
 //    refused whenever it would be used;
@@ -58,12 +63,12 @@ void print_args(const KvCacheArgs& a) {
   std::fprintf(stderr,
                "  dtype %d batch %lld heads %lld kv_heads %lld head_dim %lld seqlen_q %lld seqlen_new %lld\n"
                "  capacity %lld paged %d page_size %lld num_pages %lld table_stride %lld rotary_dim %lld\n"
-               "  causal %d window %lld %lld scale %g threads %d isa %d bf16_probabilities %d\n",
+               "  causal %d window %lld %lld scale %g threads %d isa %d bf16_probabilities %d kv_quant %d\n",
                int(a.dtype), (long long)a.batch, (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim,
                (long long)a.seqlen_q, (long long)a.seqlen_new, (long long)a.capacity, a.block_table != nullptr,
                (long long)a.page_size, (long long)a.num_pages, (long long)a.block_table_stride,
                (long long)a.rotary_dim, a.causal, (long long)a.window_left, (long long)a.window_right,
-               double(a.scale), a.threads, int(a.isa), int(a.bf16_probabilities));
+               double(a.scale), a.threads, int(a.isa), int(a.bf16_probabilities), int(a.kv_quant));
   std::fprintf(stderr, "  k_cache %p %s v_cache %p %s\n  q %p %s o %p %s\n",
                a.k_cache.data, s4(a.k_cache.stride), a.v_cache.data, s4(a.v_cache.stride), a.q.data,
                s4(a.q.stride), a.o.data, s4(a.o.stride));
@@ -185,6 +190,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   a.dtype = dtypes[in.ConsumeIntegralInRange<int>(0, 2)];
   const int64_t esize = int64_t(tileattn::dtype_size(a.dtype));
+  // A quantized cache one call in three: int8 or fp8 e4m3 elements.
+  const int quant_pick = in.ConsumeIntegralInRange<int>(0, 5);
+  a.kv_quant = quant_pick == 4 ? tileattn::KvQuant::int8
+               : quant_pick == 5 ? tileattn::KvQuant::fp8_e4m3 : tileattn::KvQuant::none;
+  const bool quantized = a.kv_quant != tileattn::KvQuant::none;
+  const bool int8 = a.kv_quant == tileattn::KvQuant::int8;
+  const DType cache_dtype = !quantized ? a.dtype : int8 ? DType::i8 : DType::f8_e4m3;
+  const int64_t cache_esize = quantized ? 1 : esize;
   a.batch = in.ConsumeIntegralInRange<int64_t>(-1, 3);
   a.kv_heads = in.ConsumeIntegralInRange<int64_t>(-1, 3);
   a.heads = in.ConsumeBool() ? a.kv_heads * in.ConsumeIntegralInRange<int64_t>(1, 3)
@@ -255,8 +268,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.o.stride = in.ConsumeBool() ? a.q.stride : pick_strides(in, o_sizes);
   a.k_new.stride = pick_strides(in, new_sizes);
   a.v_new.stride = in.ConsumeBool() ? a.k_new.stride : pick_strides(in, v_new_sizes);
-  ViewBuffer k_cache = make_view_buffer(cache_sizes, a.k_cache.stride.data(), 4, esize);
-  ViewBuffer v_cache = make_view_buffer(v_cache_sizes, a.v_cache.stride.data(), 4, esize);
+  ViewBuffer k_cache = make_view_buffer(cache_sizes, a.k_cache.stride.data(), 4, cache_esize);
+  ViewBuffer v_cache = make_view_buffer(v_cache_sizes, a.v_cache.stride.data(), 4, cache_esize);
+  // Scales: int8 [outer, kv_heads, rows] with fuzzed strides, fp8 [kv_heads].
+  const int64_t scale_sizes[3] = {int8 ? cache_sizes[0] : a.kv_heads, int8 ? cache_sizes[1] : 1,
+                                  int8 ? cache_sizes[2] : 1};
+  if (int8) {
+    const int64_t sizes4[4] = {scale_sizes[0], scale_sizes[1], scale_sizes[2], 1};
+    const std::array<int64_t, 4> ks = pick_strides(in, sizes4);
+    a.k_scale_stride = {ks[0], ks[1], ks[2]};
+    if (in.ConsumeBool()) {
+      a.v_scale_stride = a.k_scale_stride;
+    } else {
+      const std::array<int64_t, 4> vs = pick_strides(in, sizes4);
+      a.v_scale_stride = {vs[0], vs[1], vs[2]};
+    }
+  } else {
+    a.k_scale_stride = a.v_scale_stride = {1, 0, 0};  // contiguous [kv_heads]
+  }
+  ViewBuffer k_scale, v_scale;
+  if (quantized) {
+    k_scale = make_view_buffer(scale_sizes, a.k_scale_stride.data(), 3, 4);
+    v_scale = make_view_buffer(scale_sizes, a.v_scale_stride.data(), 3, 4);
+  }
   ViewBuffer q = make_view_buffer(q_sizes, a.q.stride.data(), 4, esize);
   ViewBuffer o = make_view_buffer(o_sizes, a.o.stride.data(), 4, esize);
   ViewBuffer k_new = make_view_buffer(new_sizes, a.k_new.stride.data(), 4, esize);
@@ -272,7 +306,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     lse = make_view_buffer(lse_sizes, a.lse_stride.data(), 3, 4);
   }
-  for (const ViewBuffer* b : {&k_cache, &v_cache, &q, &o, &k_new, &v_new, &lse})
+  for (const ViewBuffer* b : {&k_cache, &v_cache, &q, &o, &k_new, &v_new, &lse, &k_scale, &v_scale})
     if (b->too_large && !b->overflow) return 0;  // a real caller's memory; not allocated here
 
   // RoPE.
@@ -317,8 +351,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool v_cache_on_k = alias == 3 && hosts(k_cache, v_cache);
   const bool q_on_cache = alias == 4 && hosts(k_cache, q);
 
-  fill_values(in, k_cache, a.dtype);
-  fill_values(in, v_cache, a.dtype);
+  fill_values(in, k_cache, cache_dtype);
+  fill_values(in, v_cache, cache_dtype);
+  if (quantized) {
+    fill_values(in, k_scale, DType::f32);
+    fill_values(in, v_scale, DType::f32);
+    if (!int8)  // fp8 scales: mostly positive (the caller's calibration), sometimes not
+      for (ViewBuffer* s : {&k_scale, &v_scale})
+        for (size_t i = 0; i + 4 <= s->bytes.size(); i += 4) {
+          float x;
+          std::memcpy(&x, &s->bytes[i], 4);
+          if (!std::isnan(x) && in.ConsumeIntegralInRange<int>(0, 15) != 0) x = std::fabs(x) + 0.01f;
+          std::memcpy(&s->bytes[i], &x, 4);
+        }
+    const int missing = in.ConsumeIntegralInRange<int>(0, 15);
+    a.k_scale = missing == 1 ? nullptr : reinterpret_cast<float*>(k_scale.data());
+    a.v_scale = missing == 2 ? nullptr : missing == 3 ? a.k_scale : reinterpret_cast<float*>(v_scale.data());
+  } else if (in.ConsumeIntegralInRange<int>(0, 31) == 0) {
+    a.k_scale = a.v_scale = reinterpret_cast<float*>(o.data());  // scales for an unquantized cache: refused
+  }
   fill_values(in, q, a.dtype);
   fill_values(in, k_new, a.dtype);
   fill_values(in, v_new, a.dtype);
@@ -331,9 +382,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.lse = lse.bytes.empty() ? nullptr : reinterpret_cast<float*>(lse.data());
 
   const bool rotary = a.rotary_cos || a.rotary_sin;
+  // A quantized cache's values are its elements times scales of at most 2
+  // (fp8: no NaN bytes), so |V| <= 896.
+  const auto cache_moderate = [&](const ViewBuffer& cache, const ViewBuffer& scales) {
+    if (!quantized) return moderate(cache, a.dtype, 100.0f);
+    if (!moderate(scales, DType::f32, 2.0f)) return false;
+    return int8 || std::none_of(cache.bytes.begin(), cache.bytes.end(),
+                                [](unsigned char x) { return (x & 0x7f) == 0x7f; });
+  };
   const bool inputs_moderate =
       moderate(q, a.dtype, 100.0f) && moderate(k_new, a.dtype, 100.0f) && moderate(v_new, a.dtype, 100.0f) &&
-      moderate(k_cache, a.dtype, 100.0f) && moderate(v_cache, a.dtype, 100.0f) &&
+      cache_moderate(k_cache, k_scale) && cache_moderate(v_cache, v_scale) &&
       (std::isnan(a.scale) || std::fabs(a.scale) <= 1e6f) &&
       std::all_of(rotary_cos.begin(), rotary_cos.end(), [](float x) { return std::fabs(x) <= 2.0f; }) &&
       std::all_of(rotary_sin.begin(), rotary_sin.end(), [](float x) { return std::fabs(x) <= 2.0f; });
@@ -342,7 +401,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<float> cos_before = rotary_cos, sin_before = rotary_sin;
   const std::vector<unsigned char> k_cache_before = k_cache.bytes, v_cache_before = v_cache.bytes,
                                    q_before = q.bytes, o_before = o.bytes, lse_before = lse.bytes,
-                                   k_new_before = k_new.bytes, v_new_before = v_new.bytes;
+                                   k_new_before = k_new.bytes, v_new_before = v_new.bytes,
+                                   k_scale_before = k_scale.bytes, v_scale_before = v_scale.bytes;
   current = &a;
   bool threw = false;
   try {
@@ -362,6 +422,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (seqlens != seqlens_before) fail("cache_seqlens changed although the call threw");
     if (k_cache.bytes != k_cache_before || v_cache.bytes != v_cache_before)
       fail("the cache changed although the call threw");
+    if (k_scale.bytes != k_scale_before || v_scale.bytes != v_scale_before)
+      fail("a scale changed although the call threw");
     if (o.bytes != o_before || lse.bytes != lse_before) fail("o or lse written although the call threw");
     return 0;
   }
@@ -384,6 +446,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // cache_seqlens advanced by the rows appended; the cache changed only there.
   std::vector<unsigned char> k_written(k_cache.bytes.size(), 0), v_written(v_cache.bytes.size(), 0);
+  std::vector<unsigned char> k_scale_written(k_scale.bytes.size(), 0), v_scale_written(v_scale.bytes.size(), 0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t count = a.seqlen_new <= 0 ? 0 : a.new_counts ? counts[size_t(b)] : a.seqlen_new;
     if (int64_t(seqlens[size_t(b)]) != int64_t(seqlens_before[size_t(b)]) + count)
@@ -396,19 +459,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           outer = table[size_t(b * a.block_table_stride + position / a.page_size)];
           row = position % a.page_size;
         }
+        // A quantized cache's appended rows hold quantized values (tested
+        // against the quantization in tests/inference): only where is checked.
         for (int64_t d = 0; d < a.head_dim; ++d) {
-          const int64_t kat = element_at(k_cache, a.k_cache.stride, esize, outer, h, row, d);
+          const int64_t kat = element_at(k_cache, a.k_cache.stride, cache_esize, outer, h, row, d);
           const int64_t src_k = element_at(k_new, a.k_new.stride, esize, b, h, t, d);
-          if (!rotary && std::memcmp(&k_cache.bytes[size_t(kat)], &k_new.bytes[size_t(src_k)], size_t(esize)) != 0)
+          if (!rotary && !quantized &&
+              std::memcmp(&k_cache.bytes[size_t(kat)], &k_new.bytes[size_t(src_k)], size_t(esize)) != 0)
             fail("an appended key row differs from k_new");
-          std::fill_n(&k_written[size_t(kat)], esize, 1);
+          std::fill_n(&k_written[size_t(kat)], cache_esize, 1);
         }
         for (int64_t d = 0; d < v_dim; ++d) {
-          const int64_t vat = element_at(v_cache, a.v_cache.stride, esize, outer, h, row, d);
+          const int64_t vat = element_at(v_cache, a.v_cache.stride, cache_esize, outer, h, row, d);
           const int64_t src_v = element_at(v_new, a.v_new.stride, esize, b, h, t, d);
-          if (std::memcmp(&v_cache.bytes[size_t(vat)], &v_new.bytes[size_t(src_v)], size_t(esize)) != 0)
+          if (!quantized &&
+              std::memcmp(&v_cache.bytes[size_t(vat)], &v_new.bytes[size_t(src_v)], size_t(esize)) != 0)
             fail("an appended value row differs from v_new");
-          std::fill_n(&v_written[size_t(vat)], esize, 1);
+          std::fill_n(&v_written[size_t(vat)], cache_esize, 1);
+        }
+        if (int8) {
+          const auto scale_at = [&](const ViewBuffer& s, const std::array<int64_t, 3>& st) {
+            return size_t(s.origin + (outer * st[0] + h * st[1] + row * st[2]) * 4);
+          };
+          std::fill_n(&k_scale_written[scale_at(k_scale, a.k_scale_stride)], 4, 1);
+          std::fill_n(&v_scale_written[scale_at(v_scale, a.v_scale_stride)], 4, 1);
         }
       }
   }
@@ -416,6 +490,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!k_written[i] && k_cache.bytes[i] != k_cache_before[i]) fail("k_cache changed outside the appended rows");
   for (size_t i = 0; i < v_cache.bytes.size(); ++i)
     if (!v_written[i] && v_cache.bytes[i] != v_cache_before[i]) fail("v_cache changed outside the appended rows");
+  for (size_t i = 0; i < k_scale.bytes.size(); ++i)
+    if (!k_scale_written[i] && k_scale.bytes[i] != k_scale_before[i]) fail("k_scale changed outside the appended rows");
+  for (size_t i = 0; i < v_scale.bytes.size(); ++i)
+    if (!v_scale_written[i] && v_scale.bytes[i] != v_scale_before[i]) fail("v_scale changed outside the appended rows");
 
   if (append_only) {
     if (o.bytes != o_before || lse.bytes != lse_before) fail("kv_cache_append wrote o or lse");

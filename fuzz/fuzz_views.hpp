@@ -143,6 +143,8 @@ inline void fill_values(FuzzedDataProvider& in, ViewBuffer& buf, DType dtype) {
     }
     if (esize == 4) {
       std::memcpy(&buf.bytes[i], &v, 4);
+    } else if (esize == 1) {
+      buf.bytes[i] = static_cast<unsigned char>(state >> 3);  // int8 / fp8 e4m3: any byte
     } else {
       uint32_t bits;
       std::memcpy(&bits, &v, 4);
