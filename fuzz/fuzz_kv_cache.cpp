@@ -190,14 +190,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   a.dtype = dtypes[in.ConsumeIntegralInRange<int>(0, 2)];
   const int64_t esize = int64_t(tileattn::dtype_size(a.dtype));
-  // A quantized cache one call in three: int8 or fp8 e4m3 elements.
-  const int quant_pick = in.ConsumeIntegralInRange<int>(0, 5);
-  a.kv_quant = quant_pick == 4 ? tileattn::KvQuant::int8
-               : quant_pick == 5 ? tileattn::KvQuant::fp8_e4m3 : tileattn::KvQuant::none;
-  const bool quantized = a.kv_quant != tileattn::KvQuant::none;
-  const bool int8 = a.kv_quant == tileattn::KvQuant::int8;
-  const DType cache_dtype = !quantized ? a.dtype : int8 ? DType::i8 : DType::f8_e4m3;
-  const int64_t cache_esize = quantized ? 1 : esize;
   a.batch = in.ConsumeIntegralInRange<int64_t>(-1, 3);
   a.kv_heads = in.ConsumeIntegralInRange<int64_t>(-1, 3);
   a.heads = in.ConsumeBool() ? a.kv_heads * in.ConsumeIntegralInRange<int64_t>(1, 3)
@@ -268,29 +260,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.o.stride = in.ConsumeBool() ? a.q.stride : pick_strides(in, o_sizes);
   a.k_new.stride = pick_strides(in, new_sizes);
   a.v_new.stride = in.ConsumeBool() ? a.k_new.stride : pick_strides(in, v_new_sizes);
-  ViewBuffer k_cache = make_view_buffer(cache_sizes, a.k_cache.stride.data(), 4, cache_esize);
-  ViewBuffer v_cache = make_view_buffer(v_cache_sizes, a.v_cache.stride.data(), 4, cache_esize);
-  // Scales: int8 [outer, kv_heads, rows] with fuzzed strides, fp8 [kv_heads].
-  const int64_t scale_sizes[3] = {int8 ? cache_sizes[0] : a.kv_heads, int8 ? cache_sizes[1] : 1,
-                                  int8 ? cache_sizes[2] : 1};
-  if (int8) {
-    const int64_t sizes4[4] = {scale_sizes[0], scale_sizes[1], scale_sizes[2], 1};
-    const std::array<int64_t, 4> ks = pick_strides(in, sizes4);
-    a.k_scale_stride = {ks[0], ks[1], ks[2]};
-    if (in.ConsumeBool()) {
-      a.v_scale_stride = a.k_scale_stride;
-    } else {
-      const std::array<int64_t, 4> vs = pick_strides(in, sizes4);
-      a.v_scale_stride = {vs[0], vs[1], vs[2]};
-    }
-  } else {
-    a.k_scale_stride = a.v_scale_stride = {1, 0, 0};  // contiguous [kv_heads]
-  }
-  ViewBuffer k_scale, v_scale;
-  if (quantized) {
-    k_scale = make_view_buffer(scale_sizes, a.k_scale_stride.data(), 3, 4);
-    v_scale = make_view_buffer(scale_sizes, a.v_scale_stride.data(), 3, 4);
-  }
+  ViewBuffer k_cache = make_view_buffer(cache_sizes, a.k_cache.stride.data(), 4, esize);
+  ViewBuffer v_cache = make_view_buffer(v_cache_sizes, a.v_cache.stride.data(), 4, esize);
   ViewBuffer q = make_view_buffer(q_sizes, a.q.stride.data(), 4, esize);
   ViewBuffer o = make_view_buffer(o_sizes, a.o.stride.data(), 4, esize);
   ViewBuffer k_new = make_view_buffer(new_sizes, a.k_new.stride.data(), 4, esize);
@@ -306,7 +277,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     lse = make_view_buffer(lse_sizes, a.lse_stride.data(), 3, 4);
   }
-  for (const ViewBuffer* b : {&k_cache, &v_cache, &q, &o, &k_new, &v_new, &lse, &k_scale, &v_scale})
+  for (const ViewBuffer* b : {&k_cache, &v_cache, &q, &o, &k_new, &v_new, &lse})
     if (b->too_large && !b->overflow) return 0;  // a real caller's memory; not allocated here
 
   // RoPE.
@@ -335,12 +306,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.window_left = windows[in.ConsumeIntegralInRange<int>(0, 7)];
   a.window_right = windows[in.ConsumeIntegralInRange<int>(0, 7)];
   a.threads = in.ConsumeIntegralInRange<int>(-1, 2);
-  // The bf16 rungs too (a CPU without one refuses them: NotSupported).
-  const tileattn::Isa isas[] = {tileattn::Isa::automatic, tileattn::Isa::generic,    tileattn::Isa::avx2,
-                                tileattn::Isa::avx512,    tileattn::Isa::avx512bf16, tileattn::Isa::amx,
-                                tileattn::Isa::reference};
-  a.isa = isas[in.ConsumeIntegralInRange<int>(0, 6)];
-  a.bf16_probabilities = in.ConsumeBool();
+  const tileattn::Isa isas[] = {tileattn::Isa::automatic, tileattn::Isa::generic, tileattn::Isa::avx2,
+                                tileattn::Isa::avx512, tileattn::Isa::reference};
+  a.isa = isas[in.ConsumeIntegralInRange<int>(0, 4)];
 
   // Placements that must be refused: o on the cache, k_new on the cache,
   // v_cache on k_cache (only where the buffers allow it, so a wrongly
@@ -351,28 +319,70 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool v_cache_on_k = alias == 3 && hosts(k_cache, v_cache);
   const bool q_on_cache = alias == 4 && hosts(k_cache, q);
 
-  fill_values(in, k_cache, cache_dtype);
-  fill_values(in, v_cache, cache_dtype);
+  fill_values(in, k_cache, a.dtype);
+  fill_values(in, v_cache, a.dtype);
+  fill_values(in, q, a.dtype);
+  fill_values(in, k_new, a.dtype);
+  fill_values(in, v_new, a.dtype);
+
+  // Later additions read what the input has left (nothing, for the corpus
+  // files written before them: those then decode as they did): the bf16
+  // rungs and bf16_probabilities, and a quantized cache one call in three
+  // where no placement on the cache was chosen -- int8 elements with per-
+  // (token, head) scales of fuzzed strides, or fp8 e4m3 with per-head scales
+  // (now and then 0, NaN, inf, negative, missing or one buffer for both).
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 1)  // a CPU without the rung refuses it (NotSupported)
+    a.isa = in.ConsumeBool() ? tileattn::Isa::avx512bf16 : tileattn::Isa::amx;
+  a.bf16_probabilities = in.ConsumeBool();
+  const int quant_pick = in.ConsumeIntegralInRange<int>(0, 5);
+  if (alias == 0 || alias > 4)
+    a.kv_quant = quant_pick == 4 ? tileattn::KvQuant::int8
+                 : quant_pick == 5 ? tileattn::KvQuant::fp8_e4m3 : tileattn::KvQuant::none;
+  const bool quantized = a.kv_quant != tileattn::KvQuant::none;
+  const bool int8 = a.kv_quant == tileattn::KvQuant::int8;
+  const int64_t cache_esize = quantized ? 1 : esize;
+  ViewBuffer k_scale, v_scale;
   if (quantized) {
+    k_cache = make_view_buffer(cache_sizes, a.k_cache.stride.data(), 4, 1);
+    v_cache = make_view_buffer(v_cache_sizes, a.v_cache.stride.data(), 4, 1);
+    fill_values(in, k_cache, int8 ? DType::i8 : DType::f8_e4m3);
+    fill_values(in, v_cache, int8 ? DType::i8 : DType::f8_e4m3);
+    // Scales: int8 [outer, kv_heads, rows] with fuzzed strides, fp8 [kv_heads].
+    const int64_t scale_sizes[3] = {int8 ? cache_sizes[0] : a.kv_heads, int8 ? cache_sizes[1] : 1,
+                                    int8 ? cache_sizes[2] : 1};
+    if (int8) {
+      const int64_t sizes4[4] = {scale_sizes[0], scale_sizes[1], scale_sizes[2], 1};
+      const std::array<int64_t, 4> ks = pick_strides(in, sizes4);
+      a.k_scale_stride = {ks[0], ks[1], ks[2]};
+      if (in.ConsumeBool()) {
+        a.v_scale_stride = a.k_scale_stride;
+      } else {
+        const std::array<int64_t, 4> vs = pick_strides(in, sizes4);
+        a.v_scale_stride = {vs[0], vs[1], vs[2]};
+      }
+    } else {
+      a.k_scale_stride = a.v_scale_stride = {1, 0, 0};  // contiguous [kv_heads]
+    }
+    k_scale = make_view_buffer(scale_sizes, a.k_scale_stride.data(), 3, 4);
+    v_scale = make_view_buffer(scale_sizes, a.v_scale_stride.data(), 3, 4);
+    for (const ViewBuffer* b : {&k_cache, &v_cache, &k_scale, &v_scale})
+      if (b->too_large && !b->overflow) return 0;
     fill_values(in, k_scale, DType::f32);
     fill_values(in, v_scale, DType::f32);
-    if (!int8)  // fp8 scales: mostly positive (the caller's calibration), sometimes not
+    if (!int8)  // fp8 scales: mostly positive (the caller's calibration; also once the input runs out)
       for (ViewBuffer* s : {&k_scale, &v_scale})
         for (size_t i = 0; i + 4 <= s->bytes.size(); i += 4) {
           float x;
           std::memcpy(&x, &s->bytes[i], 4);
-          if (!std::isnan(x) && in.ConsumeIntegralInRange<int>(0, 15) != 0) x = std::fabs(x) + 0.01f;
+          if (in.ConsumeIntegralInRange<int>(0, 15) != 15) x = std::isnan(x) ? 0.5f : std::fabs(x) + 0.01f;
           std::memcpy(&s->bytes[i], &x, 4);
         }
     const int missing = in.ConsumeIntegralInRange<int>(0, 15);
     a.k_scale = missing == 1 ? nullptr : reinterpret_cast<float*>(k_scale.data());
     a.v_scale = missing == 2 ? nullptr : missing == 3 ? a.k_scale : reinterpret_cast<float*>(v_scale.data());
-  } else if (in.ConsumeIntegralInRange<int>(0, 31) == 0) {
+  } else if (in.ConsumeIntegralInRange<int>(0, 31) == 1) {
     a.k_scale = a.v_scale = reinterpret_cast<float*>(o.data());  // scales for an unquantized cache: refused
   }
-  fill_values(in, q, a.dtype);
-  fill_values(in, k_new, a.dtype);
-  fill_values(in, v_new, a.dtype);
   a.k_cache.data = k_cache.data();
   a.v_cache.data = v_cache_on_k ? k_cache.data() : v_cache.data();
   a.q.data = q_on_cache ? k_cache.data() : q.data();
@@ -443,6 +453,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (v_cache_on_k && has_batch && cache_nonempty) fail("v_cache placed on k_cache was accepted");
   if (q_on_cache && has_queries && appends && cache_nonempty) fail("q placed on k_cache was accepted for an append");
   if (o_on_cache || k_new_on_cache || v_cache_on_k || q_on_cache) return 0;  // harmless (empty) placements
+  // Scales (a call with an empty batch does nothing and checks no cache
+  // argument): none may come with an unquantized cache; a quantized one
+  // needs both, int8 ones in views that fit int64 and do not share bytes.
+  if (has_batch && !quantized && (a.k_scale || a.v_scale)) fail("scales given for an unquantized cache were accepted");
+  if (has_batch && quantized && (!a.k_scale || !a.v_scale)) fail("a quantized cache without a scale array was accepted");
+  if (has_batch && int8 &&
+      ((a.k_scale == k_scale.data() && k_scale.overflow) || (a.v_scale == v_scale.data() && v_scale.overflow)))
+    fail("an overflowing scale view was accepted");
+  if (has_batch && int8 && a.v_scale == a.k_scale && cache_sizes[0] > 0 && cache_sizes[1] > 0 && cache_sizes[2] > 0)
+    fail("one int8 scale array for K and V was accepted");
 
   // cache_seqlens advanced by the rows appended; the cache changed only there.
   std::vector<unsigned char> k_written(k_cache.bytes.size(), 0), v_written(v_cache.bytes.size(), 0);

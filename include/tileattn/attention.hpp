@@ -158,7 +158,8 @@ struct ForwardArgs {
   // forward) then rounds P and dS to bf16 for dV, dQ and dK the same way
   // (FlashAttention-2's backward does), 1.3x faster. Few query rows per KV
   // head (decode's few-rows products) round P on the avx512bf16 rung where
-  // the decode dot scores run (AVX512-VBMI CPUs) for a bf16 K/V. Elsewhere
+  // the decode dot scores run (AVX512-VBMI CPUs) for a bf16 K/V, and for an
+  // fp8 e4m3 or int8 KV cache (attention_with_kvcache). Elsewhere
   // (fp32 / fp16 inputs, the fp32 rungs, the amx rung's few-rows products)
   // it changes nothing.
   bool bf16_probabilities = false;

@@ -30,7 +30,7 @@ def set_bf16_probabilities(enabled):
     attention_with_kvcache rounds P in its packed products (prefill; decode steps stacking more
     than 8 query rows per KV head, as MLA's do) and, on the AVX512-BF16 rung of a CPU with
     AVX512-VBMI (e.g. AMD Zen 4 and later), in the few-rows products of smaller decode steps of a
-    bf16 cache. Process-wide, for every later call
+    bf16, fp8 e4m3 or int8 cache. Process-wide, for every later call
     (flash_attention, the drop-ins, the transformers integration, attention_with_kvcache);
     False (the default) keeps P at fp32 precision. Changes nothing for fp32 and fp16 inputs,
     on the fp32 rungs, or in the AMX rung's few-rows products."""

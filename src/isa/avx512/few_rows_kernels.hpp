@@ -5,8 +5,9 @@
 //
 // * Scores: each pass scores KJ keys for all M rows (M x KJ <= 16 accumulator
 //   chains, one per (row, key)); the M x KJ 16-lane partial vectors of a pass
-//   are reduced together (reduce16: 15 adds, 30 in-lane or 128-bit shuffles
-//   and one permute for up to 16 scores) instead of one horizontal sum each.
+//   are reduced together (reduce16: 15 adds, 22 in-lane or 128-bit shuffles,
+//   8 masked moves and one permute for up to 16 scores) instead of one
+//   horizontal sum each.
 // * P V: M x NV <= 16 accumulator vectors per column pass (NV = 16 / M
 //   rounded down to a power of two), P broadcast per (row, key), 32 keys per
 //   chunk so their V rows stay in L1 across the passes.
