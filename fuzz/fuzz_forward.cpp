@@ -184,8 +184,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fill_values(in, mask, DType::f32);
     }
   }
-  // Later additions read what the input has left (nothing, for the corpus
-  // files written before them: those then decode as they did): the bf16
+  // Later additions read what the input has left (so the corpus files
+  // written before them keep every earlier choice): the bf16
   // rungs (a CPU without one refuses it: NotSupported) and bf16_probabilities.
   if (in.ConsumeIntegralInRange<int>(0, 3) == 1)
     a.isa = in.ConsumeBool() ? tileattn::Isa::avx512bf16 : tileattn::Isa::amx;

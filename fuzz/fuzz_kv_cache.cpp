@@ -325,8 +325,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fill_values(in, k_new, a.dtype);
   fill_values(in, v_new, a.dtype);
 
-  // Later additions read what the input has left (nothing, for the corpus
-  // files written before them: those then decode as they did): the bf16
+  // Later additions read what the input has left (so the corpus files
+  // written before them keep every earlier choice): the bf16
   // rungs and bf16_probabilities, and a quantized cache one call in three
   // where no placement on the cache was chosen -- int8 elements with per-
   // (token, head) scales of fuzzed strides, or fp8 e4m3 with per-head scales
