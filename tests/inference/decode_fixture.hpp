@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -298,5 +299,21 @@ struct DecodeRun {
     return buf.get(outer * view.stride[0] + h * view.stride[1] + row * view.stride[2] + c * view.stride[3]);
   }
 };
+
+// What bf16_probabilities did to a decode step run twice, without (`exact`)
+// and with it (`rounded`): the cache's largest |V|, the default output's
+// largest |O| and the largest |O| difference between the two.
+struct RoundingEffect {
+  double max_v = 0, max_o = 0, max_diff = 0;
+};
+inline RoundingEffect rounding_effect(const DecodeRun& exact, const DecodeRun& rounded) {
+  RoundingEffect e;
+  for (int64_t i = 0; i < exact.v_full.elements(); ++i) e.max_v = std::max(e.max_v, std::abs(double(exact.v_full.get(i))));
+  for (int64_t i = 0; i < exact.o.elements(); ++i) {
+    e.max_o = std::max(e.max_o, std::abs(double(exact.o.get(i))));
+    e.max_diff = std::max(e.max_diff, std::abs(double(rounded.o.get(i)) - double(exact.o.get(i))));
+  }
+  return e;
+}
 
 }  // namespace tileattn::kvtest

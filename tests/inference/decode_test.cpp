@@ -276,14 +276,9 @@ TEST(Decode, Bf16ProbabilitiesOnThePackedProducts) {
       run->prefill();
       run->decode();
     }
-    double max_v = 0, max_o = 0, max_diff = 0;
-    for (int64_t i = 0; i < exact.v_full.elements(); ++i) max_v = std::max(max_v, std::abs(double(exact.v_full.get(i))));
-    for (int64_t i = 0; i < exact.o.elements(); ++i) {
-      max_o = std::max(max_o, std::abs(double(exact.o.get(i))));
-      max_diff = std::max(max_diff, std::abs(double(rounded.o.get(i)) - double(exact.o.get(i))));
-    }
-    EXPECT_GT(max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing";
-    EXPECT_LE(max_diff, std::ldexp(max_v, -8) + std::ldexp(max_o, -7)) << isa_name(isa);
+    const RoundingEffect e = rounding_effect(exact, rounded);
+    EXPECT_GT(e.max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing";
+    EXPECT_LE(e.max_diff, std::ldexp(e.max_v, -8) + std::ldexp(e.max_o, -7)) << isa_name(isa);
   }
   if (rungs == 0) {
     // No bf16 dot-product rung: the flag must change nothing.
