@@ -1,7 +1,9 @@
 // The AVX-512 few-rows products called directly, on AVX-512 CPUs only (the
 // test is skipped, and says so, elsewhere; the main loop's decode tests cover
 // the AVX2 and portable products on every CPU). Every K/V row ends at a guard
-// page in half the cases, so a read past a row's last element crashes; the
+// page in half the cases, so a read past a row's last element crashes; int8
+// and fp8 e4m3 rows hold every byte value but fp8's NaNs, and fp8 runs
+// through both its routes (byte permutes where the CPU has VBMI, fp16); the
 // score and accumulator tiles carry sentinels around the written block. Scores
 // and accumulators are checked against a float64 sum with an fp32 summation
 // bound, |error| <= 128 * 2^-24 * sum |terms|: a score goes through ~20
@@ -53,6 +55,17 @@ struct Rows {
         if (dtype == DType::f32) {
           std::memcpy(row + t * 4, &x, 4);
           v[size_t(t)] = x;
+        } else if (dtype == DType::i8) {
+          // Every int8, -128 included (the kernels see the raw element; scales are the caller's).
+          const int8_t b = int8_t(rng() % 256);
+          std::memcpy(row + t, &b, 1);
+          v[size_t(t)] = b;
+        } else if (dtype == DType::f8_e4m3) {
+          // Every finite e4m3 byte, denormals and both zeros included (0x7f / 0xff are NaN).
+          uint8_t b = uint8_t(rng() % 256);
+          if ((b & 0x7f) == 0x7f) b ^= 1u;
+          std::memcpy(row + t, &b, 1);
+          v[size_t(t)] = detail::f8e4m3_to_float(b);
         } else {
           const uint16_t h = dtype == DType::f16 ? detail::float_to_f16(x) : detail::float_to_bf16(x);
           std::memcpy(row + t * 2, &h, 2);
@@ -93,13 +106,18 @@ TEST(Avx512FewRowsNative, ScoresAndAccumulateMatchFloat64AndStayInBounds) {
   std::mt19937_64 rng(2026'12'01);
   const int64_t dims[] = {1, 7, 15, 16, 17, 31, 32, 33, 48, 64, 80, 100, 128, 129, 200, 255, 256};
   int cases = 0;
-  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+  // fp8 twice: as FewRows16Kernels converts it here (byte permutes where
+  // CPUID has VBMI) and through fp16, as CPUs without VBMI do.
+  const std::pair<DType, bool> types[] = {{DType::f32, false}, {DType::f16, false},     {DType::bf16, false},
+                                          {DType::i8, false},  {DType::f8_e4m3, false}, {DType::f8_e4m3, true}};
+  for (const auto [dtype, fp16_route] : types)
     for (int64_t m = 1; m <= 8; ++m)
       for (int64_t d : dims) {
         const int64_t n = 1 + int64_t(rng() % 70);
         const bool guarded = (cases++ % 2) == 0;
-        SCOPED_TRACE(std::string(dtype_name(dtype)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                     " d=" + std::to_string(d) + (guarded ? " guarded" : ""));
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (fp16_route ? " (fp16 route)" : "") + " m=" +
+                     std::to_string(m) + " n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                     (guarded ? " guarded" : ""));
         const Rows keys(n, d, dtype, guarded, rng), values(n, d, dtype, guarded, rng);
         std::uniform_real_distribution<float> value(-1.0f, 1.0f);
         const int64_t ldq = d + int64_t(rng() % 5), lds = n + int64_t(rng() % 5), ldacc = d + int64_t(rng() % 5);
@@ -112,9 +130,10 @@ TEST(Avx512FewRowsNative, ScoresAndAccumulateMatchFloat64AndStayInBounds) {
           for (int64_t t = 0; t < d; ++t) acc[size_t(r * ldacc + t)] = value(rng);
         const std::vector<float> s_before = s, acc_before = acc;
 
-        native_avx512::few_rows_scores(m, n, d, q.data(), ldq, keys.pointers.data(), dtype, s.data(), lds);
+        native_avx512::few_rows_scores(m, n, d, q.data(), ldq, keys.pointers.data(), dtype, s.data(), lds,
+                                       fp16_route);
         native_avx512::few_rows_accumulate(m, n, d, p.data(), lds, values.pointers.data(), dtype, acc.data(),
-                                           ldacc);
+                                           ldacc, fp16_route);
 
         ASSERT_TRUE(tile_matches("s", s, s_before, m, n, lds, [&](int64_t r, int64_t c) {
           double sum = 0.0, abs_sum = 0.0;

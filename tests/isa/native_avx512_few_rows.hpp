@@ -14,10 +14,13 @@
 
 namespace tileattn::testing::native_avx512 {
 
-// Same contracts as FewRows16Kernels (without prefetching).
+// Same contracts as FewRows16Kernels (without prefetching): an fp8 e4m3
+// row converts as FewRows16Kernels chooses (byte permutes where CPUID has
+// AVX512-VBMI), or through fp16 with fp16_route (the path of CPUs without VBMI).
 void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
-                     DType dtype, float* s, int64_t lds);
+                     DType dtype, float* s, int64_t lds, bool fp16_route = false);
 void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                         const void* const* value_rows, DType dtype, float* acc, int64_t ldacc);
+                         const void* const* value_rows, DType dtype, float* acc, int64_t ldacc,
+                         bool fp16_route = false);
 
 }  // namespace tileattn::testing::native_avx512

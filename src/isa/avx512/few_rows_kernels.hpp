@@ -160,12 +160,14 @@ constexpr int kVectorsPerPass = M == 1 ? 16 : M == 2 ? 8 : M <= 4 ? 4 : 2;
 
 constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
 
-// s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows);
-// prefetches the rows of `ahead` (one K row and one V row per key scored, as
-// the AVX2 product does; see there and mainloop.hpp).
-template <DType kType, int M>
+// s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows),
+// keys read through `load` (Loads<kType> by default; a policy with load64
+// takes 64 elements per step where it can); prefetches the rows of `ahead`
+// (one K row and one V row per key scored, as the AVX2 product does; see
+// there and mainloop.hpp).
+template <DType kType, int M, class Load = Loads<kType>>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
-                   float* s, int64_t lds, const RowsToPrefetch& ahead) {
+                   float* s, int64_t lds, const RowsToPrefetch& ahead, const Load& load = {}) {
   constexpr int KJ = kKeysPerPass<M>;
   constexpr int64_t kS = kSize<kType>;
   const int64_t d32 = d / 32 * 32, d16 = d / 16 * 16;
@@ -176,7 +178,7 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     const float* qr = q + r * ldq;
     for (int64_t t = 0; t < d32; t += 32) {
       __m512 a = _mm512_loadu_ps(qr + t), b = _mm512_loadu_ps(qr + t + 16);
-      to_chunk_order<Loads<kType>::kChunkOrder>(a, b);  // K's order (load32)
+      to_chunk_order<Load::kChunkOrder>(a, b);  // K's order (load32)
       _mm512_store_ps(qc[r] + t, a);
       _mm512_store_ps(qc[r] + t + 16, b);
     }
@@ -200,12 +202,29 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < d32; t += 32) {
-      const int64_t first = c0 + t / 32 * keys_per_chunk;
-      prefetch(first, first + keys_per_chunk < c0 + cn ? first + keys_per_chunk : c0 + cn);
+    // This chunk's keys' prefetches, or both chunks' of a 64-element step.
+    const auto prefetch_chunks = [&](int64_t t, int64_t count) {
+      const int64_t first = c0 + t / 32 * keys_per_chunk, last = first + count * keys_per_chunk;
+      prefetch(first, last < c0 + cn ? last : c0 + cn);
+    };
+    int64_t t = 0;
+    constexpr bool kWide = requires(__m512 v) { load.load64(rows[0], v, v, v, v); };
+    if constexpr (kWide)
+      for (; t + 64 <= d32; t += 64) {
+        prefetch_chunks(t, 2);
+        for (int j = 0; j < KJ; ++j) {
+          __m512 v[4];
+          load.load64(rows[j] + t * kS, v[0], v[1], v[2], v[3]);
+          for (int r = 0; r < M; ++r)
+            for (int u = 0; u < 4; ++u)
+              acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t + 16 * u), v[u], acc[r * KJ + j]);
+        }
+      }
+    for (; t < d32; t += 32) {
+      prefetch_chunks(t, 1);
       for (int j = 0; j < KJ; ++j) {
         __m512 lo, hi;
-        load32<kType>(rows[j] + t * kS, lo, hi);
+        load.load32(rows[j] + t * kS, lo, hi);
         for (int r = 0; r < M; ++r) {
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t), lo, acc[r * KJ + j]);
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t + 16), hi, acc[r * KJ + j]);
@@ -214,18 +233,18 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
     }
     for (int64_t t = d32; t < d16; t += 16)
       for (int j = 0; j < KJ; ++j) {
-        const __m512 k = load16<kType>(rows[j] + t * kS);
+        const __m512 k = load.load16(rows[j] + t * kS);
         for (int r = 0; r < M; ++r)
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + t), k, acc[r * KJ + j]);
       }
     if (tail)
       for (int j = 0; j < KJ; ++j) {
-        const __m512 k = load16_masked<kType>(rows[j] + d16 * kS, tail);
+        const __m512 k = load.load16_masked(rows[j] + d16 * kS, tail);
         for (int r = 0; r < M; ++r)
           acc[r * KJ + j] = _mm512_fmadd_ps(_mm512_load_ps(qc[r] + d16), k, acc[r * KJ + j]);
       }
     __m512 sums = reduce16(acc);
-    if constexpr (kLoadScale<kType> != 1.0f) sums = _mm512_mul_ps(sums, _mm512_set1_ps(kLoadScale<kType>));
+    if constexpr (Load::kScale != 1.0f) sums = _mm512_mul_ps(sums, _mm512_set1_ps(Load::kScale));
     store_sums<M, KJ>(sums, s, lds, c0, cn);
   }
 }
@@ -321,16 +340,40 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
 
 }  // namespace few_rows16
 
+#include "isa/avx512/e4m3_permutes.hpp"
+
 // The few-rows products of the AVX-512 main loop (same interface as the AVX2
-// FewRowsKernels). Kernels derives from this.
+// FewRowsKernels). Kernels derives from this. An fp8 e4m3 cache read with
+// unit stride converts through bf16 on byte permutes where CPUID has
+// AVX512-VBMI (E4m3Loads; compiled in few_rows_vbmi.cpp, which alone has the
+// flag), else through fp16 (Loads<f8_e4m3>): Llama-3-8B decode on an Intel
+// Xeon without AMX, 0.92-0.95 of the time hot, 0.97-0.98 cold (docs/
+// inference.md, "fp8 on byte permutes in the FMA products").
 struct FewRows16Kernels {
   static constexpr int kFewRowsMax = 8;
   static_assert(kFewRowsMax == few_rows::kDispatchedRows, "with_rows must reach every row count");
+
+  static bool e4m3_on_permutes() {
+#ifdef TILEATTN_E4M3_PERMUTES
+    return true;
+#else
+    return cpu_features().avx512_vbmi;
+#endif
+  }
 
   static void few_rows_scores(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, DType dtype, int64_t stride, float* s,
                               int64_t lds, const RowsToPrefetch& ahead = {}) {
     if (stride != 1) return few_rows::scores_strided(m, n, d, q, ldq, key_rows, dtype, stride, s, lds);
+    if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
+#ifdef TILEATTN_E4M3_PERMUTES
+      const few_rows16::E4m3Loads load{};
+      auto run = [&]<DType kType, int M>() { few_rows16::scores<kType, M>(n, d, q, ldq, key_rows, s, lds, ahead, load); };
+      return few_rows::with_rows<DType::f8_e4m3>(m, run);
+#else
+      return few_rows_scores_e4m3(m, n, d, q, ldq, key_rows, s, lds, ahead);
+#endif
+    }
     few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
       few_rows16::scores<kType, M>(n, d, q, ldq, key_rows, s, lds, ahead);
     });
@@ -341,6 +384,15 @@ struct FewRows16Kernels {
                                   float* acc, int64_t ldacc) {
     if (stride != 1)
       return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
+    if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
+#ifdef TILEATTN_E4M3_PERMUTES
+      const few_rows16::E4m3Loads load{};
+      auto run = [&]<DType kType, int M>() { few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load); };
+      return few_rows::with_rows<DType::f8_e4m3>(m, run);
+#else
+      return few_rows_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
+#endif
+    }
     few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
       few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc);
     });

@@ -20,6 +20,7 @@
 #include "core/exp2_poly.hpp"
 #include "core/half.hpp"
 #include "core/row_prefetch.hpp"
+#include "isa/avx512/few_rows_vbmi.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
@@ -152,6 +153,7 @@ static inline void gemm_panel(int64_t m, int64_t k, const float* a, int64_t lda,
 #include "isa/avx512/few_rows_kernels.hpp"
 using DecodeKernels = FewRows16Kernels;
 #elif defined(TILEATTN_AVX512_FEW_ROWS_KERNELS)
+#include "isa/avx512/e4m3_permutes.hpp"  // E4m3ToBf16, for the emulated vdpbf16ps decode products
 using DecodeKernels = TILEATTN_AVX512_FEW_ROWS_KERNELS;
 #else
 #error "the AVX-512 emulation needs TILEATTN_AVX512_FEW_ROWS_KERNELS (see tests/isa/emulated_avx512_kernels.hpp)"

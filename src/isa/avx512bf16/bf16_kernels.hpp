@@ -380,17 +380,6 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
     few_rows_dot_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
 #endif
   }
-#ifndef TILEATTN_AVX512_EMULATION
-  // P V of an fp8 e4m3 cache (unit element stride) with V converted on byte
-  // permutes (few_rows_vbmi.cpp) where CPUID has VBMI; the rest as Kernels.
-  static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                                  const void* const* value_rows, DType dtype, int64_t stride, float* acc,
-                                  int64_t ldacc) {
-    if (dtype == DType::f8_e4m3 && stride == 1 && few_rows_dot_vbmi())
-      return few_rows_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
-    Kernels::few_rows_accumulate(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
-  }
-#endif
 };
 
 }  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE

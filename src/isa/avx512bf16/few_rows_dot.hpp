@@ -17,19 +17,12 @@
 #include "tileattn/machine.hpp"
 #include "tileattn/types.hpp"
 
-#if defined(__AVX512VBMI__) || defined(TILEATTN_AVX512_EMULATION)
-#define TILEATTN_E4M3_PERMUTES 1
-#endif
-
 namespace tileattn::detail {
 // The fp8 e4m3 decode products of few_rows_vbmi.cpp (AVX512-VBMI): the
-// contracts of few_rows_dot::scores<f8_e4m3, M> and few_rows16::accumulate
-// with E4m3Loads, for m = 1..8 rows.
+// contract of few_rows_dot::scores<f8_e4m3, M> for m = 1..8 rows.
 void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                               const void* const* key_rows, float scale, float* s, int64_t lds,
                               const RowsToPrefetch& ahead);
-void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                              const void* const* value_rows, float* acc, int64_t ldacc);
 // The same P V with P rounded to bf16 (few_rows_dot::accumulate_bf16_probabilities
 // with e4m3 V rows).
 void few_rows_dot_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
@@ -70,85 +63,7 @@ static inline __mmask64 tail_mask64(int64_t n) {
   return static_cast<__mmask64>(n >= 64 ? ~uint64_t(0) : n <= 0 ? uint64_t(0) : (uint64_t(1) << n) - 1u);
 }
 
-struct E4m3ToBf16;
-#ifdef TILEATTN_E4M3_PERMUTES
-// The vpermi2b tables of fp8 e4m3 -> bf16: high and low bytes of the bf16
-// bits of each 7-bit magnitude (exponent, mantissa; S.1111.111 is NaN), 64
-// entries per vector, and the byte interleaves of 32 (low, high) pairs.
-struct E4m3Tables {
-  alignas(64) uint8_t high[128], low[128], first[64], second[64];
-  E4m3Tables() {
-    for (int m = 0; m < 128; ++m) {
-      const uint32_t bits = float_to_bits(f8e4m3_to_float(uint8_t(m))) >> 16;  // exact: 4 significant bits
-      high[m] = uint8_t(bits >> 8);
-      low[m] = uint8_t(bits);
-    }
-    for (int b = 0; b < 64; ++b) {  // output byte b: pair b / 2's low (even b) or high byte (index bit 6: b)
-      first[b] = uint8_t(b / 2 + (b % 2 ? 64 : 0));
-      second[b] = uint8_t(32 + b / 2 + (b % 2 ? 64 : 0));
-    }
-  }
-};
-
-// 64 fp8 e4m3 bytes as 64 bf16 (the same values) in order: elements 0..31
-// in k0, 32..63 in k1. Two lookups give each magnitude's high and low bytes
-// (vpermi2b ignores the sign bit 7), the sign joins the high byte, two byte
-// interleaves pair them: five instructions where the fp16 route took twenty
-// (the widening, the NaN fixup, four vcvtph2ps and the x 2^8).
-struct E4m3ToBf16 {
-  __m512i high0, high1, low0, low1, first, second, sign;
-  E4m3ToBf16() {
-    static const E4m3Tables t;
-    high0 = _mm512_load_si512(t.high);
-    high1 = _mm512_load_si512(t.high + 64);
-    low0 = _mm512_load_si512(t.low);
-    low1 = _mm512_load_si512(t.low + 64);
-    first = _mm512_load_si512(t.first);
-    second = _mm512_load_si512(t.second);
-    sign = _mm512_set1_epi32(int32_t(0x80808080u));
-  }
-  void operator()(__m512i x, __m512i& k0, __m512i& k1) const {
-    const __m512i high = _mm512_or_si512(_mm512_permutex2var_epi8(high0, x, high1), _mm512_and_si512(x, sign));
-    const __m512i low = _mm512_permutex2var_epi8(low0, x, low1);
-    k0 = _mm512_permutex2var_epi8(low, first, high);
-    k1 = _mm512_permutex2var_epi8(low, second, high);
-  }
-};
-
-// P V's policy for e4m3 V rows (few_rows16::accumulate): 32 or 64 elements
-// at a time as bf16 by E4m3ToBf16, each 32 widened to fp32 as a bf16 row
-// is (even elements << 16, odd & 0xffff0000: chunk order); 64 elements take
-// ten instructions where the fp16 route took twenty. Lone 16-element
-// vectors (head dims that are not a multiple of 32) take that route.
-#ifndef TILEATTN_AVX512_EMULATION
-struct E4m3Loads {
-  static constexpr bool kChunkOrder = true;
-  static constexpr float kScale = 1.0f;  // exact values (the 16-element fallbacks put back their 2^8)
-  E4m3ToBf16 to_bf16;
-  static void widen(__m512i k, __m512& even, __m512& odd) {
-    even = _mm512_castsi512_ps(_mm512_slli_epi32(k, 16));
-    odd = _mm512_castsi512_ps(_mm512_and_si512(k, _mm512_set1_epi32(int(0xffff0000u))));
-  }
-  void load32(const char* src, __m512& lo, __m512& hi) const {
-    __m512i k0, k1;
-    to_bf16(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), k0, k1);
-    widen(k0, lo, hi);
-  }
-  void load64(const char* src, __m512& v0, __m512& v1, __m512& v2, __m512& v3) const {
-    __m512i k0, k1;
-    to_bf16(_mm512_loadu_si512(src), k0, k1);
-    widen(k0, v0, v1);
-    widen(k1, v2, v3);
-  }
-  __m512 load16(const char* src) const {
-    return _mm512_mul_ps(few_rows16::load16<DType::f8_e4m3>(src), _mm512_set1_ps(256.0f));
-  }
-  __m512 load16_masked(const char* src, __mmask16 mask) const {
-    return _mm512_mul_ps(few_rows16::load16_masked<DType::f8_e4m3>(src, mask), _mm512_set1_ps(256.0f));
-  }
-};
-#endif
-#endif
+using few_rows16::E4m3ToBf16;  // e4m3 -> bf16 on byte permutes (isa/avx512/e4m3_permutes.hpp)
 
 template <DType kKType, int M>
 static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows, float scale,

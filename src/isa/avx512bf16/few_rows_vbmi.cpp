@@ -1,6 +1,6 @@
-// The fp8 e4m3 decode products on AVX512-VBMI byte permutes (few_rows_dot.hpp:
-// the scores on vdpbf16ps, P V on FMAs with V converted through bf16, or on
-// vdpbf16ps with P rounded to bf16). This
+// The fp8 e4m3 decode products on AVX512-VBMI byte permutes and vdpbf16ps
+// (few_rows_dot.hpp: the scores, and P V with P rounded to bf16; P V at fp32
+// precision is the AVX-512 rung's, isa/avx512/few_rows_vbmi.cpp). This
 // file alone gets -mavx512vbmi on top of the avx512bf16 flags (CMakeLists.txt),
 // in a namespace of its own, so no other code of the rung can pick up VBMI
 // instructions; the rung calls these only where CPUID has VBMI.
@@ -15,16 +15,6 @@ void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, i
   using namespace avx512bf16_vbmi;
   auto run = [&]<DType kType, int M>() {
     few_rows_dot::scores<kType, M>(n, d, q, ldq, key_rows, scale, s, lds, ahead);
-  };
-  few_rows::with_rows<DType::f8_e4m3>(m, run);
-}
-
-void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                              const void* const* value_rows, float* acc, int64_t ldacc) {
-  using namespace avx512bf16_vbmi;
-  const few_rows_dot::E4m3Loads load{};
-  auto run = [&]<DType kType, int M>() {
-    few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load);
   };
   few_rows::with_rows<DType::f8_e4m3>(m, run);
 }
