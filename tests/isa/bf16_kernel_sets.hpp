@@ -52,7 +52,7 @@ void emulated_dpbf16_ps(const float* acc, const uint16_t* a, const uint16_t* b, 
 void native_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out);
 void emulated_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out);
 // The decode products' fp8 e4m3 -> bf16 conversion on byte permutes
-// (few_rows_dot.hpp, E4m3ToBf16) on the emulation: out[64] = x[64] as bf16.
+// (E4m3ToBf16, isa/avx512/e4m3_permutes.hpp) on the emulation: out[64] = x[64] as bf16.
 // (Natively it runs only inside the decode products, checked by the KV
 // cache tests where the CPU has AVX512-VBMI.)
 void emulated_e4m3_to_bf16(const uint8_t* x, uint16_t* out);

@@ -172,7 +172,7 @@ TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
 }
 
 // The decode products' fp8 e4m3 keys and values as bf16 (byte permutes,
-// few_rows_dot.hpp): every one of the 256 bytes, in each of the 64 byte
+// isa/avx512/e4m3_permutes.hpp): every one of the 256 bytes, in each of the 64 byte
 // positions, gives the bf16 of f8e4m3_to_float's value (every e4m3 value is
 // a bf16 value: subnormals, +-0, +-448 and NaN's sign | 0x7ff00000 >> 16).
 TEST(E4m3ToBf16, EveryByteInEveryPositionIsExact) {

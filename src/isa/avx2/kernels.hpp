@@ -258,26 +258,22 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
     for (; j < n; ++j) x[j] *= alpha;
   }
 
-  // 8 elements of `dtype` at src (contiguous) as fp32.
+  // 8 elements of `dtype` at src (contiguous) as fp32 (int8 and fp8 e4m3
+  // without their scales: the elements' own values).
   template <DType kType>
   static inline __m256 load8(const void* src) {
     if constexpr (kType == DType::f32) {
       return _mm256_loadu_ps(static_cast<const float*>(src));
     } else if constexpr (kType == DType::f16) {
       return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+    } else if constexpr (kType == DType::i8 || kType == DType::f8_e4m3) {
+      // The few-rows loads (few_rows_kernels.hpp), fp8's 2^8 put back.
+      const __m256 v = few_rows::load8<kType>(static_cast<const char*>(src));
+      return kType == DType::i8 ? v : _mm256_mul_ps(v, _mm256_set1_ps(few_rows::kLoadScale<kType>));
     } else {
       const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
       return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
     }
-  }
-  static inline __m256 load8(const void* src, DType dtype) {
-    switch (dtype) {
-      case DType::f32: return load8<DType::f32>(src);
-      case DType::f16: return load8<DType::f16>(src);
-      case DType::bf16: return load8<DType::bf16>(src);
-      default: break;  // int8 / fp8: not loaded as vectors here (load_row, pack_transposed take them element-wise)
-    }
-    return _mm256_setzero_ps();
   }
 
   // The contiguous body of load_row for one dtype: the switch stays out of the
@@ -286,7 +282,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
   static inline int64_t load_contiguous(const void* src, int64_t n, float scale, float* dst,
                                         int64_t panel) {
     const char* bytes = static_cast<const char*>(src);
-    constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+    constexpr int64_t kSize = few_rows::kElementSize<kType>;
     int64_t j = 0;
     if (scale == 1.0f) {
       for (; j + 8 <= n; j += 8)
@@ -311,7 +307,8 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
         case DType::f32: j = load_contiguous<DType::f32>(src, n, scale, dst, panel); break;
         case DType::f16: j = load_contiguous<DType::f16>(src, n, scale, dst, panel); break;
         case DType::bf16: j = load_contiguous<DType::bf16>(src, n, scale, dst, panel); break;
-        default: break;  // int8 / fp8 (quantized caches, prefill tiles): the element loop below
+        case DType::i8: j = load_contiguous<DType::i8>(src, n, scale, dst, panel); break;
+        case DType::f8_e4m3: j = load_contiguous<DType::f8_e4m3>(src, n, scale, dst, panel); break;
       }
     }
     for (; j < n; ++j) dst[j / 16 * panel + j % 16] = scale * load_element(src, int(dtype), j * stride);
@@ -352,7 +349,8 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
         case DType::f32: r0 = transpose_blocks<DType::f32>(rows, n_rows, d, dst, ld, panel); break;
         case DType::f16: r0 = transpose_blocks<DType::f16>(rows, n_rows, d, dst, ld, panel); break;
         case DType::bf16: r0 = transpose_blocks<DType::bf16>(rows, n_rows, d, dst, ld, panel); break;
-        default: break;  // int8 / fp8 (quantized caches, prefill tiles): the element loop below
+        case DType::i8: r0 = transpose_blocks<DType::i8>(rows, n_rows, d, dst, ld, panel); break;
+        case DType::f8_e4m3: r0 = transpose_blocks<DType::f8_e4m3>(rows, n_rows, d, dst, ld, panel); break;
       }
     }
     // Rows left over from the 8-row blocks (all rows when strided), and the
@@ -371,7 +369,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
   template <DType kType>
   static inline int64_t transpose_blocks(const void* const* rows, int64_t n_rows, int64_t d,
                                          float* dst, int64_t ld, int64_t panel) {
-    constexpr int64_t kSize = kType == DType::f32 ? 4 : 2;
+    constexpr int64_t kSize = few_rows::kElementSize<kType>;
     int64_t r0 = 0;
     for (; r0 + 8 <= n_rows; r0 += 8) {
       float* block = dst + r0 / 16 * panel + r0 % 16;  // 8 rows never straddle a panel

@@ -3,12 +3,15 @@
 // the conversion is exact; a bf16 widens to fp32 with one shift or one and.
 // Used by the AVX-512 FMA few-rows products (few_rows_vbmi.cpp in this
 // directory) and by the vdpbf16ps decode products (isa/avx512bf16/
-// few_rows_dot.hpp). The permutes exist only where the file is compiled with
+// few_rows_dot.hpp). The permutes exist only where a file is compiled with
 // -mavx512vbmi (or against the emulation): elsewhere only the declaration
-// below is seen and the callers go through few_rows_vbmi.hpp's entry points.
+// below is seen, and the callers go through entry points compiled in the two
+// few_rows_vbmi.cpp (few_rows_vbmi.hpp here, few_rows_dot.hpp's for the dot
+// products).
 //
-// Included INSIDE namespace tileattn::detail::<ISA> (avx512/kernels.hpp),
-// after few_rows_kernels.hpp where that is included (not under the emulation).
+// Included INSIDE namespace tileattn::detail::<ISA>: natively from
+// few_rows_kernels.hpp (E4m3Loads reads few_rows16's loads), under the
+// emulation from kernels.hpp (E4m3ToBf16 only).
 
 #if defined(__AVX512VBMI__) || defined(TILEATTN_AVX512_EMULATION)
 #define TILEATTN_E4M3_PERMUTES 1

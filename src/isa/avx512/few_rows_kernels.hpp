@@ -135,9 +135,9 @@ static inline void from_chunk_order(__m512& a, __m512& b) {
 }
 
 // How P V reads V rows of kType (the default policy): in chunk order where
-// load32 gives it (bf16), else in order. Another policy (e4m3 on byte
-// permutes, isa/avx512bf16/few_rows_dot.hpp) may also read 64 elements at
-// once (load64: two chunks, chunk order).
+// load32 gives it (bf16), else in order. Another policy (E4m3Loads: e4m3 on
+// byte permutes, e4m3_permutes.hpp) may also read 64 elements at once
+// (load64: two chunks, chunk order).
 template <DType kType>
 struct Loads {
   static constexpr bool kChunkOrder = kType == DType::bf16;

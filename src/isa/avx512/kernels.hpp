@@ -291,14 +291,20 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
         const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, src));
         return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
       }
-      case DType::i8:
+      case DType::i8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, src)));
       case DType::f8_e4m3: {
-        // Quantized caches' prefill tiles (decode reads them in the few-rows
-        // products, vectorized): element by element, which also keeps this
-        // file within the intrinsics the emulation (tests/isa) provides.
-        alignas(64) float lanes[16];
-        for (int i = 0; i < 16; ++i) lanes[i] = (mask >> i) & 1u ? load_element(src, int(dtype), i) : 0.0f;
-        return _mm512_load_ps(lanes);
+        // Sign-extended to 32-bit lanes, shifted and masked into fp16's
+        // fields (the value / 2^8: bias 7 against 15, subnormals included),
+        // S.1111.111 (NaN) given fp16's top exponent bit by an add that
+        // carries into bit 14 only from 0x3f80, vcvtph2ps, x 2^8 (exact).
+        // The prefill tiles' loads, in the intrinsics the emulation has; the
+        // decode products convert in 16-bit lanes (few_rows16::load16).
+        const __m512i x = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, src));
+        __m512i h = _mm512_and_si512(_mm512_slli_epi32(x, 7), _mm512_set1_epi32(0xbf80));
+        const __m512i fields = _mm512_and_si512(h, _mm512_set1_epi32(0x3f80));
+        h = _mm512_or_si512(h, _mm512_and_si512(_mm512_add_epi32(fields, _mm512_set1_epi32(0x80)),
+                                                _mm512_set1_epi32(0x4000)));
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(256.0f));
       }
     }
     return _mm512_setzero_ps();

@@ -1,7 +1,7 @@
 // Decode products on vdpbf16ps for a few stacked query rows (keys read in
 // place): the scores of bf16 and fp8 e4m3 keys, P V with P rounded to bf16
-// (bf16_probabilities) of bf16, fp8 e4m3 and int8 values, and the fp8 -> bf16
-// conversion on AVX512-VBMI byte permutes that the fp8 products use.
+// (bf16_probabilities) of bf16, fp8 e4m3 and int8 values; fp8 becomes bf16 on
+// AVX512-VBMI byte permutes (E4m3ToBf16, isa/avx512/e4m3_permutes.hpp).
 // Included by bf16_kernels.hpp (the avx512bf16 rung and its emulation). The
 // fp8 parts need VBMI, which Cooper Lake lacks: natively they are compiled
 // only in few_rows_vbmi.cpp (its flags add -mavx512vbmi) and called through
