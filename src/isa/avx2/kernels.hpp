@@ -269,7 +269,9 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
     } else if constexpr (kType == DType::i8 || kType == DType::f8_e4m3) {
       // The few-rows loads (few_rows_kernels.hpp), fp8's 2^8 put back.
       const __m256 v = few_rows::load8<kType>(static_cast<const char*>(src));
-      return kType == DType::i8 ? v : _mm256_mul_ps(v, _mm256_set1_ps(few_rows::kLoadScale<kType>));
+      constexpr float kScale = few_rows::kLoadScale<kType>;
+      if constexpr (kScale != 1.0f) return _mm256_mul_ps(v, _mm256_set1_ps(kScale));
+      return v;
     } else {
       const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
       return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));

@@ -93,10 +93,11 @@ struct E4m3Loads {
     widen(k1, v2, v3);
   }
   __m512 load16(const char* src) const {
-    return _mm512_mul_ps(few_rows16::load16<DType::f8_e4m3>(src), _mm512_set1_ps(256.0f));
+    return _mm512_mul_ps(few_rows16::load16<DType::f8_e4m3>(src), _mm512_set1_ps(kLoadScale<DType::f8_e4m3>));
   }
   __m512 load16_masked(const char* src, __mmask16 mask) const {
-    return _mm512_mul_ps(few_rows16::load16_masked<DType::f8_e4m3>(src, mask), _mm512_set1_ps(256.0f));
+    return _mm512_mul_ps(few_rows16::load16_masked<DType::f8_e4m3>(src, mask),
+                         _mm512_set1_ps(kLoadScale<DType::f8_e4m3>));
   }
 };
 #endif

@@ -368,7 +368,9 @@ struct FewRows16Kernels {
     if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
 #ifdef TILEATTN_E4M3_PERMUTES
       const few_rows16::E4m3Loads load{};
-      auto run = [&]<DType kType, int M>() { few_rows16::scores<kType, M>(n, d, q, ldq, key_rows, s, lds, ahead, load); };
+      auto run = [&]<DType kType, int M>() {
+        few_rows16::scores<kType, M>(n, d, q, ldq, key_rows, s, lds, ahead, load);
+      };
       return few_rows::with_rows<DType::f8_e4m3>(m, run);
 #else
       return few_rows_scores_e4m3(m, n, d, q, ldq, key_rows, s, lds, ahead);
@@ -387,7 +389,9 @@ struct FewRows16Kernels {
     if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
 #ifdef TILEATTN_E4M3_PERMUTES
       const few_rows16::E4m3Loads load{};
-      auto run = [&]<DType kType, int M>() { few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load); };
+      auto run = [&]<DType kType, int M>() {
+        few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load);
+      };
       return few_rows::with_rows<DType::f8_e4m3>(m, run);
 #else
       return few_rows_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
