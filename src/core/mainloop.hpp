@@ -324,12 +324,13 @@ class ForwardMainloop {
       dot_probabilities_ = direct_ && p.args.bf16_probabilities && p.args.dtype == DType::bf16 &&
                            p.args.v.stride[3] == 1 && K::few_rows_dot_probabilities_take(kv_dtype_);
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
-    // Few-rows scores of an int8 cache on AMX-INT8 tiles (K::kFewRowsInt8Tiles):
-    // Q split once per item into int8 pieces, keys read in place with unit
-    // element stride (amx_kernels.hpp, int8_tiles); P V stays on FMAs.
-    if constexpr (requires { K::kFewRowsInt8Tiles; })
-      int8_tiles_ = direct_ && kv_dtype_ == DType::i8 && p.args.k.stride[3] == 1 && p.args.shape.head_dim % 4 == 0 &&
-                    K::few_rows_int8_usable();
+    // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
+    // AMX-INT8 tiles, amx_kernels.hpp int8_tiles; or AVX512-VNNI for bf16
+    // queries with bf16_probabilities, few_rows_vnni.hpp): Q split once per
+    // item into integer pieces, keys read in place with unit element stride.
+    if constexpr (requires { K::kFewRowsInt8Scores; })
+      int8_scores_ = direct_ && kv_dtype_ == DType::i8 && p.args.k.stride[3] == 1 &&
+                     K::few_rows_int8_usable(p.args.dtype, p.args.bf16_probabilities, p.args.shape.head_dim);
     q_pieces_ = reinterpret_cast<int8_t*>(scratch + layout_.q_pieces);
     q_steps_ = scratch + layout_.q_steps;
     // The few-rows products' fp32 Q (at most kFewRowsMax rows of D_pad) sits
@@ -353,12 +354,12 @@ class ForwardMainloop {
     load_q_tiles(seq, w);
     // Rows that are not all finite take the fp32 products (NaN and infinity
     // as the reference has them).
-    item_int8_tiles_ = false;
-    if constexpr (requires { K::kFewRowsInt8Tiles; }) {
-      if (int8_tiles_) {
-        item_int8_tiles_ = K::few_rows_int8_split(w.head_count * rows_, a_.shape.head_dim, few_rows_q_,
-                                                  p_.head_dim_padded, q_pieces_, q_steps_);
-        if (item_int8_tiles_) K::bf16_begin();  // the tile configuration, for this item
+    item_int8_scores_ = false;
+    if constexpr (requires { K::kFewRowsInt8Scores; }) {
+      if (int8_scores_) {
+        item_int8_scores_ = K::few_rows_int8_split(w.head_count * rows_, a_.shape.head_dim, few_rows_q_,
+                                                   p_.head_dim_padded, q_pieces_, q_steps_);
+        if (item_int8_scores_) K::few_rows_int8_begin();  // AMX: the tile configuration, for this item
       }
     }
     std::memset(acc_, 0, sizeof(float) * stacked * dvp);
@@ -471,8 +472,8 @@ class ForwardMainloop {
       }
     }
     if (!direct_) operands_.end_item();
-    if constexpr (requires { K::kFewRowsInt8Tiles; })
-      if (item_int8_tiles_) K::bf16_end();
+    if constexpr (requires { K::kFewRowsInt8Scores; })
+      if (item_int8_scores_) K::few_rows_int8_end();
     epilogue(seq, w);
   }
 
@@ -508,11 +509,11 @@ class ForwardMainloop {
   }
 
   // The few-rows scores (direct_), unscaled by a quantized cache's K scales:
-  // on AMX-INT8 tiles, on bf16 dot products, or on FMAs.
+  // on integer products (AMX-INT8 tiles, VNNI), on bf16 dot products, or on FMAs.
   void few_rows_scores(int64_t s0, int64_t m, int64_t n, int64_t t0, const RowsToPrefetch& ahead) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
-    if constexpr (requires { K::kFewRowsInt8Tiles; }) {
-      if (item_int8_tiles_) {
+    if constexpr (requires { K::kFewRowsInt8Scores; }) {
+      if (item_int8_scores_) {
         const int64_t piece_row_bytes = round_up(d, 64);
         return K::few_rows_int8_scores(m, n, d, q_pieces_ + s0 * 4 * piece_row_bytes, q_steps_ + s0 * 4, k_rows_,
                                        s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
@@ -786,8 +787,8 @@ class ForwardMainloop {
   int64_t kv_pad_ = 0;
   int64_t rows_ = 0;  // query rows of the current item
   float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) pre-scaled fp32 Q
-  bool int8_tiles_ = false;       // direct_ on an int8 cache with K::kFewRowsInt8Tiles
-  bool item_int8_tiles_ = false;  // ... and this item's Q rows are finite (split into pieces)
+  bool int8_scores_ = false;       // direct_ on an int8 cache with usable K::kFewRowsInt8Scores
+  bool item_int8_scores_ = false;  // ... and this item's Q rows are finite (split into pieces)
   int8_t* q_pieces_ = nullptr;    // (heads * rows * 4 + 16, D rounded up to 64) int8 pieces of Q
   float* q_steps_ = nullptr;      // (heads * rows, 4) the pieces' steps
   float* acc_ = nullptr;

@@ -159,15 +159,19 @@ TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
 // KvCacheArgs::bf16_probabilities with a quantized cache (fp8 e4m3, int8)
 // and bf16 queries: on avx512bf16 with VBMI the few-rows P V runs on
 // vdpbf16ps with P (times each key's V scale) rounded to bf16
-// (few_rows_dot.hpp: fp8 V through the byte permutes, int8 through fp32),
-// elsewhere the flag changes nothing here. The output moves by at most 2^-8
-// max |V| (V dequantized: within 2^-4 of the bf16 values it came from for
-// fp8, half a scale for int8) plus both outputs' bf16 rounding; paged (pages
-// of 3) equals contiguous bit for bit.
+// (few_rows_dot.hpp: fp8 V through the byte permutes, int8 through fp32);
+// on avx512 and avx512bf16 with VNNI an int8 cache's scores run on vpdpwssd
+// with Q rounded to 16-bit integers (few_rows_vnni.hpp, an error ~2^-17 of
+// the scores'); elsewhere the flag changes nothing here. The output moves by
+// at most 2^-8 max |V| (V dequantized: within 2^-4 of the bf16 values it
+// came from for fp8, half a scale for int8) plus both outputs' bf16
+// rounding; paged (pages of 3) equals contiguous bit for bit.
 TEST(KvQuant, QuantizedBf16ProbabilitiesOnTheDotProducts) {
   for (KvQuant quant : {KvQuant::fp8_e4m3, KvQuant::int8})
     for (Isa isa : isa_paths()) {
       const bool dot = isa == Isa::avx512bf16 && cpu_features().avx512_vbmi;
+      const bool vnni = quant == KvQuant::int8 && (isa == Isa::avx512 || isa == Isa::avx512bf16) &&
+                        cpu_features().avx512_vnni;
       for (const auto& [head_dim, cached] : std::vector<std::pair<int64_t, std::vector<int32_t>>>{
                {128, {1100}}, {40, {5, 99}}, {96, {333}}}) {
         DecodeSpec s;
@@ -187,11 +191,15 @@ TEST(KvQuant, QuantizedBf16ProbabilitiesOnTheDotProducts) {
           run->decode();
         }
         const RoundingEffect e = rounding_effect(exact, rounded);
-        if (dot) {
-          EXPECT_GT(e.max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing";
-        } else {
-          EXPECT_EQ(e.max_diff, 0.0) << isa_name(isa) << ": no dot-product P V here";
-        }
+        // The LSE (fp32, from the scores) moves with the VNNI scores only.
+        double lse_diff = 0;
+        for (size_t i = 0; i < exact.lse.size(); ++i)
+          lse_diff = std::max(lse_diff, std::abs(double(rounded.lse[i]) - double(exact.lse[i])));
+        if (dot) EXPECT_GT(e.max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing in P V";
+        if (vnni) EXPECT_GT(lse_diff, 0.0) << isa_name(isa) << ": the int8 scores did not take VNNI";
+        if (!dot && !vnni) EXPECT_EQ(e.max_diff, 0.0) << isa_name(isa) << ": no dot-product P V or VNNI scores here";
+        if (!vnni) EXPECT_EQ(lse_diff, 0.0) << isa_name(isa) << ": the scores changed";
+        EXPECT_LE(lse_diff, std::ldexp(1.0, -12)) << isa_name(isa);  // Q's rounding: ~2^-17 of a score
         EXPECT_LE(e.max_diff, std::ldexp(e.max_v * 1.0625, -8) + std::ldexp(e.max_o, -7)) << isa_name(isa);
         if (s.page_size == 0) continue;
         s.page_size = 0;

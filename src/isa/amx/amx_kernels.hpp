@@ -364,7 +364,9 @@ struct AmxKernels : Kernels, Bf16Packing {
   // loop splits each work item's query rows once (few_rows_int8_split) and
   // loads the tile configuration for the item (bf16_begin / bf16_end).
   static constexpr bool kFewRowsInt8Tiles = true;
-  static bool few_rows_int8_usable() {
+  static constexpr bool kFewRowsInt8Scores = true;  // the main loop's hooks (hide FewRows16Kernels' VNNI ones)
+  static bool few_rows_int8_usable(DType /*query: any*/, bool /*bf16_probabilities: exact either way*/, int64_t d) {
+    if (d % 4 != 0) return false;  // whole dwords of keys
 #ifdef TILEATTN_AMX_EMULATION
     return true;
 #else
@@ -380,6 +382,8 @@ struct AmxKernels : Kernels, Bf16Packing {
                                    const RowsToPrefetch& ahead = {}) {
     int8_tiles::scores(m, n, d, pieces, steps, key_rows, s, lds, ahead);
   }
+  static void few_rows_int8_begin() { bf16_begin(); }
+  static void few_rows_int8_end() { bf16_end(); }
   // bf16_kernels.hpp's Bf16DotKernels::bf16_gemm on tiles; k a multiple of 32.
   static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                         const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,

@@ -21,6 +21,7 @@
 #include "core/half.hpp"
 #include "core/row_prefetch.hpp"
 #include "isa/avx512/few_rows_vbmi.hpp"
+#include "isa/avx512/few_rows_vnni.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {

@@ -10,19 +10,24 @@
 // v[4m + k], which one permute puts in order. The first level pairs
 // [a.lo, b.hi] (a masked move) with [a.hi, b.lo] (one shuffle): the same
 // sums as [a.lo, b.lo] + [a.hi, b.hi], bit for bit, with 8 of the 30
-// shuffles gone (shuffles, not adds, bound this reduction).
-static inline __m512 reduce16(const __m512* v) {
+// shuffles gone (shuffles, not adds, bound this reduction). `add` sums two
+// vectors: fp32 lanes by default; the int8 scores on VNNI pass int32 adds
+// (isa/avx512/few_rows_vnni.cpp), the shuffles only move bits.
+struct AddPs {
+  __m512 operator()(__m512 a, __m512 b) const { return _mm512_add_ps(a, b); }
+};
+template <class Add = AddPs>
+static inline __m512 reduce16(const __m512* v, Add add = {}) {
   __m512 w[8], x[4], y[2];
   for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_mask_mov_ps(v[2 * i], 0xff00, v[2 * i + 1]),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x4e));
+    w[i] = add(_mm512_mask_mov_ps(v[2 * i], 0xff00, v[2 * i + 1]),
+               _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x4e));
   for (int i = 0; i < 4; ++i)
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xdd));
+    x[i] = add(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+               _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xdd));
   for (int i = 0; i < 2; ++i)
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x88),
-                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xdd));
-  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+    y[i] = add(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x88), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xdd));
+  const __m512 z = add(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, z);
 }

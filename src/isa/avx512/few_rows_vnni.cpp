@@ -1,0 +1,121 @@
+// The few-rows decode scores of an int8 cache on AVX512-VNNI (few_rows_vnni.hpp).
+// This file alone of the directory gets -mavx512vnni (CMakeLists.txt), in a
+// namespace of its own, so no other AVX-512 code can pick up VNNI
+// instructions; FewRows16Kernels calls these only where CPUID has VNNI.
+//
+// The scores keep the FMA product's shape (few_rows16::scores): M x KJ
+// accumulator chains per pass, one per (row, key), reduced together by
+// reduce16, here on int32 lanes (exact). Per 32 elements of a key: one
+// sign-extending load (vpmovsxbw) for all M rows and one vpdpwssd per row,
+// where the FMA product takes two int8 -> fp32 conversions per 16 elements
+// and two FMAs per row.
+#define TILEATTN_AVX512_NAMESPACE avx512_vnni
+#include "isa/avx512/kernels.hpp"
+#include "isa/avx512/few_rows_vnni.hpp"
+
+namespace tileattn::detail {
+namespace avx512_vnni {
+namespace {
+
+// reduce16's adds on int32 lanes (the vectors carry int32 bits).
+struct AddEpi32 {
+  __m512 operator()(__m512 a, __m512 b) const {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }
+};
+
+template <int M>
+void int8_scores(int64_t n, int64_t d, const int16_t* q16, int64_t ldq16, const float* steps, int64_t step_stride,
+                 const void* const* key_rows, float* s, int64_t lds, const RowsToPrefetch& ahead) {
+  constexpr int KJ = few_rows16::kKeysPerPass<M>;
+  const int64_t d32 = d / 32 * 32;
+  const __mmask32 tail = static_cast<__mmask32>((uint64_t(1) << (d - d32)) - 1u);
+  // Lane r * KJ + j of a pass's sums belongs to row r: its step.
+  alignas(64) float lane_steps[16] = {};
+  for (int r = 0; r < M; ++r)
+    for (int j = 0; j < KJ; ++j) lane_steps[r * KJ + j] = steps[r * step_stride];
+  const __m512 step_lanes = _mm512_load_ps(lane_steps);
+  const auto prefetch = [&](int64_t i0, int64_t i1) { prefetch_rows<true>(ahead, i0, i1, d); };
+  // A pass's prefetches spread over its 32-element chunks (few_rows16::scores).
+  const int64_t chunks = d32 / 32 > 0 ? d32 / 32 : 1;
+  for (int64_t c0 = 0; c0 < n; c0 += KJ) {
+    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
+    const int64_t keys_per_chunk = (cn + chunks - 1) / chunks;
+    if (d32 == 0) prefetch(c0, c0 + cn);
+    // A partial pass repeats its last row; those lanes are not stored.
+    const char* rows[KJ];
+    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
+    __m512i acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < d32; t += 32) {
+      const int64_t first = c0 + t / 32 * keys_per_chunk, last = first + keys_per_chunk;
+      prefetch(first, last < c0 + cn ? last : c0 + cn);
+      for (int j = 0; j < KJ; ++j) {
+        const __m512i k = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + t)));
+        for (int r = 0; r < M; ++r)
+          acc[r * KJ + j] = _mm512_dpwssd_epi32(acc[r * KJ + j], _mm512_loadu_si512(q16 + r * ldq16 + t), k);
+      }
+    }
+    if (tail)
+      for (int j = 0; j < KJ; ++j) {
+        const __m512i k = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(tail, rows[j] + d32));
+        for (int r = 0; r < M; ++r)
+          acc[r * KJ + j] = _mm512_dpwssd_epi32(acc[r * KJ + j], _mm512_loadu_si512(q16 + r * ldq16 + d32), k);
+      }
+    __m512 lanes[16];
+    for (int i = 0; i < 16; ++i) lanes[i] = _mm512_castsi512_ps(acc[i]);
+    const __m512i sums = _mm512_castps_si512(reduce16(lanes, AddEpi32{}));
+    store_sums<M, KJ>(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), step_lanes), s, lds, c0, cn);
+  }
+}
+
+}  // namespace
+}  // namespace avx512_vnni
+
+bool few_rows_split_q16(int64_t m, int64_t d, const float* q, int64_t ldq, int16_t* q16, int64_t ldq16,
+                        float* steps, int64_t step_stride) {
+  const float q_max = float(kQ16Max(d));
+  const int64_t padded = (d + 31) / 32 * 32;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = q + r * ldq;
+    // max |q| over 16 lanes; a lane's NaN or infinity fails the finite test.
+    const __m512 largest = _mm512_set1_ps(3.4028235e38f);
+    __m512 max_lanes = _mm512_setzero_ps();
+    __mmask16 finite = 0xffff;
+    for (int64_t t = 0; t < d; t += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(avx512_vnni::tail_mask(d - t), row + t));
+      finite &= _mm512_cmp_ps_mask(a, largest, _CMP_LE_OS);
+      max_lanes = _mm512_max_ps(max_lanes, a);
+    }
+    if (finite != 0xffff) return false;
+    const float max_abs = _mm512_reduce_max_ps(max_lanes);
+    // Below 2^-100 the reciprocal could overflow: such rows take the fp32
+    // products (their scores are ~0 anyway).
+    if (max_abs != 0.0f && max_abs < 0x1p-100f) return false;
+    const float inverse = max_abs == 0.0f ? 0.0f : q_max / max_abs;
+    steps[r * step_stride] = max_abs / q_max;
+    int16_t* out = q16 + r * ldq16;
+    // Rounded to nearest, ties to even (vcvtps2dq under the default MXCSR);
+    // |q x inverse| <= q_max up to the rounding of inverse: the clamp keeps
+    // it there.
+    const __m512i hi = _mm512_set1_epi32(int32_t(q_max)), lo = _mm512_set1_epi32(-int32_t(q_max));
+    for (int64_t t = 0; t < padded; t += 16) {
+      const __mmask16 lanes = avx512_vnni::tail_mask(d - t > 0 ? d - t : 0);
+      __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + t), _mm512_set1_ps(inverse)));
+      x = _mm512_max_epi32(_mm512_min_epi32(x, hi), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t), _mm512_cvtepi32_epi16(x));
+    }
+  }
+  return true;
+}
+
+void few_rows_int8_scores_vnni(int64_t m, int64_t n, int64_t d, const int16_t* q16, int64_t ldq16,
+                               const float* steps, int64_t step_stride, const void* const* key_rows, float* s,
+                               int64_t lds, const RowsToPrefetch& ahead) {
+  auto run = [&]<DType kType, int M>() {
+    avx512_vnni::int8_scores<M>(n, d, q16, ldq16, steps, step_stride, key_rows, s, lds, ahead);
+  };
+  avx512_vnni::few_rows::with_rows<DType::i8>(m, run);
+}
+
+}  // namespace tileattn::detail

@@ -1,0 +1,42 @@
+// Entry points of few_rows_vnni.cpp: the few-rows decode scores of an int8
+// cache on AVX512-VNNI (vpdpwssd: pairs of 16-bit integers into int32 sums),
+// for bf16 and fp16 queries. Called only where CPUID has AVX512-VNNI (Cascade
+// Lake, Ice Lake, Sapphire Rapids and later; Zen 4 and later).
+//
+// Each query row is rounded once to 16-bit integers, q ~ step x q16 with
+// step = max |q| / kQ16Max(d) (split_q16). A score is then an exact integer
+// sum, sum_d q16[d] k[d], converted to fp32 (rounded once) and times step: the
+// products are exact and the only error is Q's rounding, at most step / 2 per
+// element, 2^-16 of the row's largest element. A bf16 query carries 8
+// significant bits and an fp16 one 11, and the naive attention in those
+// precisions rounds every score to them; fp32 queries keep the fp32 products
+// (docs/accuracy.md, "int8 cache scores on VNNI").
+#pragma once
+
+#include <cstdint>
+
+#include "core/row_prefetch.hpp"
+
+namespace tileattn::detail {
+
+// The largest |q16|: every int32 sum (partial or whole) stays below 2^31 for
+// keys in [-128, 127]: d x kQ16Max(d) x 128 < 2^31 (512 x 32767 x 128 =
+// 2147418112).
+constexpr int32_t kQ16Max(int64_t d) { return d <= 512 ? 32767 : 16383; }
+
+// Rows [0, m) of q (row stride ldq, d elements) rounded to q16 (row r at
+// q16 + r * ldq16, zero from d up to d rounded up to 32) and steps[r *
+// step_stride]. false when a row is not finite (the caller then takes the
+// fp32 products, which carry NaN and infinity as the reference does).
+bool few_rows_split_q16(int64_t m, int64_t d, const float* q, int64_t ldq, int16_t* q16, int64_t ldq16,
+                        float* steps, int64_t step_stride);
+
+// s[r, c] = steps[r * step_stride] x (q16[r] . key_rows[c]) for r < m <= 8,
+// c < n: int8 keys of d bytes with unit element stride, read in place (any d;
+// a masked load past the last 32). Prefetches the rows of `ahead` as the FMA
+// scores do (few_rows16::scores).
+void few_rows_int8_scores_vnni(int64_t m, int64_t n, int64_t d, const int16_t* q16, int64_t ldq16,
+                               const float* steps, int64_t step_stride, const void* const* key_rows, float* s,
+                               int64_t lds, const RowsToPrefetch& ahead);
+
+}  // namespace tileattn::detail
