@@ -312,7 +312,9 @@ typedef struct tileattn_kv_cache_args {
   int32_t bf16_probabilities; /**< nonzero: as in ::tileattn_forward_args, for the packed P V
                                    products (prefill; decode stacking over 8 query rows) and
                                    on avx512bf16 (with AVX512-VBMI) the few-rows decode
-                                   products of a bf16, fp8 e4m3 or int8 cache (bf16 queries) */
+                                   products of a bf16, fp8 e4m3 or int8 cache (bf16 queries);
+                                   on avx512 with AVX512-VNNI those of an int8 cache, with Q
+                                   and P rounded to 16-bit integers (KvCacheArgs) */
   const float* alibi_slopes;   /**< as in ::tileattn_forward_args; NULL: off */
   int64_t alibi_batch_stride;
   const float* sinks;          /**< as in ::tileattn_forward_args, [heads]; NULL: off */

@@ -162,7 +162,8 @@ TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
 // (few_rows_dot.hpp: fp8 V through the byte permutes, int8 through fp32);
 // on avx512 and avx512bf16 with VNNI an int8 cache's scores run on vpdpwssd
 // with Q rounded to 16-bit integers (few_rows_vnni.hpp, an error ~2^-17 of
-// the scores'); elsewhere the flag changes nothing here. The output moves by
+// the scores'), and on avx512 (avx512bf16 takes vdpbf16ps there) its P V with
+// P rounded to 16-bit integers; elsewhere the flag changes nothing here. The output moves by
 // at most 2^-8 max |V| (V dequantized: within 2^-4 of the bf16 values it
 // came from for fp8, half a scale for int8) plus both outputs' bf16
 // rounding; paged (pages of 3) equals contiguous bit for bit.

@@ -1,12 +1,14 @@
-// The int8 decode scores on AVX512-VNNI (src/isa/avx512/few_rows_vnni.hpp):
-// query rows rounded to 16-bit integers with one step per row, exact integer
+// The int8 decode products on AVX512-VNNI (src/isa/avx512/few_rows_vnni.hpp):
+// scores with query rows rounded to 16-bit integers (one step per row), and
+// P V with P rounded likewise (one step per row and 32 keys), exact integer
 // sums on vpdpwssd. Checked where CPUID has AVX-512 and VNNI, bit for bit
-// against a scalar model of the same arithmetic (the rounding of Q, the int32
-// sum, one conversion, one multiply), and against float64 dot products within
-// Q's rounding (half a step per element). Rows come in any order, as a paged
+// against scalar models of the same arithmetic (the rounding, the int32 sum,
+// one conversion, one multiply, one add), and against float64 within the
+// rounding (half a step per element). Rows come in any order, as a paged
 // cache's would; head dims with and without a 32-element tail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -120,6 +122,64 @@ TEST(FewRowsVnni, SplitRefusesRowsThatAreNotFiniteAndKeepsZeroRows) {
   detail::few_rows_int8_scores_vnni(2, 16, 64, zero.q16.data(), zero.ldq16, zero.steps.data(), 1, zero.rows.data(),
                                     s.data(), 16, {});
   for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(s[size_t(16 + c)], 0.0f);
+}
+
+// P V: m rows of P over n keys (non-negative, with zeros and an all-zero
+// chunk), int8 V rows out of order, acc rows with columns past d that must
+// keep their values.
+TEST(FewRowsVnni, AccumulateEqualsTheModelBitForBitAndFloat64WithinPsRounding) {
+  if (!vnni_usable()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(-128, 127), decade(-6, 0);
+  for (int64_t d : {128, 13, 40, 64, 96, 100, 512})
+    for (int64_t m = 1; m <= 8; ++m)
+      for (int64_t n : {1, 7, 32, 33, 70}) {
+        SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n) + " d " + std::to_string(d));
+        const int64_t ldp = n + 3, ldacc = d + 21;
+        std::vector<float> p(size_t(m * ldp));
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < n; ++c) {
+            float x = unit(rng) < 0.2f ? 0.0f : unit(rng) * std::pow(10.0f, float(decade(rng)));
+            if (c >= 32 && c < 64 && r == 0) x = 0.0f;  // row 0's second chunk: all zero
+            p[size_t(r * ldp + c)] = x;
+          }
+        std::vector<int8_t> cache(size_t(2 * n * d));
+        for (auto& b : cache) b = int8_t(byte(rng));
+        std::vector<const void*> rows;
+        for (int64_t c = 0; c < n; ++c) rows.push_back(cache.data() + ((c * 5 + 1) % (2 * n)) * d);
+        std::vector<float> acc(size_t(m * ldacc));
+        for (auto& x : acc) x = unit(rng) - 0.5f;
+        std::vector<float> want = acc;
+        std::vector<double> exact(acc.begin(), acc.end()), bound(acc.size(), 0.0);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c0 = 0; c0 < n; c0 += 32) {
+            const int64_t cn = std::min<int64_t>(32, n - c0);
+            float max_abs = 0.0f;
+            for (int64_t c = c0; c < c0 + cn; ++c) max_abs = std::fmax(max_abs, std::fabs(p[size_t(r * ldp + c)]));
+            const float inverse = max_abs == 0.0f ? 0.0f : 32767.0f / max_abs, step = max_abs / 32767.0f;
+            for (int64_t t = 0; t < d; ++t) {
+              int64_t sum = 0;
+              for (int64_t c = c0; c < c0 + cn; ++c) {
+                const float pc = p[size_t(r * ldp + c)];
+                const int8_t v = static_cast<const int8_t*>(rows[size_t(c)])[t];
+                sum += int64_t(std::fmin(std::fmax(std::nearbyint(pc * inverse), -32767.0f), 32767.0f)) * v;
+                exact[size_t(r * ldacc + t)] += double(pc) * v;
+                bound[size_t(r * ldacc + t)] += (0.5000001 * double(step) + 1e-7 * pc) * std::abs(double(v));
+              }
+              float& w = want[size_t(r * ldacc + t)];
+              w = w + float(int32_t(sum)) * step;
+            }
+          }
+        std::vector<float> got = acc;
+        detail::few_rows_int8_accumulate_vnni(m, n, d, p.data(), ldp, rows.data(), got.data(), ldacc);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t t = 0; t < ldacc; ++t) {
+            const size_t i = size_t(r * ldacc + t);
+            ASSERT_EQ(got[i], want[i]) << "row " << r << " column " << t;
+            if (t < d) ASSERT_NEAR(got[i], exact[i], bound[i] + 1e-6 * (1.0 + std::abs(exact[i])));
+          }
+      }
 }
 
 }  // namespace

@@ -406,6 +406,18 @@ struct FewRows16Kernels {
   }
   static void few_rows_int8_begin() {}
   static void few_rows_int8_end() {}
+  // Decode P V of an int8 cache with bf16_probabilities, where CPUID has VNNI:
+  // P rounded to 16-bit integers (one step per row and 32 keys) on vpdpwssd
+  // (few_rows_vnni.hpp). The avx512bf16 rung's vdpbf16ps P V hides this.
+  static constexpr bool kFewRowsDotProbabilities = true;
+  static bool few_rows_dot_probabilities_take(DType value_type) {
+    return value_type == DType::i8 && cpu_features().avx512_vnni;
+  }
+  static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                      const void* const* value_rows, DType /*value_type: i8*/, float* acc,
+                                      int64_t ldacc) {
+    few_rows_int8_accumulate_vnni(m, n, d, p, ldp, value_rows, acc, ldacc);
+  }
 
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                   const void* const* value_rows, DType dtype, int64_t stride,

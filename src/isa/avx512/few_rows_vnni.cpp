@@ -69,6 +69,107 @@ void int8_scores(int64_t n, int64_t d, const int16_t* q16, int64_t ldq16, const 
   }
 }
 
+// P V: acc[r, :d] += sum_c p[r, c] value_rows[c][:d] with P rounded to
+// 16-bit integers, one step per (row, 32-key chunk): p ~ step x p16, step =
+// max_c |p[r, c]| / 32767 over the chunk. A pair of keys (c, c + 1) takes one
+// vpdpwssd per row and 16 columns: their V rows, sign-extended to 16 bits and
+// interleaved by word (vpunpck{l,h}wd: per 128-bit lane, columns 0-3 into the
+// low result and 4-7 into the high one), against the dword (p16[c], p16[c +
+// 1]) broadcast. The int32 sums of a chunk (|sum| <= 32 x 32767 x 128 < 2^31)
+// convert once, times the step, back to column order into acc.
+
+// Output lane j of the two permutes: column j (then 16 + j) of a 32-column
+// group, from the low (index < 16) or the high (index >= 16) sums.
+static inline __m512 low_columns(__m512 low, __m512 high) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  return _mm512_permutex2var_ps(low, first, high);
+}
+static inline __m512 high_columns(__m512 low, __m512 high) {
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  return _mm512_permutex2var_ps(low, second, high);
+}
+
+// One column pass of a chunk: GP groups of 32 columns from t0 (kMasked: one
+// group of the `left` < 32 columns left), M x GP x 2 int32 sums in registers.
+template <int M, int GP, bool kMasked>
+static inline void accumulate_pass(int64_t key_pairs, const char* const* rows, const int32_t (*pairs)[16],
+                                   const float* steps, int64_t t0, int64_t left, float* acc, int64_t ldacc) {
+  static_assert(!kMasked || GP == 1, "only a single group is masked");
+  const __mmask32 cols = kMasked ? static_cast<__mmask32>((uint64_t(1) << left) - 1u) : ~__mmask32(0);
+  __m512i sums[M][GP][2];
+  for (int r = 0; r < M; ++r)
+    for (int g = 0; g < GP; ++g) sums[r][g][0] = sums[r][g][1] = _mm512_setzero_si512();
+  for (int64_t pair = 0; pair < key_pairs; ++pair) {
+    const char* v0 = rows[2 * pair] + t0;
+    const char* v1 = rows[2 * pair + 1] + t0;
+    __m512i low[GP], high[GP];
+    for (int g = 0; g < GP; ++g) {
+      const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(cols, v0 + 32 * g));
+      const __m512i y = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(cols, v1 + 32 * g));
+      low[g] = _mm512_unpacklo_epi16(x, y);
+      high[g] = _mm512_unpackhi_epi16(x, y);
+    }
+    for (int r = 0; r < M; ++r) {
+      const __m512i pp = _mm512_set1_epi32(pairs[r][pair]);
+      for (int g = 0; g < GP; ++g) {
+        sums[r][g][0] = _mm512_dpwssd_epi32(sums[r][g][0], pp, low[g]);
+        sums[r][g][1] = _mm512_dpwssd_epi32(sums[r][g][1], pp, high[g]);
+      }
+    }
+  }
+  const __mmask16 m0 = kMasked ? tail_mask(left) : __mmask16(0xffff);
+  const __mmask16 m1 = kMasked ? tail_mask(left > 16 ? left - 16 : 0) : __mmask16(0xffff);
+  for (int r = 0; r < M; ++r) {
+    const __m512 step = _mm512_set1_ps(steps[r]);
+    for (int g = 0; g < GP; ++g) {
+      const __m512 low = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[r][g][0]), step);
+      const __m512 high = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[r][g][1]), step);
+      float* o = acc + r * ldacc + t0 + 32 * g;
+      _mm512_mask_storeu_ps(o, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), low_columns(low, high)));
+      _mm512_mask_storeu_ps(o + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), high_columns(low, high)));
+    }
+  }
+}
+
+template <int M>
+void int8_accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows, float* acc,
+                     int64_t ldacc) {
+  // 32-column groups per pass: M x G x 2 <= 16 int32 sums.
+  constexpr int G = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  constexpr int64_t kChunk = few_rows16::kKeysPerChunk;
+  static_assert(kChunk == 32, "16 dwords of key pairs per row");
+  alignas(64) int32_t pairs[M][16];  // (p16[c], p16[c + 1]) per row and key pair
+  float steps[M];
+  const __m512i top = _mm512_set1_epi32(32767), bottom = _mm512_set1_epi32(-32767);
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t cn = n - c0 < kChunk ? n - c0 : kChunk;
+    const __mmask16 first16 = tail_mask(cn), next16 = tail_mask(cn > 16 ? cn - 16 : 0);
+    for (int r = 0; r < M; ++r) {
+      const float* pr = p + r * ldp + c0;
+      const __m512 lo = _mm512_maskz_loadu_ps(first16, pr), hi = _mm512_maskz_loadu_ps(next16, pr + 16);
+      const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+      const __m512 inverse = _mm512_set1_ps(max_abs == 0.0f ? 0.0f : 32767.0f / max_abs);
+      steps[r] = max_abs / 32767.0f;
+      // Rounded to nearest (vcvtps2dq); the clamp keeps the inverse's
+      // rounding within 16 bits. Keys past cn are zero.
+      const __m512i a = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse)), top), bottom);
+      const __m512i b = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse)), top), bottom);
+      // 32 words in key order = 16 dwords of key pairs.
+      _mm512_store_si512(pairs[r], _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)),
+                                                      _mm512_cvtepi32_epi16(b), 1));
+    }
+    // An odd count's last pair reads its one key twice (P 0 for the second).
+    const char* rows[kChunk];
+    for (int64_t c = 0; c < kChunk; ++c) rows[c] = static_cast<const char*>(value_rows[c0 + (c < cn ? c : cn - 1)]);
+    const int64_t key_pairs = (cn + 1) / 2;
+    int64_t t = 0;
+    for (; t + 32 * G <= d; t += 32 * G)
+      accumulate_pass<M, G, false>(key_pairs, rows, pairs, steps, t, 32 * G, acc, ldacc);
+    for (; t + 32 <= d; t += 32) accumulate_pass<M, 1, false>(key_pairs, rows, pairs, steps, t, 32, acc, ldacc);
+    if (t < d) accumulate_pass<M, 1, true>(key_pairs, rows, pairs, steps, t, d - t, acc, ldacc);
+  }
+}
+
 }  // namespace
 }  // namespace avx512_vnni
 
@@ -115,6 +216,12 @@ void few_rows_int8_scores_vnni(int64_t m, int64_t n, int64_t d, const int16_t* q
   auto run = [&]<DType kType, int M>() {
     avx512_vnni::int8_scores<M>(n, d, q16, ldq16, steps, step_stride, key_rows, s, lds, ahead);
   };
+  avx512_vnni::few_rows::with_rows<DType::i8>(m, run);
+}
+
+void few_rows_int8_accumulate_vnni(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                   const void* const* value_rows, float* acc, int64_t ldacc) {
+  auto run = [&]<DType kType, int M>() { avx512_vnni::int8_accumulate<M>(n, d, p, ldp, value_rows, acc, ldacc); };
   avx512_vnni::few_rows::with_rows<DType::i8>(m, run);
 }
 

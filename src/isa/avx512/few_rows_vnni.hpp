@@ -39,4 +39,12 @@ void few_rows_int8_scores_vnni(int64_t m, int64_t n, int64_t d, const int16_t* q
                                const float* steps, int64_t step_stride, const void* const* key_rows, float* s,
                                int64_t lds, const RowsToPrefetch& ahead);
 
+// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < m <= 8, c < n: int8
+// V rows of d bytes with unit element stride (any d), P rounded to 16-bit
+// integers with one step per row and 32 keys (an error of at most 2^-16 of
+// the largest P of those keys per element): the P V of bf16_probabilities
+// on an int8 cache (few_rows_vnni.cpp explains the layout).
+void few_rows_int8_accumulate_vnni(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                                   const void* const* value_rows, float* acc, int64_t ldacc);
+
 }  // namespace tileattn::detail
