@@ -22,6 +22,7 @@ nb::dict machine_info() {
   d["avx512f"] = f.avx512f;
   d["avx512_bf16"] = f.avx512_bf16;
   d["avx512_vbmi"] = f.avx512_vbmi;  // the fp8 decode products' byte permutes
+  d["avx512_vnni"] = f.avx512_vnni;  // the int8 decode products of bf16_probabilities
   d["amx_bf16"] = f.amx_bf16;
   d["amx_int8"] = f.amx_int8;
   d["bf16_isa"] = std::string(isa_name(bf16_isa()));  // the rung bf16 inputs take

@@ -146,6 +146,7 @@ def test_info():
     with open("/proc/cpuinfo") as f:
         flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     assert info["avx512_vbmi"] is ("avx512vbmi" in flags)
+    assert info["avx512_vnni"] is ("avx512_vnni" in flags)
     # CPUID leaf 1's display family and model (x86-64 CPUs start at family 6; AMD Zen 4 is 0x19)
     assert isinstance(info["cpu_family"], int) and info["cpu_family"] >= 6
     assert isinstance(info["cpu_model"], int) and info["cpu_model"] >= 0
