@@ -182,5 +182,27 @@ TEST(FewRowsVnni, AccumulateEqualsTheModelBitForBitAndFloat64WithinPsRounding) {
       }
 }
 
+// A NaN or infinite P (what a NaN V scale makes of it) reaches acc as the FMA
+// product carries it: NaN for NaN, and inf x 0 = NaN where V holds a 0.
+TEST(FewRowsVnni, AccumulateCarriesNanAndInfinityInP) {
+  if (!vnni_usable()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  for (float bad : {NAN, INFINITY}) {
+    const int64_t m = 2, n = 40, d = 48;
+    std::vector<float> p(size_t(m * n), 0.25f);
+    p[size_t(n + 35)] = bad;  // row 1, second chunk
+    std::vector<int8_t> cache(size_t(n * d), 3);
+    cache[size_t(35 * d + 7)] = 0;
+    std::vector<const void*> rows;
+    for (int64_t c = 0; c < n; ++c) rows.push_back(cache.data() + c * d);
+    std::vector<float> acc(size_t(m * d), 1.0f);
+    detail::few_rows_int8_accumulate_vnni(m, n, d, p.data(), n, rows.data(), acc.data(), d);
+    for (int64_t t = 0; t < d; ++t) {
+      EXPECT_NEAR(acc[size_t(t)], 1.0 + 0.75 * (t == 7 ? n - 1 : n), 1e-4) << t;  // row 0: finite
+      if (std::isnan(bad) || t == 7) EXPECT_TRUE(std::isnan(acc[size_t(d + t)])) << t;
+      else EXPECT_EQ(acc[size_t(d + t)], INFINITY) << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tileattn::testing
