@@ -1,4 +1,5 @@
-// The few-rows decode scores of an int8 cache on AVX512-VNNI (few_rows_vnni.hpp).
+// The few-rows decode products of an int8 cache on AVX512-VNNI, scores and
+// P V (few_rows_vnni.hpp), which bf16_probabilities takes.
 // This file alone of the directory gets -mavx512vnni (CMakeLists.txt), in a
 // namespace of its own, so no other AVX-512 code can pick up VNNI
 // instructions; FewRows16Kernels calls these only where CPUID has VNNI.

@@ -1,16 +1,17 @@
-// Entry points of few_rows_vnni.cpp: the few-rows decode scores of an int8
+// Entry points of few_rows_vnni.cpp: the few-rows decode products of an int8
 // cache on AVX512-VNNI (vpdpwssd: pairs of 16-bit integers into int32 sums),
-// for bf16 and fp16 queries. Called only where CPUID has AVX512-VNNI (Cascade
-// Lake, Ice Lake, Sapphire Rapids and later; Zen 4 and later).
+// taken under bf16_probabilities with bf16 queries (FewRows16Kernels). Called
+// only where CPUID has AVX512-VNNI (Cascade Lake, Ice Lake, Sapphire Rapids
+// and later; Zen 4 and later).
 //
-// Each query row is rounded once to 16-bit integers, q ~ step x q16 with
-// step = max |q| / kQ16Max(d) (split_q16). A score is then an exact integer
-// sum, sum_d q16[d] k[d], converted to fp32 (rounded once) and times step: the
-// products are exact and the only error is Q's rounding, at most step / 2 per
-// element, 2^-16 of the row's largest element. A bf16 query carries 8
-// significant bits and an fp16 one 11, and the naive attention in those
-// precisions rounds every score to them; fp32 queries keep the fp32 products
-// (docs/accuracy.md, "int8 cache scores on VNNI").
+// Scores: each query row is rounded once to 16-bit integers, q ~ step x q16
+// with step = max |q| / kQ16Max(d) (few_rows_split_q16). A score is then an
+// exact integer sum, sum_d q16[d] k[d], converted to fp32 (rounded once) and
+// times step: the only error is Q's rounding, at most step / 2 per element,
+// 2^-16 of the row's largest. That moves the LSE by more than the accuracy
+// rule allows (its naive attention multiplies the bf16 queries exactly in
+// fp32), so the default keeps the FMA products (docs/accuracy.md,
+// docs/inference.md "int8 products on VNNI").
 #pragma once
 
 #include <cstdint>
