@@ -160,6 +160,29 @@ constexpr int kVectorsPerPass = M == 1 ? 16 : M == 2 ? 8 : M <= 4 ? 4 : 2;
 
 constexpr int64_t kKeysPerChunk = 32;  // P V: keys whose V rows stay in L1 across column passes
 
+// One pass of the few-rows scores: keys [c0, c0 + cn), cn <= KJ, their rows
+// (a partial pass repeats its last row; those lanes are not stored), and the
+// pass's share of the next step's prefetches that each 32-element chunk of
+// the d32 whole ones issues: a few keys per chunk, not all at the pass's
+// start (few_rows16::scores has the measurement).
+template <int KJ>
+struct ScorePass {
+  int64_t c0, cn, keys_per_chunk;
+  const char* rows[KJ];
+  ScorePass(const void* const* key_rows, int64_t n, int64_t first, int64_t d32)
+      : c0(first), cn(n - first < KJ ? n - first : KJ) {
+    const int64_t chunks = d32 / 32 > 0 ? d32 / 32 : 1;
+    keys_per_chunk = (cn + chunks - 1) / chunks;
+    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
+  }
+  // The keys whose rows `prefetch` asks for with `count` chunks from element t.
+  template <class Prefetch>
+  void prefetch_chunks(const Prefetch& prefetch, int64_t t, int64_t count) const {
+    const int64_t first = c0 + t / 32 * keys_per_chunk, last = first + count * keys_per_chunk;
+    prefetch(first, last < c0 + cn ? last : c0 + cn);
+  }
+};
+
 // s[r, c] = q[r, :d] . key_rows[c][:d] for r < M, c < n (contiguous rows),
 // keys read through `load` (Loads<kType> by default; a policy with load64
 // takes 64 elements per step where it can); prefetches the rows of `ahead`
@@ -192,21 +215,15 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   // bf16, 2 threads, paired) took 0.93-0.97 of the time with K/V in L3 and
   // the same cold. (Until 2026-12-01 this lambda's prefetches were compiled
   // away, see prefetch_line; the measurements before then saw none.)
-  const int64_t chunks = d32 / 32 > 0 ? d32 / 32 : 1;
   for (int64_t c0 = 0; c0 < n; c0 += KJ) {
-    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
-    const int64_t keys_per_chunk = (cn + chunks - 1) / chunks;
+    const ScorePass<KJ> pass(key_rows, n, c0, d32);
+    const int64_t cn = pass.cn;
+    const char* const* rows = pass.rows;
     if (d32 == 0) prefetch(c0, c0 + cn);
-    // A partial pass repeats its last row; those lanes are not stored.
-    const char* rows[KJ];
-    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
     // This chunk's keys' prefetches, or both chunks' of a 64-element step.
-    const auto prefetch_chunks = [&](int64_t t, int64_t count) {
-      const int64_t first = c0 + t / 32 * keys_per_chunk, last = first + count * keys_per_chunk;
-      prefetch(first, last < c0 + cn ? last : c0 + cn);
-    };
+    const auto prefetch_chunks = [&](int64_t t, int64_t count) { pass.prefetch_chunks(prefetch, t, count); };
     int64_t t = 0;
     constexpr bool kWide = requires(__m512 v) { load.load64(rows[0], v, v, v, v); };
     if constexpr (kWide)

@@ -37,20 +37,16 @@ void int8_scores(int64_t n, int64_t d, const int16_t* q16, int64_t ldq16, const 
     for (int j = 0; j < KJ; ++j) lane_steps[r * KJ + j] = steps[r * step_stride];
   const __m512 step_lanes = _mm512_load_ps(lane_steps);
   const auto prefetch = [&](int64_t i0, int64_t i1) { prefetch_rows<true>(ahead, i0, i1, d); };
-  // A pass's prefetches spread over its 32-element chunks (few_rows16::scores).
-  const int64_t chunks = d32 / 32 > 0 ? d32 / 32 : 1;
   for (int64_t c0 = 0; c0 < n; c0 += KJ) {
-    const int64_t cn = n - c0 < KJ ? n - c0 : KJ;
-    const int64_t keys_per_chunk = (cn + chunks - 1) / chunks;
+    // The keys, their rows and their prefetches as in the FMA scores.
+    const few_rows16::ScorePass<KJ> pass(key_rows, n, c0, d32);
+    const int64_t cn = pass.cn;
+    const char* const* rows = pass.rows;
     if (d32 == 0) prefetch(c0, c0 + cn);
-    // A partial pass repeats its last row; those lanes are not stored.
-    const char* rows[KJ];
-    for (int j = 0; j < KJ; ++j) rows[j] = static_cast<const char*>(key_rows[c0 + (j < cn ? j : cn - 1)]);
     __m512i acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
     for (int64_t t = 0; t < d32; t += 32) {
-      const int64_t first = c0 + t / 32 * keys_per_chunk, last = first + keys_per_chunk;
-      prefetch(first, last < c0 + cn ? last : c0 + cn);
+      pass.prefetch_chunks(prefetch, t, 1);
       for (int j = 0; j < KJ; ++j) {
         const __m512i k = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + t)));
         for (int r = 0; r < M; ++r)
