@@ -93,12 +93,13 @@ struct KvCacheArgs {
   // avx512bf16 rung with a bf16 cache (or an fp8 e4m3 or int8 one and bf16
   // queries),
   // for the few-rows decode products too
-  // (vdpbf16ps; CPUs with AVX512-VBMI, as the decode dot scores); on the
-  // avx512 rung (and avx512bf16 without VBMI) with AVX512-VNNI, an int8
-  // cache's few-rows products run on vpdpwssd with Q rounded to 16-bit
-  // integers per row (the LSE moves by ~2^-17 of a score) and P per row and
-  // 32 keys (within 2^-16 of their largest P); the amx rung's few-rows
-  // decode products keep P at fp32 precision.
+  // (vdpbf16ps; CPUs with AVX512-VBMI, as the decode dot scores). With
+  // AVX512-VNNI an int8 cache's few-rows scores run on vpdpwssd with Q
+  // rounded to 16-bit integers per row (the LSE moves by ~2^-17 of a score)
+  // on the avx512 and avx512bf16 rungs, and on the avx512 rung its P V too,
+  // with P rounded to 16-bit integers per row and 32 keys (within 2^-16 of
+  // their largest P); the amx rung's few-rows decode products keep P at
+  // fp32 precision.
   bool bf16_probabilities = false;
   bool causal = true;         // bottom-right aligned with the updated cache length
   int64_t window_left = -1;   // sliding window, inclusive; -1 = unbounded

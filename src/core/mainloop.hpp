@@ -319,7 +319,9 @@ class ForwardMainloop {
                     K::few_rows_dot_scores_take(kv_dtype_);
     // P V likewise on bf16 dot products where the caller asks for P in bf16
     // (bf16_probabilities) and V is a bf16, fp8 e4m3 or int8 cache read with
-    // unit stride (a quantized cache's scales are on P first, scale_columns).
+    // unit stride (a quantized cache's scales are on P first, scale_columns);
+    // on the avx512 rung with VNNI, an int8 V on vpdpwssd with P in 16-bit
+    // integers (few_rows_vnni.hpp).
     if constexpr (requires { K::kFewRowsDotProbabilities; })
       dot_probabilities_ = direct_ && p.args.bf16_probabilities && p.args.dtype == DType::bf16 &&
                            p.args.v.stride[3] == 1 && K::few_rows_dot_probabilities_take(kv_dtype_);
@@ -790,7 +792,8 @@ class ForwardMainloop {
   bool int8_scores_ = false;       // direct_ on an int8 cache with usable K::kFewRowsInt8Scores
   bool item_int8_scores_ = false;  // ... and this item's Q rows are finite (split into pieces)
   int8_t* q_pieces_ = nullptr;    // (heads * rows * 4 + 16, D rounded up to 64) int8 pieces of Q
-  float* q_steps_ = nullptr;      // (heads * rows, 4) the pieces' steps
+                                  // (AMX-INT8), or one int16 row per query row (VNNI)
+  float* q_steps_ = nullptr;      // (heads * rows, 4) the pieces' steps (VNNI: the first)
   float* acc_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;
@@ -798,7 +801,7 @@ class ForwardMainloop {
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
   bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
-  bool dot_probabilities_ = false;     // direct_ P V on bf16 dot products, P rounded to bf16
+  bool dot_probabilities_ = false;     // direct_ P V with P rounded: to bf16 on vdpbf16ps, or int16 on VNNI
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile

@@ -84,6 +84,8 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   // The int8 tile scores' pieces (isa/amx/amx_kernels.hpp, int8_tiles): 4
   // int8 rows per query row of D rounded up to 64 bytes and 16 slack rows,
   // and 4 steps per row; only where the few-rows products read an int8 cache.
+  // The VNNI scores (isa/avx512/few_rows_vnni.hpp) keep one int16 row and one
+  // step per query row in the same space.
   const bool int8_pieces = p.args.kv.quant == KvQuant::int8 && p.heads_per_item * p.block_q <= kFewRowsMax;
   l.q_pieces = take(int8_pieces ? (rows * 4 + 16) * round_up(p.args.shape.head_dim, 64) / 4 : 0);
   l.q_steps = take(int8_pieces ? rows * 4 : 0);

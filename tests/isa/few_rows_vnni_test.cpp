@@ -204,5 +204,20 @@ TEST(FewRowsVnni, AccumulateCarriesNanAndInfinityInP) {
   }
 }
 
+// P below 2^-100 (V scales of ~1e-36): 32767 / max |P| would overflow, so
+// such a chunk takes fp32 products, exact here.
+TEST(FewRowsVnni, AccumulateTakesTinyPInFp32) {
+  if (!vnni_usable()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  const int64_t n = 40, d = 20;
+  std::vector<float> p(size_t(n), std::ldexp(1.0f, -120));
+  p[3] = 0.0f;
+  std::vector<int8_t> cache(size_t(n * d), -2);
+  std::vector<const void*> rows;
+  for (int64_t c = 0; c < n; ++c) rows.push_back(cache.data() + c * d);
+  std::vector<float> acc(size_t(d), 0.0f);
+  detail::few_rows_int8_accumulate_vnni(1, n, d, p.data(), n, rows.data(), acc.data(), d);
+  for (int64_t t = 0; t < d; ++t) EXPECT_EQ(acc[size_t(t)], -2.0f * (n - 1) * std::ldexp(1.0f, -120)) << t;
+}
+
 }  // namespace
 }  // namespace tileattn::testing

@@ -145,12 +145,14 @@ void int8_accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const vo
       const float* pr = p + r * ldp + c0;
       const __m512 lo = _mm512_maskz_loadu_ps(first16, pr), hi = _mm512_maskz_loadu_ps(next16, pr + 16);
       const __m512 largest = _mm512_set1_ps(3.4028235e38f);
+      const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
       if ((_mm512_cmp_ps_mask(_mm512_abs_ps(lo), largest, _CMP_LE_OQ) &
-           _mm512_cmp_ps_mask(_mm512_abs_ps(hi), largest, _CMP_LE_OQ)) != 0xffff) {
+           _mm512_cmp_ps_mask(_mm512_abs_ps(hi), largest, _CMP_LE_OQ)) != 0xffff ||
+          (max_abs != 0.0f && max_abs < 0x1p-100f)) {
         // A NaN or infinite P (a V scale of NaN: a non-finite value in that
-        // V row): this row's chunk in fp32, in key order, so NaN and
-        // infinity reach acc as the FMA product carries them; its pairs
-        // then add nothing.
+        // V row), or one so small that 32767 / max |P| would overflow: this
+        // row's chunk in fp32, in key order, so NaN and infinity reach acc as
+        // the FMA product carries them; its pairs then add nothing.
         for (int64_t c = 0; c < cn; ++c) {
           const int8_t* v = static_cast<const int8_t*>(value_rows[c0 + c]);
           for (int64_t t = 0; t < d; ++t) acc[r * ldacc + t] += pr[c] * float(v[t]);
@@ -159,7 +161,6 @@ void int8_accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const vo
         _mm512_store_si512(pairs[r], _mm512_setzero_si512());
         continue;
       }
-      const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
       const __m512 inverse = _mm512_set1_ps(max_abs == 0.0f ? 0.0f : 32767.0f / max_abs);
       steps[r] = max_abs / 32767.0f;
       // Rounded to nearest (vcvtps2dq); the clamp keeps the inverse's

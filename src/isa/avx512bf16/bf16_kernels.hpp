@@ -359,7 +359,8 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   // accumulate_bf16_probabilities): the main loop takes it for a bf16, fp8
   // e4m3 or int8 cache read with unit element stride on the CPUs where the
   // dot scores run (VBMI; Cooper Lake, unmeasured, keeps the FMA products;
-  // an int8 cache's scores stay on FMAs, docs/inference.md).
+  // an int8 cache's scores are not dot products: FMAs, or VNNI with
+  // bf16_probabilities, FewRows16Kernels, docs/inference.md).
   static constexpr bool kFewRowsDotProbabilities = true;
   static bool few_rows_dot_probabilities_take(DType value_type) {
     return (value_type == DType::bf16 || value_type == DType::f8_e4m3 || value_type == DType::i8) &&
