@@ -178,11 +178,11 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // alternating (Intel Xeon model 207): int8 0.98-0.99 of the time with
   // 32-key tiles, with bf16_probabilities 0.95-0.96, fp8 0.96-0.97, paged
   // int8 (pages of 16) 0.98.
-  const int kDecodeKeyTile = args.kv.quant == KvQuant::none ? 32 : 64;
+  const int decode_key_tile = args.kv.quant == KvQuant::none ? 32 : 64;
   constexpr int64_t kMaxWalkedRunBytes = 8192;
   int64_t walk = 1;  // KV heads per item, for the key splits
   if (p.heads_per_item == p.group && p.group * int64_t(p.block_q) <= kFewRowsMax) {
-    if (args.block_kv <= 0 && tiles.reason != "TILEATTN_TILES") p.block_kv = kDecodeKeyTile;
+    if (args.block_kv <= 0 && tiles.reason != "TILEATTN_TILES") p.block_kv = decode_key_tile;
     const int64_t per_kv_head_bytes = p.group * int64_t(p.block_q) * (p.head_dim_padded + p.v_head_dim_padded) * 4;
     walk = min64(args.shape.kv_heads, max64(1, cache_sizes().l2 / 4 / per_kv_head_bytes));
     // Fewer heads per item where the keys are too few to split enough.

@@ -182,20 +182,8 @@ static inline bool split_rows(int64_t m, int64_t d, const float* q, int64_t ldq,
   const int64_t stride = piece_row_bytes(d);
   for (int64_t r = 0; r < m; ++r) {
     const float* row = q + r * ldq;
-    // max |q| over 16 lanes; a lane's NaN or infinity fails the finite test.
-    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
-    const __m512 largest = _mm512_set1_ps(3.4028235e38f);
-    __m512 max_lanes = _mm512_setzero_ps();
-    __mmask16 finite = 0xffff;
-    for (int64_t t = 0; t < d; t += 16) {
-      const __mmask16 lanes = d - t >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (d - t)) - 1u);
-      const __m512 a = _mm512_castsi512_ps(
-          _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(lanes, row + t)), magnitude));
-      finite &= _mm512_cmp_ps_mask(a, largest, _CMP_LE_OS);
-      max_lanes = _mm512_max_ps(max_lanes, a);
-    }
-    if (finite != 0xffff) return false;
-    const float max_abs = _mm512_reduce_max_ps(max_lanes);
+    float max_abs;
+    if (!max_abs_if_finite(row, d, max_abs)) return false;
     float* st = steps + r * kPieces;
     float inverse[kPieces];
     st[0] = max_abs / 127.0f;

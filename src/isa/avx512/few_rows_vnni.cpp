@@ -18,6 +18,16 @@ namespace tileattn::detail {
 namespace avx512_vnni {
 namespace {
 
+// x x inverse rounded to nearest, ties to even (vcvtps2dq under the default
+// MXCSR), clamped to [-limit, limit] (|x| x inverse exceeds limit only by
+// inverse's rounding), as 16 int16: Q's and P's rounding alike.
+static inline __m256i round_to_int16(__m512 x, __m512 inverse, int32_t limit) {
+  const __m512i rounded = _mm512_cvtps_epi32(_mm512_mul_ps(x, inverse));
+  const __m512i clamped =
+      _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(limit)), _mm512_set1_epi32(-limit));
+  return _mm512_cvtepi32_epi16(clamped);
+}
+
 // reduce16's adds on int32 lanes (the vectors carry int32 bits).
 struct AddEpi32 {
   __m512 operator()(__m512 a, __m512 b) const {
@@ -137,18 +147,13 @@ void int8_accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const vo
   static_assert(kChunk == 32, "16 dwords of key pairs per row");
   alignas(64) int32_t pairs[M][16];  // (p16[c], p16[c + 1]) per row and key pair
   float steps[M];
-  const __m512i top = _mm512_set1_epi32(32767), bottom = _mm512_set1_epi32(-32767);
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t cn = n - c0 < kChunk ? n - c0 : kChunk;
     const __mmask16 first16 = tail_mask(cn), next16 = tail_mask(cn > 16 ? cn - 16 : 0);
     for (int r = 0; r < M; ++r) {
       const float* pr = p + r * ldp + c0;
-      const __m512 lo = _mm512_maskz_loadu_ps(first16, pr), hi = _mm512_maskz_loadu_ps(next16, pr + 16);
-      const __m512 largest = _mm512_set1_ps(3.4028235e38f);
-      const float max_abs = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-      if ((_mm512_cmp_ps_mask(_mm512_abs_ps(lo), largest, _CMP_LE_OQ) &
-           _mm512_cmp_ps_mask(_mm512_abs_ps(hi), largest, _CMP_LE_OQ)) != 0xffff ||
-          (max_abs != 0.0f && max_abs < 0x1p-100f)) {
+      float max_abs;
+      if (!max_abs_if_finite(pr, cn, max_abs) || (max_abs != 0.0f && max_abs < 0x1p-100f)) {
         // A NaN or infinite P (a V scale of NaN: a non-finite value in that
         // V row), or one so small that 32767 / max |P| would overflow: this
         // row's chunk in fp32, in key order, so NaN and infinity reach acc as
@@ -163,13 +168,10 @@ void int8_accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const vo
       }
       const __m512 inverse = _mm512_set1_ps(max_abs == 0.0f ? 0.0f : 32767.0f / max_abs);
       steps[r] = max_abs / 32767.0f;
-      // Rounded to nearest (vcvtps2dq); the clamp keeps the inverse's
-      // rounding within 16 bits. Keys past cn are zero.
-      const __m512i a = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse)), top), bottom);
-      const __m512i b = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse)), top), bottom);
-      // 32 words in key order = 16 dwords of key pairs.
-      _mm512_store_si512(pairs[r], _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)),
-                                                      _mm512_cvtepi32_epi16(b), 1));
+      // 32 words in key order (past cn: zero) = 16 dwords of key pairs.
+      const __m256i a = round_to_int16(_mm512_maskz_loadu_ps(first16, pr), inverse, 32767);
+      const __m256i b = round_to_int16(_mm512_maskz_loadu_ps(next16, pr + 16), inverse, 32767);
+      _mm512_store_si512(pairs[r], _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
     }
     // An odd count's last pair reads its one key twice (P 0 for the second).
     const char* rows[kChunk];
@@ -192,32 +194,18 @@ bool few_rows_split_q16(int64_t m, int64_t d, const float* q, int64_t ldq, int16
   const int64_t padded = (d + 31) / 32 * 32;
   for (int64_t r = 0; r < m; ++r) {
     const float* row = q + r * ldq;
-    // max |q| over 16 lanes; a lane's NaN or infinity fails the finite test.
-    const __m512 largest = _mm512_set1_ps(3.4028235e38f);
-    __m512 max_lanes = _mm512_setzero_ps();
-    __mmask16 finite = 0xffff;
-    for (int64_t t = 0; t < d; t += 16) {
-      const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(avx512_vnni::tail_mask(d - t), row + t));
-      finite &= _mm512_cmp_ps_mask(a, largest, _CMP_LE_OS);
-      max_lanes = _mm512_max_ps(max_lanes, a);
-    }
-    if (finite != 0xffff) return false;
-    const float max_abs = _mm512_reduce_max_ps(max_lanes);
+    float max_abs;
+    if (!avx512_vnni::max_abs_if_finite(row, d, max_abs)) return false;
     // Below 2^-100 the reciprocal could overflow: such rows take the fp32
     // products (their scores are ~0 anyway).
     if (max_abs != 0.0f && max_abs < 0x1p-100f) return false;
     const float inverse = max_abs == 0.0f ? 0.0f : q_max / max_abs;
     steps[r * step_stride] = max_abs / q_max;
     int16_t* out = q16 + r * ldq16;
-    // Rounded to nearest, ties to even (vcvtps2dq under the default MXCSR);
-    // |q x inverse| <= q_max up to the rounding of inverse: the clamp keeps
-    // it there.
-    const __m512i hi = _mm512_set1_epi32(int32_t(q_max)), lo = _mm512_set1_epi32(-int32_t(q_max));
     for (int64_t t = 0; t < padded; t += 16) {
-      const __mmask16 lanes = avx512_vnni::tail_mask(d - t > 0 ? d - t : 0);
-      __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + t), _mm512_set1_ps(inverse)));
-      x = _mm512_max_epi32(_mm512_min_epi32(x, hi), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t), _mm512_cvtepi32_epi16(x));
+      const __m512 x = _mm512_maskz_loadu_ps(avx512_vnni::tail_mask(d - t > 0 ? d - t : 0), row + t);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t),
+                          avx512_vnni::round_to_int16(x, _mm512_set1_ps(inverse), int32_t(q_max)));
     }
   }
   return true;

@@ -30,6 +30,25 @@ static inline __mmask16 tail_mask(int64_t n) {
   return static_cast<__mmask16>((n >= 16) ? 0xffffu : ((1u << n) - 1u));
 }
 
+// max |x[0, n)| into max_abs; false when an element is NaN or infinite (then
+// max_abs is not set). The query splits of the integer decode scores (AMX-INT8
+// tiles, amx_kernels.hpp; VNNI, few_rows_vnni.cpp) take their steps from it.
+static inline bool max_abs_if_finite(const float* x, int64_t n, float& max_abs) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  const __m512 largest = _mm512_set1_ps(3.4028235e38f);
+  __m512 max_lanes = _mm512_setzero_ps();
+  __mmask16 finite = 0xffff;
+  for (int64_t t = 0; t < n; t += 16) {
+    const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(tail_mask(n - t), x + t));
+    const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(bits, magnitude));
+    finite &= _mm512_cmp_ps_mask(a, largest, _CMP_LE_OS);
+    max_lanes = _mm512_max_ps(max_lanes, a);
+  }
+  if (finite != 0xffff) return false;
+  max_abs = _mm512_reduce_max_ps(max_lanes);
+  return true;
+}
+
 // 2^x in the lanes of `keep`, 0 in the others; x above 127 counts as 127,
 // x < -126 (and -inf) gives 0, NaN stays NaN. vscalefps applies 2^n. 12
 // instructions: no lower clamp (a lane below -126, whose f may be NaN, is
