@@ -177,7 +177,9 @@ TEST(FewRowsVnni, AccumulateEqualsTheModelBitForBitAndFloat64WithinPsRounding) {
           for (int64_t t = 0; t < ldacc; ++t) {
             const size_t i = size_t(r * ldacc + t);
             ASSERT_EQ(got[i], want[i]) << "row " << r << " column " << t;
-            if (t < d) ASSERT_NEAR(got[i], exact[i], bound[i] + 1e-6 * (1.0 + std::abs(exact[i])));
+            if (t < d) {
+              ASSERT_NEAR(got[i], exact[i], bound[i] + 1e-6 * (1.0 + std::abs(exact[i])));
+            }
           }
       }
 }
