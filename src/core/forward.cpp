@@ -1,5 +1,7 @@
 // Public entry of the forward operator: validate, pick the ISA path and the
 // tiles once, build the schedule, size scratch up front, run the work items.
+#include <atomic>
+#include <chrono>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -302,21 +304,66 @@ void merge_splits(const Problem& p, int threads) {
   for (int64_t bh = 0; bh < heads; ++bh) merge_head(bh, row);
 }
 
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::atomic<int>& last_workers() {
+  static std::atomic<int> workers{0};
+  return workers;
+}
+// When the last forward call (any thread's) ended, in steady_ns().
+std::atomic<int64_t>& last_call_end() {
+  static std::atomic<int64_t> end{INT64_MIN / 2};
+  return end;
+}
+// Whether this call comes within the workers' polling window of the last
+// one's end: calls back to back, whose workers poll between them once woken
+// (a loop that started while they slept). A model's attention calls come
+// farther apart (its other layers run between them).
+bool soon_after_last_call() {
+  return steady_ns() - last_call_end().load(std::memory_order_relaxed) < spin_window_ns();
+}
+
+}  // namespace
+
+int last_forward_plan_workers() { return last_workers().load(std::memory_order_relaxed); }
+
 void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
   const std::vector<WorkItem> items = make_schedule(p, threads);
   if (items.empty()) return;
   int workers = int(min64(threads, int64_t(items.size())));
   // A call this small runs on the calling thread: waking a sleeping worker
-  // costs more than the work (~100 us on this VM, see thread_pool.cpp).
-  // Work = (query, key) pairs x heads x head_dim over the items. Decode at
-  // 32/8 heads, D = 128, bf16, the worker asleep at the call: 16 cached
-  // tokens (70 K) took 21 us on one thread and 50 us on two; 256 tokens (1 M)
-  // 152 against 134 us. The results do not depend on it (the plan does not);
-  // the thread-determinism tests turn it off (every_thread_runs_items).
+  // costs more than the work (~100 us on the Zen 3 VM where this was set,
+  // 35-40 us on the Xeon model 207, see thread_pool.cpp). Work = (query, key)
+  // pairs x heads x head_dim over the items. Decode at 32/8 heads, D = 128,
+  // bf16, the worker asleep at the call: 16 cached tokens (70 K) took 21 us
+  // on one thread and 50 us on two; 256 tokens (1 M) 152 against 134 us.
+  // Where the worker sleeps (what a model's decode meets: its other layers
+  // run between two attention calls) the bar is 4x higher: Intel Xeon model
+  // 207, the same decode with the caches evicted before each call, one
+  // thread against two (medians of 60 calls): bf16 128 tokens 84 against 106
+  // us, 256 tokens 131 against 125, 512 tokens 237 against 200; int8 64
+  // tokens 41 against 74, 128 tokens 78 against 109, 256 tokens 114 against
+  // 113. A worker still polling keeps the lower bar, and so do calls back to
+  // back (soon_after_last_call), which wake it once and find it polling from
+  // then on: bf16 128 tokens in a loop, in cache, 17-18 us either way.
+  // The results do not depend on it (the plan does not); the
+  // thread-determinism tests turn it off (every_thread_runs_items).
   constexpr int64_t kMinParallelWork = 256 * 1024;
+  constexpr int64_t kMinParallelWorkAsleep = 1024 * 1024;
   int64_t work = 0;
   for (const WorkItem& w : items) work += w.cost * p.head_dim_padded;
-  if (work < kMinParallelWork && !every_thread_runs_items()) workers = 1;
+  if (!every_thread_runs_items() && workers > 1) {
+    if (work < kMinParallelWork) {
+      workers = 1;
+    } else if (work < kMinParallelWorkAsleep && pool_workers_asleep() && !soon_after_last_call()) {
+      workers = 1;
+    }
+  }
+  last_workers().store(workers, std::memory_order_relaxed);
   Workspace scratch(forward_scratch_floats(p), workers);
   std::vector<float> partial_o, partial_lse;
   if (p.kv_splits > 1) {
@@ -330,6 +377,7 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
     run_item(p, items[size_t(item)], scratch.for_worker(worker));
   });
   if (p.kv_splits > 1) merge_splits(p, workers);
+  last_call_end().store(steady_ns(), std::memory_order_relaxed);
 }
 
 }  // namespace detail

@@ -21,5 +21,8 @@ void merge_splits(const Problem& p, int threads);
 // Runs a planned call: the schedule, per-worker scratch, every work item through
 // `run_item` on `threads` threads, then the merge of key splits.
 void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item);
+// The threads the last run_forward_plan (of any caller) ran its items on, for
+// the tests of its choice (tests/core/forward_threads_test.cpp).
+int last_forward_plan_workers();
 
 }  // namespace tileattn::detail

@@ -101,6 +101,9 @@ class ThreadPool {
     for (auto& t : threads_) t.join();
   }
   int workers() const { return static_cast<int>(threads_.size()); }
+  // Workers asleep on the condition variable now (not polling, not in a region).
+  int sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
+
 
   // Caller must hold busy_. `round_robin`: wait for all `helpers` to join,
   // then thread w runs items w, w + helpers + 1, ... (the test hook).
@@ -169,7 +172,9 @@ class ThreadPool {
       };
       if (!spin_until(spin_window(), news)) {
         std::unique_lock<std::mutex> lock(mutex_);
+        sleeping_.fetch_add(1, std::memory_order_relaxed);
         wake_.wait(lock, news);
+        sleeping_.fetch_sub(1, std::memory_order_relaxed);
       }
       if (stopping_.load(std::memory_order_acquire)) return;
       seen = generation_.load(std::memory_order_acquire);
@@ -202,6 +207,7 @@ class ThreadPool {
   std::atomic<int> joined_{0};    // workers that joined this region
   bool open_ = false;     // guarded by mutex_: workers may still join the region
   std::atomic<int> pending_{0};  // workers that joined and have not finished
+  std::atomic<int> sleeping_{0};  // workers waiting on wake_
   std::exception_ptr error_;
 };
 
@@ -259,6 +265,11 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
   }
   p.run(count, helpers, body, false);
 }
+
+bool pool_workers_asleep() { return pool().sleeping() > 0; }
+
+int64_t spin_window_ns() { return spin_window().count(); }
+
 
 void set_every_thread_runs_items(bool on) { every_thread_flag().store(on, std::memory_order_relaxed); }
 bool every_thread_runs_items() { return every_thread_flag().load(std::memory_order_relaxed); }

@@ -18,6 +18,15 @@ namespace tileattn::detail {
 // rethrows the first exception a body threw.
 void parallel_for(int64_t count, int threads, const std::function<void(int64_t, int)>& body);
 
+// Whether a pool worker sleeps now: a parallel region would wake it, which
+// takes ~40-100 us (thread_pool.cpp), instead of finding it polling after a
+// region that ended within TILEATTN_SPIN_US.
+bool pool_workers_asleep();
+
+// How long a worker polls for the next region before it sleeps, in ns
+// (TILEATTN_SPIN_US).
+int64_t spin_window_ns();
+
 // Threads the hardware offers (at least 1).
 int hardware_threads();
 
