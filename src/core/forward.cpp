@@ -1,8 +1,8 @@
 // Public entry of the forward operator: validate, pick the ISA path and the
 // tiles once, build the schedule, size scratch up front, run the work items.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>

@@ -104,7 +104,6 @@ class ThreadPool {
   // Workers asleep on the condition variable now (not polling, not in a region).
   int sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
 
-
   // Caller must hold busy_. `round_robin`: wait for all `helpers` to join,
   // then thread w runs items w, w + helpers + 1, ... (the test hook).
   void run(int64_t count, int helpers, const std::function<void(int64_t, int)>& body, bool round_robin) {
@@ -211,8 +210,10 @@ class ThreadPool {
   std::exception_ptr error_;
 };
 
+// TILEATTN_SPIN_US is checked before the workers exist: each reads it on its
+// own thread, where a bad value's Error would terminate the process.
 ThreadPool& pool() {
-  static ThreadPool instance(hardware_threads() - 1);
+  static ThreadPool instance((spin_window(), hardware_threads() - 1));
   return instance;
 }
 
@@ -269,7 +270,6 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
 bool pool_workers_asleep() { return pool().sleeping() > 0; }
 
 int64_t spin_window_ns() { return spin_window().count(); }
-
 
 void set_every_thread_runs_items(bool on) { every_thread_flag().store(on, std::memory_order_relaxed); }
 bool every_thread_runs_items() { return every_thread_flag().load(std::memory_order_relaxed); }
