@@ -33,7 +33,8 @@ const char* const kHelp =
     "usage: tileattn decode [--prompt P] [--steps S] [--batch B] [--heads H] [--kv-heads HKV]\n"
     "                       [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
     "                       [--page-size N] [--recompute-steps R] [--rotary-dim R]\n"
-    "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--bf16-probabilities] [--json]\n"
+    "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--bf16-probabilities] [--cold]\n"
+    "                       [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
     "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
     "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
@@ -61,7 +62,9 @@ const char* const kHelp =
     "twice the last-level cache (evict_bytes, untimed) comes before each, as a model's other\n"
     "layers would; the one before each read pass is timed: memory_read_gb_per_s (main memory's\n"
     "read rate, a buffer larger than the last-level cache) and kv_vs_memory_read (median over\n"
-    "steps of the step's K/V rate over it).\n"
+    "steps of the step's K/V rate over it). --cold does so for a smaller cache too: a\n"
+    "model's short decode, whose pool worker sleeps at each call (thread_speedup then says\n"
+    "what a second thread gives such a call).\n"
     "--kv-dtype int8 | fp8_e4m3 quantizes the cache (int8: a scale per token and KV head,\n"
     "counted in kv_bytes_per_step; fp8: a scale per KV head, the prompt's max |x| / 224);\n"
     "a float --kv-dtype is the cache's and the queries' dtype (default: --dtype).\n";
@@ -458,7 +461,7 @@ int cmd_decode(int argc, char** argv) {
              {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
              {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false},
              {"--kv-dtype", true}, {"--dim-v", true}, {"--bf16-probabilities", false},
-             {"--rotary-dim", true}});
+             {"--rotary-dim", true}, {"--cold", false}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   Shape s;
@@ -547,7 +550,8 @@ int cmd_decode(int argc, char** argv) {
     s.fp8_scale = amax > 0.0f ? amax / 224.0f : 1.0f;
   }
   const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
-  ReadBandwidth reader(kv_bytes, threads, kv_bytes >= (int64_t{4} << 20) ? 2 * l3 : 0);
+  const bool cold = args.has("--cold") || kv_bytes >= (int64_t{4} << 20);
+  ReadBandwidth reader(kv_bytes, threads, cold ? 2 * l3 : 0);
   reader.evict();  // page the eviction buffer in
   reader.pass();  // page the buffer in
   // Variant 0 is the loop asked for; then contiguous (with --paged) and one thread (T > 1).

@@ -356,13 +356,10 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
   constexpr int64_t kMinParallelWorkAsleep = 1024 * 1024;
   int64_t work = 0;
   for (const WorkItem& w : items) work += w.cost * p.head_dim_padded;
-  if (!every_thread_runs_items() && workers > 1) {
-    if (work < kMinParallelWork) {
-      workers = 1;
-    } else if (work < kMinParallelWorkAsleep && pool_workers_asleep() && !soon_after_last_call()) {
-      workers = 1;
-    }
-  }
+  if (!every_thread_runs_items() && workers > 1 &&
+      (work < kMinParallelWork ||
+       (work < kMinParallelWorkAsleep && pool_workers_asleep() && !soon_after_last_call())))
+    workers = 1;
   last_workers().store(workers, std::memory_order_relaxed);
   Workspace scratch(forward_scratch_floats(p), workers);
   std::vector<float> partial_o, partial_lse;

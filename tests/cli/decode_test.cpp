@@ -51,6 +51,16 @@ TEST(cliDecode, PagedTwoThreadsReportsEveryRatio) {
   EXPECT_EQ(number(j, "evict_bytes"), 0);
 }
 
+// --cold evicts a small cache too (a model's short decode): the same eviction
+// buffer, and the memory read it times.
+TEST(cliDecode, ColdEvictsASmallCache) {
+  const Json j = decode_json("--threads 2 --cold");
+  const double l3 = double(std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20));
+  EXPECT_EQ(number(j, "evict_bytes"), 2 * l3);
+  EXPECT_GT(number(j, "memory_read_gb_per_s"), 0);
+  EXPECT_GT(number(j, "thread_speedup"), 0);
+}
+
 // From 4 MiB of K/V, every step and read pass starts after reading twice the
 // last-level cache (at least 64 MiB).
 TEST(cliDecode, LargeCachesAreEvictedBetweenSteps) {
