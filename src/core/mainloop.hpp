@@ -325,6 +325,12 @@ class ForwardMainloop {
     if constexpr (requires { K::kFewRowsDotProbabilities; })
       dot_probabilities_ = direct_ && p.args.bf16_probabilities && p.args.dtype == DType::bf16 &&
                            p.args.v.stride[3] == 1 && K::few_rows_dot_probabilities_take(kv_dtype_);
+    // Which product asks for the next step's K rows: the scores (with this
+    // step's V), or P V where its kernel does (the VNNI P V: scores on
+    // integer products finish early, and memory then idled through P V;
+    // few_rows_vnni.cpp has the measurement).
+    if constexpr (requires { K::kFewRowsDotProbabilities; })
+      k_ahead_in_pv_ = dot_probabilities_ && K::few_rows_dot_accumulate_prefetches_k(kv_dtype_);
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
     // AMX-INT8 tiles, amx_kernels.hpp int8_tiles; or AVX512-VNNI for bf16
@@ -501,8 +507,8 @@ class ForwardMainloop {
         // (1.01-1.03), their 4 KiB runs give the hardware nothing to stream.
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         few_rows_scores(s0, m, n, t0,
-                        RowsToPrefetch{k_ahead_, ahead_, this_steps_v ? v_rows_ : v_ahead_, this_steps_v ? n : ahead_,
-                                       prefetch_to_l2_});
+                        RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? 0 : ahead_, this_steps_v ? v_rows_ : v_ahead_,
+                                       this_steps_v ? n : ahead_, prefetch_to_l2_});
       }
     } else {
       operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
@@ -592,7 +598,9 @@ class ForwardMainloop {
         if constexpr (requires { K::kFewRowsDotProbabilities; })
           if (dot_probabilities_)
             return K::few_rows_dot_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_,
-                                              acc_ + s0 * dp, dp);
+                                              acc_ + s0 * dp, dp,
+                                              RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? ahead_ : 0, nullptr, 0,
+                                                             prefetch_to_l2_});
         K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_, a_.v.stride[3],
                                acc_ + s0 * dp, dp);
         return;
@@ -802,6 +810,7 @@ class ForwardMainloop {
   bool direct_ = false;                // few-rows products (see the constructor)
   bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
   bool dot_probabilities_ = false;     // direct_ P V with P rounded: to bf16 on vdpbf16ps, or int16 on VNNI
+  bool k_ahead_in_pv_ = false;         // ... whose kernel asks for the next step's K rows (not the scores)
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile

@@ -68,6 +68,19 @@ TEST(PrefetchCode, EveryFewRowsScoreProductHasItsPrefetches) {
                  << "; nothing to look at by name";
 }
 
+// The VNNI P V of an int8 cache asks for the next step's K rows (the main
+// loop leaves them out of the scores there, few_rows_vnni.cpp): each
+// out-of-line copy has its prefetcht0.
+TEST(PrefetchCode, TheVnniProbabilityProductHasItsPrefetches) {
+  ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
+  const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, "avx512_vnni::(anonymous namespace)::int8_accumulate<");
+  ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
+  if (d.counts.empty())
+    GTEST_SKIP() << "the VNNI P V was inlined into its caller in " << TILEATTN_LIBRARY_FILE;
+  for (const auto& [name, count] : d.counts)
+    EXPECT_GT(count, 0) << name << " has no prefetcht0: its prefetches were compiled away";
+}
+
 // The vdpbf16ps decode scores also prefetch toward L2 (prefetcht1), where
 // decode_prefetch_to_l2 sends a step's rows on AMD Zen 4.
 TEST(PrefetchCode, TheDotScoresCanPrefetchToL2) {

@@ -431,10 +431,15 @@ struct FewRows16Kernels {
   static bool few_rows_dot_probabilities_take(DType value_type) {
     return value_type == DType::i8 && cpu_features().avx512_vnni;
   }
+  // It asks for the next step's K rows itself (few_rows_vnni.hpp), where the
+  // main loop then leaves them out of the scores' prefetches.
+  static bool few_rows_dot_accumulate_prefetches_k(DType value_type) {
+    return few_rows_dot_probabilities_take(value_type);
+  }
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, DType /*value_type: i8*/, float* acc,
-                                      int64_t ldacc) {
-    few_rows_int8_accumulate_vnni(m, n, d, p, ldp, value_rows, acc, ldacc);
+                                      int64_t ldacc, const RowsToPrefetch& ahead) {
+    few_rows_int8_accumulate_vnni(m, n, d, p, ldp, value_rows, acc, ldacc, ahead);
   }
 
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,

@@ -366,8 +366,14 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
     return (value_type == DType::bf16 || value_type == DType::f8_e4m3 || value_type == DType::i8) &&
            few_rows_dot_vbmi();
   }
+  // The next step's K rows stay with the scores here (`ahead` of
+  // few_rows_dot_accumulate is then never given rows): P V asking for them
+  // paid on the VNNI P V of the avx512 rung and lost on its FMA P V
+  // (few_rows_vnni.cpp); this one is unmeasured on the CPUs it runs on.
+  static bool few_rows_dot_accumulate_prefetches_k(DType /*value_type*/) { return false; }
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                                      const void* const* value_rows, DType value_type, float* acc, int64_t ldacc) {
+                                      const void* const* value_rows, DType value_type, float* acc, int64_t ldacc,
+                                      const RowsToPrefetch& /*ahead: none, above*/) {
     const auto run = [&]<DType kVType>() {
       few_rows_dot::with_rows(m, [&]<int M>() {
         few_rows_dot::accumulate_bf16_probabilities<M, kVType>(n, d, p, ldp, value_rows, acc, ldacc);
