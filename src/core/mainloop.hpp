@@ -325,12 +325,13 @@ class ForwardMainloop {
     if constexpr (requires { K::kFewRowsDotProbabilities; })
       dot_probabilities_ = direct_ && p.args.bf16_probabilities && p.args.dtype == DType::bf16 &&
                            p.args.v.stride[3] == 1 && K::few_rows_dot_probabilities_take(kv_dtype_);
-    // Which product asks for the next step's K rows: the scores (with this
-    // step's V), or P V where its kernel does (the VNNI P V: scores on
+    // Which product asks for the next step's K rows: the scores (with the V
+    // rows they ask for, scores() below), or P V where its kernel does (the VNNI P V: scores on
     // integer products finish early, and memory then idled through P V;
     // few_rows_vnni.cpp has the measurement).
     if constexpr (requires { K::kFewRowsDotProbabilities; })
       k_ahead_in_pv_ = dot_probabilities_ && K::few_rows_dot_accumulate_prefetches_k(kv_dtype_);
+    k_row_bytes_ = p.args.shape.head_dim * int64_t(dtype_size(kv_dtype_));
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
     // AMX-INT8 tiles, amx_kernels.hpp int8_tiles; or AVX512-VNNI for bf16
@@ -419,8 +420,8 @@ class ForwardMainloop {
             fill_key_rows(a_.k, seq, w.batch, kv_head, j_begin, n, k_rows_);
             fill_key_rows(a_.v, seq, w.batch, kv_head, j_begin, n, v_rows_);
           }
-          // The next step's rows, which the score product prefetches a few
-          // lines per key while it computes this step.
+          // The next step's rows, which the products prefetch a few lines
+          // per key while they compute this step (scores() says which).
           ahead_ = next_n;
           ahead_filled = ahead_ > 0;
           if (ahead_filled) {
@@ -494,7 +495,8 @@ class ForwardMainloop {
     (void)n_pad;
     if (direct_) {  // only where K has the few-rows products (kHasFewRows)
       if constexpr (kHasFewRows) {
-        // Prefetched while the scores run: the next step's K rows, and V rows
+        // Prefetched while the scores run: the next step's K rows (unless
+        // k_ahead_in_pv_: then P V asks for them, accumulate()), and V rows
         // of this step when the item reads one KV head's long runs (a
         // contiguous cache, or pages of >= 8 KiB per head), of the next step
         // when it walks the KV heads of small pages. With one head's runs the
@@ -600,7 +602,7 @@ class ForwardMainloop {
             return K::few_rows_dot_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_,
                                               acc_ + s0 * dp, dp,
                                               RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? ahead_ : 0, nullptr, 0,
-                                                             prefetch_to_l2_});
+                                                             prefetch_to_l2_, k_row_bytes_});
         K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_, a_.v.stride[3],
                                acc_ + s0 * dp, dp);
         return;
@@ -811,6 +813,7 @@ class ForwardMainloop {
   bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
   bool dot_probabilities_ = false;     // direct_ P V with P rounded: to bf16 on vdpbf16ps, or int16 on VNNI
   bool k_ahead_in_pv_ = false;         // ... whose kernel asks for the next step's K rows (not the scores)
+  int64_t k_row_bytes_ = 0;            // ... and their length: head_dim elements of the cache's type
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile

@@ -90,16 +90,20 @@ class RowPrefetch {
   int64_t paced_lines_ = 0;
 };
 
-// The rows the few-rows score product prefetches as it goes (decode), one K
-// row and one V row per key scored: K rows [0, k_count) of k_rows (the next
-// step's) and V rows [0, v_count) of v_rows (this step's or the next one's;
-// mainloop.hpp says which and why).
+// The rows a few-rows product prefetches as it goes (decode), one K row and
+// one V row per key: K rows [0, k_count) of k_rows (the next step's) and V
+// rows [0, v_count) of v_rows (this step's or the next one's). The scores
+// ask for both tables, except where P V asks for the K rows instead (the
+// VNNI P V, which reads only the K table); mainloop.hpp says which and why.
 struct RowsToPrefetch {
   const void* const* k_rows = nullptr;
   int64_t k_count = 0;
   const void* const* v_rows = nullptr;
   int64_t v_count = 0;
   bool to_l2 = false;  // prefetcht1 even where the product asks for L1 (decode_prefetch_to_l2)
+  // Bytes of a K row for P V, whose own rows are V's (head dims may differ);
+  // the scores prefetch with their own row length.
+  int64_t k_row_bytes = 0;
 };
 
 // Whether a decode step's rows go to L2 (prefetcht1) instead of L1, chosen

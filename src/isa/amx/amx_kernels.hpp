@@ -375,6 +375,7 @@ struct AmxKernels : Kernels, Bf16Packing {
   // The few-rows P V keeps P at fp32 precision on this rung, with or without
   // bf16_probabilities: this hides FewRows16Kernels' VNNI P V.
   static bool few_rows_dot_probabilities_take(DType /*value_type*/) { return false; }
+  static bool few_rows_dot_accumulate_prefetches_k(DType /*value_type*/) { return false; }
   // bf16_kernels.hpp's Bf16DotKernels::bf16_gemm on tiles; k a multiple of 32.
   static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                         const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,

@@ -110,17 +110,17 @@ static inline __m512 high_columns(__m512 low, __m512 high) {
 
 // The K rows of `ahead` a chunk's column pass asks for, a key pair at a
 // time: key first + 2 pair + j for each j whose bit is set in `keys` (and
-// below the table's count), all row_bytes of it.
+// below the table's count), all ahead.k_row_bytes of it.
 struct PairPrefetch {
   const RowsToPrefetch& ahead;
-  int64_t first, row_bytes;
+  int64_t first;
   unsigned keys;
   inline void operator()(int64_t pair) const {
     for (int j = 0; j < 2; ++j) {
       const int64_t i = first + 2 * pair + j;
       if (!(keys >> j & 1u) || i >= ahead.k_count) continue;
       const char* row = static_cast<const char*>(ahead.k_rows[i]);
-      for (int64_t off = 0; off < row_bytes; off += 64) {
+      for (int64_t off = 0; off < ahead.k_row_bytes; off += 64) {
         if (ahead.to_l2) prefetch_line<false>(row + off);
         else prefetch_line<true>(row + off);
       }
@@ -228,7 +228,7 @@ void int8_accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const vo
     const auto prefetch = [&]() {
       const unsigned keys = pass == 0 ? first_pass_keys : pass == 1 ? 2u : 0u;
       ++pass;
-      return PairPrefetch{ahead, c0, d, keys};
+      return PairPrefetch{ahead, c0, keys};
     };
     int64_t t = 0;
     for (; t + 32 * G <= d; t += 32 * G)
