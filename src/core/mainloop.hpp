@@ -326,9 +326,9 @@ class ForwardMainloop {
       dot_probabilities_ = direct_ && p.args.bf16_probabilities && p.args.dtype == DType::bf16 &&
                            p.args.v.stride[3] == 1 && K::few_rows_dot_probabilities_take(kv_dtype_);
     // Which product asks for the next step's K rows: the scores (with the V
-    // rows they ask for, scores() below), or P V where its kernel does (the VNNI P V: scores on
-    // integer products finish early, and memory then idled through P V;
-    // few_rows_vnni.cpp has the measurement).
+    // rows they ask for, scores() below), or P V where its kernel does (the
+    // VNNI P V: scores on integer products finish early, and memory then
+    // idled through P V; few_rows_vnni.cpp has the measurement).
     if constexpr (requires { K::kFewRowsDotProbabilities; })
       k_ahead_in_pv_ = dot_probabilities_ && K::few_rows_dot_accumulate_prefetches_k(kv_dtype_);
     k_row_bytes_ = p.args.shape.head_dim * int64_t(dtype_size(kv_dtype_));

@@ -47,9 +47,9 @@ void few_rows_int8_scores_vnni(int64_t m, int64_t n, int64_t d, const int16_t* q
 // on an int8 cache (few_rows_vnni.cpp explains the layout). Prefetches the
 // K rows of `ahead` (the next step's, which the main loop gives this product
 // instead of the scores; its V table is not read; ahead.k_row_bytes each) as
-// it goes: key c's lines
-// while the key pair holding c is multiplied, the even keys of a 32-key
-// chunk in its first column pass and the odd ones in its second.
+// it goes: key c's lines while the key pair holding c is multiplied, the
+// even keys of a 32-key chunk in its first column pass and the odd ones in
+// its second.
 void few_rows_int8_accumulate_vnni(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                    const void* const* value_rows, float* acc, int64_t ldacc,
                                    const RowsToPrefetch& ahead = {});
