@@ -67,6 +67,9 @@ const char* const kHelp =
     "what a second thread gives such a call).\n"
     "--kv-dtype int8 | fp8_e4m3 quantizes the cache (int8: a scale per token and KV head,\n"
     "counted in kv_bytes_per_step; fp8: a scale per KV head, the prompt's max |x| / 224);\n"
+    "the same loop with the cache in --dtype then runs interleaved with it\n"
+    "(unquantized_ms_per_token, and ms_vs_unquantized: the median over steps of the\n"
+    "quantized step's time over the unquantized one's; null for an unquantized cache);\n"
     "a float --kv-dtype is the cache's and the queries' dtype (default: --dtype).\n";
 
 constexpr int64_t kMaxSize = int64_t{1} << 31;
@@ -341,7 +344,17 @@ struct Variant {
   // one-thread comparison then reads the very bytes, in the very pages, the
   // main loop reads, and nothing but the thread count differs.
   bool on_main_cache = false;
+  // Keeps its cache in the queries' dtype although the shape's is quantized:
+  // what a quantized cache is measured against (ms_vs_unquantized).
+  bool unquantized = false;
 };
+
+// The shape variant `v` runs: the unquantized one keeps its cache in --dtype.
+Shape variant_shape(const Shape& s, const Variant& v) {
+  Shape shape = s;
+  if (v.unquantized) shape.kv_quant = KvQuant::none;
+  return shape;
+}
 
 // Times the variants' decode loops interleaved, step by step: step i runs one
 // step of each (in an order that rotates with i), so that the load of other
@@ -359,11 +372,10 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
       loops.push_back(nullptr);
       continue;
     }
-    loops.push_back(std::make_unique<DecodeLoop>(s, v.page_size, v.threads, rope));
+    loops.push_back(std::make_unique<DecodeLoop>(variant_shape(s, v), v.page_size, v.threads, rope));
     loops.back()->prefill(t.prompt_k, t.prompt_v);
   }
   TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim_v);
-  const int64_t row_bytes = token_bytes(s);
   const size_t n = variants.size();
   std::vector<LoopResult> r(n);
   std::vector<double> gb_per_s, read_gb, fraction, read1_gb, read_ratio, memory_gb, memory_fraction;
@@ -377,7 +389,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
         if (variant.on_main_cache) loop.attend(t.q, o, i, variant.threads);
         else loop.step(t.q, t.k, t.v, o, i);
       });
-      r[v].kv_bytes_last = row_bytes * loop.length();
+      r[v].kv_bytes_last = token_bytes(variant_shape(s, variant)) * loop.length();
       r[v].step_ms.push_back(ms);
       if (v != 0) {
         if (reader && reader->evict_bytes() == 0) reader->pass();
@@ -558,6 +570,8 @@ int cmd_decode(int argc, char** argv) {
   std::vector<Variant> variants = {{paged ? page_size : 0, threads}};
   if (paged) variants.push_back({0, threads});
   if (threads > 1) variants.push_back({paged ? page_size : 0, 1, true});
+  const bool quantized = s.kv_quant != KvQuant::none;
+  if (quantized) variants.push_back({paged ? page_size : 0, threads, false, true});
   const std::vector<LoopResult> loops = time_decode(s, t, variants, rope, &reader);
   const LoopResult& main = loops[0];
   const double read_gb = main.read_gb_per_s;
@@ -599,8 +613,16 @@ int cmd_decode(int argc, char** argv) {
     rep.number("contiguous_ms_per_token", contiguous.ms_per_token);
     rep.number("paged_vs_contiguous", paired_ratio(contiguous, main));
   }
+  if (quantized) {
+    const LoopResult& unquantized = loops.back();
+    rep.number("unquantized_ms_per_token", unquantized.ms_per_token);
+    rep.number("ms_vs_unquantized", paired_ratio(main, unquantized));
+  } else {
+    rep.null("unquantized_ms_per_token");
+    rep.null("ms_vs_unquantized");
+  }
   if (threads > 1) {
-    const LoopResult& one = loops.back();
+    const LoopResult& one = loops[paged ? 2 : 1];
     rep.number("threads1_ms_per_token", one.ms_per_token);
     rep.number("thread_speedup", paired_ratio(one, main));
     // What the memory itself gives T threads over one: the ceiling

@@ -94,13 +94,22 @@ TEST(cliDecode, KvDtypeQuantizesTheCache) {
   EXPECT_EQ(j.get("kv_dtype")->str, "int8");
   EXPECT_EQ(j.get("dtype")->str, "bf16");
   EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 68 * (32 + 4));
-  j = decode_json("--threads 1 --kv-dtype fp8_e4m3 --paged");
+  // The same loop on a bf16 cache runs interleaved with it: the issue's
+  // quantized / unquantized step time, paired per step.
+  EXPECT_GT(number(j, "unquantized_ms_per_token"), 0);
+  EXPECT_GT(number(j, "ms_vs_unquantized"), 0);
+  j = decode_json("--threads 2 --kv-dtype fp8_e4m3 --paged");
   EXPECT_EQ(j.get("kv_dtype")->str, "fp8_e4m3");
   EXPECT_EQ(number(j, "kv_bytes_per_step"), 2.0 * 2 * 68 * 32);
-  EXPECT_GT(number(j, "paged_vs_contiguous"), 0);
+  for (const char* key : {"paged_vs_contiguous", "thread_speedup", "unquantized_ms_per_token", "ms_vs_unquantized"})
+    EXPECT_GT(number(j, key), 0) << key;
   j = decode_json("--threads 1 --kv-dtype fp16");
   EXPECT_EQ(j.get("kv_dtype")->str, "fp16");
   EXPECT_EQ(j.get("dtype")->str, "fp16");
+  for (const char* key : {"unquantized_ms_per_token", "ms_vs_unquantized"}) {
+    ASSERT_NE(j.get(key), nullptr) << key;
+    EXPECT_EQ(j.get(key)->type, Json::null) << key << " of an unquantized cache";
+  }
   // A small cache is not evicted: no main-memory read is timed.
   ASSERT_NE(j.get("memory_read_gb_per_s"), nullptr);
   EXPECT_EQ(j.get("memory_read_gb_per_s")->type, Json::null);
