@@ -220,11 +220,12 @@ void read_scales(const char* name, nb::handle scales, Framework fw, KvQuant quan
 }
 
 // torch bumps the version counter of a tensor written in place (so autograd
-// can tell a saved tensor changed); the binding writes the caches itself.
-void increment_versions(nb::handle k_cache, nb::handle v_cache) {
+// can tell a saved tensor changed); the binding writes the caches (and an
+// int8 cache's scales, where it appends) itself.
+void increment_versions(nb::tuple written) {
   static nb::handle increment =
       nb::object(nb::module_::import_("torch").attr("_C").attr("_increment_version")).release();
-  increment(nb::make_tuple(k_cache, v_cache));
+  increment(written);
 }
 
 nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k,
@@ -472,7 +473,12 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     if (!o_given.is_none()) fail_for_out(renamed, true);
     throw renamed;
   }
-  if (fw == Framework::torch) increment_versions(k_cache, v_cache);
+  if (fw == Framework::torch) {
+    if (a.kv_quant == KvQuant::int8 && a.seqlen_new > 0)
+      increment_versions(nb::make_tuple(k_cache, v_cache, k_scale, v_scale));
+    else
+      increment_versions(nb::make_tuple(k_cache, v_cache));
+  }
   return nb::make_tuple(o, lse);
 }
 

@@ -4,6 +4,8 @@ argument names, order, defaults, layouts ([B, N, H, D]; packed [total, H, D]; ca
 [B_cache, S, Hkv, D] and pages [num_blocks, block_size, Hkv, D]) and return conventions. Thin
 layers: every array is read in place by flash_attention / attention_with_kvcache (as a strided
 view), never copied. docs/python.md lists where they differ from FlashAttention-2 and from the native API."""
+import numpy as np
+
 from ._forward import flash_attention
 from ._kvcache import attention_with_kvcache
 
@@ -14,6 +16,14 @@ def _window(window_size):
         return None
     left, right = window_size
     return (-1 if left is not None and left < 0 else left, -1 if right is not None and right < 0 else right)
+
+
+def _fa2_lse(lse):
+    """softmax_lse as FlashAttention-2 returns it: +inf for a row that sees no key (its kernels
+    write INFINITY there, so that exp(s - lse) is 0 in the backward), where tileattn's is -inf."""
+    if isinstance(lse, np.ndarray):
+        return np.where(lse == -np.inf, np.float32(np.inf), lse)
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
 def _fa2_probs(q, k, v, dropout_p, probs_kept, **options):
@@ -35,7 +45,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     and alibi_slopes (``[H]`` or ``[B, H]`` fp32) as in FlashAttention-2. deterministic is accepted
     and has no effect: tileattn's backward is always deterministic. Returns ``out [B, Nq, H, D]``,
     or ``(out, softmax_lse [B, H, Nq], S_dmask [B, H, Nq, Nk])`` with return_attn_probs
-    (S_dmask: float32 probabilities, dropped entries negated). Autograd for q, k, v.
+    (S_dmask: float32 probabilities, dropped entries negated; softmax_lse +inf for a row that sees
+    no key, as FlashAttention-2's). Autograd for q, k, v.
     """
     window = None if window_size == (-1, -1) else _window(window_size)
     if not return_attn_probs:
@@ -45,7 +56,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                    softcap=softcap, alibi_slopes=alibi_slopes)
     out, lse, probs = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, return_attn_probs=True,
                                       **options)
-    return out, lse, _fa2_probs(q, k, v, dropout_p, probs, **options)
+    return out, _fa2_lse(lse), _fa2_probs(q, k, v, dropout_p, probs, **options)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -77,7 +88,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     out, lse, probs = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, return_attn_probs=True,
                                       **options)
-    return out, lse, _fa2_probs(q, k, v, dropout_p, probs, **options)
+    return out, _fa2_lse(lse), _fa2_probs(q, k, v, dropout_p, probs, **options)
 
 
 def _varlen_paged(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal,
@@ -140,7 +151,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_batch_idx / cache_leftpad as in FlashAttention-2 (two appending sequences naming one
     cache row raise ValueError). num_splits is accepted and has no effect (tileattn splits the
     keys of a long cache by itself). Returns ``out [B, Nq, H, D]``, or ``(out, softmax_lse
-    [B, H, Nq])``. No autograd (FlashAttention-2 has none either).
+    [B, H, Nq])`` (+inf for a row that sees no key, as FlashAttention-2's). No autograd
+    (FlashAttention-2 has none either).
     """
     if rotary_cos is not None and k is None:
         raise ValueError("rotary_cos: rotary embedding needs new keys and values k, v to append "
@@ -149,8 +161,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise TypeError("cache_seqlens: expected an int or an integer array, got bool")
     # FlashAttention-2's token-major arrays are read in place (the binding swaps the head and
     # row strides), and the output is allocated [B, Nq, H, D], contiguous.
-    return attention_with_kvcache(
+    result = attention_with_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved,
         softmax_scale, causal, None if window_size == (-1, -1) else _window(window_size),
         return_softmax_lse, None, softcap=softcap, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, _rotary_fa2=True, _token_major=True)
+    return (result[0], _fa2_lse(result[1])) if isinstance(result, tuple) else result

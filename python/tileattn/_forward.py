@@ -3,7 +3,8 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import as_alibi_slopes, as_sinks, parse_bool, parse_options, parse_softcap
+from ._problem import (as_alibi_slopes, as_sinks, causal_bias_options, is_causal_bias, parse_bool, parse_options,
+                       parse_softcap)
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.flash_attention,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -34,7 +35,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         attn_mask: None; a boolean array (True = keep); an additive float array (added to the
             scaled scores, -inf = drop); or a ``(left, right)`` tuple meaning a sliding window
             (same as ``window``). Arrays broadcast to ``[B, H, Nq, Nk]`` (e.g. ``[Nq, Nk]`` or
-            ``[B, 1, Nq, Nk]``): size-1 dims are read with stride 0, never expanded. A bool or
+            ``[B, 1, Nq, Nk]``): size-1 dims are read with stride 0, never expanded. PyTorch's
+            ``torch.nn.attention.bias.causal_lower_right(Nq, Nk)`` is ``is_causal=True``;
+            ``causal_upper_left`` is the top-left causal mask. A bool or
             float32 mask is read in place; an additive mask of another float dtype is
             converted to float32 first (one copy of the mask, the only copy this function makes).
         dropout_p: dropout probability on the attention weights, in [0, 1): weights are zeroed
@@ -99,8 +102,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         zeros.
 
     With torch tensors the call goes through the custom op ``torch.ops.tileattn.flash_attention``
-    (visible to torch.compile and tracing) and supports autograd for q, k and v (the mask gets no
-    gradient). The backward is the C++ kernel (``torch.ops.tileattn.flash_attention_backward``),
+    (visible to torch.compile and tracing) and supports autograd for q, k and v, and for a float
+    mask that requires grad (computed in PyTorch math, tileattn/_torch_backward.py; not with
+    dropout). The backward is the C++ kernel (``torch.ops.tileattn.flash_attention_backward``),
     which recomputes the attention weights tile by tile from the saved log-sum-exp and replays
     the forward's dropout pattern. When the loss also uses the returned lse, the backward
     runs in PyTorch math instead (tileattn/_torch_backward.py; no dropout there).
@@ -108,6 +112,13 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
     Errors: wrong shapes, dtypes, devices or layouts raise ValueError or TypeError naming the
     argument; features not built raise NotImplementedError.
     """
+    if attn_mask is not None and is_causal_bias(attn_mask):
+        shapes = tuple(tuple(getattr(x, "shape", ())) for x in (q, k))
+        if any(len(shape) != 4 for shape in shapes):
+            raise ValueError(f"attn_mask: a causal bias (torch.nn.attention.bias) needs 4-D q and k, got "
+                             f"{shapes[0]} and {shapes[1]}")
+        row = 1 if layout == "bshd" else 2
+        attn_mask, is_causal = causal_bias_options(attn_mask, shapes[0][row], shapes[1][row], is_causal)
     if (cu_seqlens_q is not None or cu_seqlens_k is not None or return_attn_probs is not False
             or max_seqlen_q is not None or max_seqlen_k is not None):
         return _varlen_or_probs(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window,

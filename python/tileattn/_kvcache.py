@@ -150,8 +150,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
                 *(x if not _token_major else view for x, view in zip((q, k_cache, v_cache, k, v), views)),
                 cache_seqlens, block_table, rotary_cos, rotary_sin, interleaved, scale, is_causal, left, right,
                 softcap, alibi_slopes, sinks, cache_batch_idx, cache_leftpad, _rotary_fa2)
-            if _token_major:
-                o = o.transpose(1, 2)
+            if _token_major:  # FlashAttention-2's out is a contiguous [B, Nq, H, D], as the direct call's
+                o = o.transpose(1, 2).contiguous()
     else:
         o, lse = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos,
                                    rotary_sin, interleaved, scale, is_causal, left, right, threads,

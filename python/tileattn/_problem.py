@@ -171,6 +171,27 @@ def parse_dropout(dropout_p):
     return p
 
 
+def is_causal_bias(attn_mask):
+    """Whether attn_mask is one of torch.nn.attention.bias's causal masks (causal_upper_left /
+    causal_lower_right): a tensor subclass whose storage holds no mask (it handles PyTorch's
+    SDPA itself), so it must be read for what it says, not as an array."""
+    cls = type(attn_mask)
+    return cls.__name__ == "CausalBias" and cls.__module__ == "torch.nn.attention.bias"
+
+
+def causal_bias_options(attn_mask, nq, nk, is_causal):
+    """(mask, is_causal) for flash_attention in place of a CausalBias of an [nq, nk] score matrix:
+    causal_lower_right is flash_attention's own is_causal (bottom-right); causal_upper_left is
+    that too when nq == nk, else a bool [nq, nk] mask (key j visible to query i iff j <= i)."""
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (nq, nk):
+        raise ValueError(f"attn_mask: a causal bias of {attn_mask.seq_len_q} x {attn_mask.seq_len_kv} "
+                         f"for {nq} queries and {nk} keys")
+    if int(attn_mask.variant.value) == 2 or nq == nk:  # CausalVariant.LOWER_RIGHT
+        return None, True
+    import torch
+    return torch.ones(nq, nk, dtype=torch.bool).tril_(), is_causal
+
+
 def parse_options(attn_mask, dropout_p, softmax_scale, is_causal, window, layout):
     """flash_attention's scalar options, checked (the arrays are checked in C++, by
     _tileattn.forward_arrays / check_forward).

@@ -3,6 +3,7 @@ name for name, default for default, on tileattn's kernel (a thin layer over flas
 import numpy as np
 
 from ._forward import flash_attention
+from ._problem import is_causal_bias
 
 
 class SdpaArgumentError(ValueError, RuntimeError):
@@ -16,10 +17,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Same arguments, defaults and semantics as ``torch.nn.functional.scaled_dot_product_attention``:
 
-    * query ``(..., Hq, L, E)``, key / value ``(..., Hk, S, E)`` (tileattn needs ``Ev == E``); 3-D
-      and 4-D inputs are read in place, more leading dims are flattened into the batch.
+    * query ``(..., Hq, L, E)``, key ``(..., Hk, S, E)``, value ``(..., Hk, S, Ev)``; 3-D and 4-D
+      inputs are read in place, more leading dims are flattened into the batch.
     * ``attn_mask``: bool (True = takes part) or float (added to the scores), broadcastable to
-      ``(..., Hq, L, S)``; read in place with stride-0 broadcasting.
+      ``(..., Hq, L, S)``; read in place with stride-0 broadcasting; a float mask that requires
+      grad gets its gradient. ``torch.nn.attention.bias.causal_lower_right`` /
+      ``causal_upper_left`` are the causal masks they name.
     * ``is_causal=True`` aligns the causal mask to the TOP-LEFT (key ``j`` visible to query ``i``
       iff ``j <= i``), as PyTorch does; giving it with ``attn_mask`` is an error, as in PyTorch.
     * ``scale``: None means ``1 / sqrt(E)``. ``enable_gqa``: key/value may have fewer heads, which
@@ -48,7 +51,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise SdpaArgumentError("attn_mask: must be None when is_causal=True (as in torch's "
                              "scaled_dot_product_attention)")
         nq, nk = qs[-2], ks[-2]
-        if nq == nk:
+        if nq == nk or nk == 0:  # no keys: every row is zeros, with or without a mask
             causal = True  # top-left and bottom-right agree
         else:
             attn_mask = _top_left_causal(query, nq, nk)
@@ -69,7 +72,7 @@ def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     def as4(x):
         return x.reshape((-1,) + tuple(x.shape[-3:])) if len(lead) else x[None]
     mask = attn_mask
-    if mask is not None and len(lead) > 1:
+    if mask is not None and len(lead) > 1 and not is_causal_bias(mask):
         # The mask's leading dims broadcast to the inputs' before they are flattened into one
         # batch dim (a copy only when a broadcast leading dim cannot be flattened as a view).
         shape = (1,) * (len(query.shape) - len(mask.shape)) + tuple(mask.shape)

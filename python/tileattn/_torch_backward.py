@@ -1,8 +1,10 @@
-"""Backward of flash_attention in PyTorch math, for losses that use the log-sum-exp.
+"""Backward of flash_attention in PyTorch math, for losses that use the log-sum-exp and for
+float masks that require grad.
 
 The C++ backward kernel (include/tileattn/backward.hpp) computes dQ, dK, dV
 from dO; a loss that also depends on the returned lse adds P * dlse to dS,
-which the kernel does not take, so that case (and only that case) runs here.
+which the kernel does not take, so that case runs here, and so does a float mask's
+gradient (dS itself, which the kernel never stores).
 It follows FlashAttention-2's backward: the attention weights are recomputed
 from the saved log-sum-exp, P = exp(scale * Q K^T + mask - lse), never stored
 for the whole sequence -- one block of query rows at a time -- and
@@ -37,9 +39,12 @@ def visible_keys(nq, nk, causal, window_left, window_right, rows):
 
 
 def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale, causal,
-                            window_left, window_right, layout, softcap=0.0, alibi_slopes=None, sinks=None):
+                            window_left, window_right, layout, softcap=0.0, alibi_slopes=None, sinks=None,
+                            mask_grad=False):
     """(dq, dk, dv, d_sinks) for the forward with these inputs; layout 0 bhsd, 1 bshd;
-    d_sinks float32 [H] with sinks, else an empty [0] tensor."""
+    d_sinks float32 [H] with sinks, else an empty [0] tensor. With mask_grad (a float
+    attn_mask), also d_mask in the mask's shape and dtype: dS (the gradient of the scores the
+    mask is added to, after the soft cap) summed over the dims the mask broadcasts along."""
     if layout == 1:  # work in [B, H, N, D] views
         q, k, v, o = (t.transpose(1, 2) for t in (q, k, v, o))
         grad_o = grad_o.transpose(1, 2) if grad_o is not None else None
@@ -53,6 +58,9 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     dlse = grad_lse.float() if grad_lse is not None else torch.zeros(b, h, nq)
     delta = (do * of).sum(-1)  # [B, H, Nq]
     mask = attn_mask.expand(b, h, nq, nk) if attn_mask is not None else None
+    if mask_grad:  # the mask's own shape as 4 dims: d_mask's accumulator
+        mask_shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+        d_mask = torch.zeros(mask_shape, dtype=torch.float32)
 
     dq = torch.empty_like(qf)
     dk = torch.zeros_like(kf)
@@ -98,6 +106,11 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         dv += torch.matmul(p.transpose(-1, -2), do[:, :, r])
         dp = torch.matmul(do[:, :, r], vf.transpose(-1, -2))
         ds = p * (dp - delta[:, :, r].unsqueeze(-1) + dlse[:, :, r].unsqueeze(-1))
+        if mask_grad:
+            if mask_shape[2] == 1:  # one mask row for every query row
+                d_mask += ds.sum_to_size(mask_shape)
+            else:
+                d_mask[:, :, r] += ds.sum_to_size(mask_shape[:2] + (len(rows), mask_shape[3]))
         if softcap > 0:
             ds = ds * (1 - t * t)
         dq[:, :, r] = torch.matmul(ds, kf) * scale
@@ -108,6 +121,8 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     if layout == 1:
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+    if mask_grad:
+        return dq, dk, dv, d_sinks, d_mask.reshape(attn_mask.shape).to(attn_mask.dtype)
     return dq, dk, dv, d_sinks
 
 

@@ -122,6 +122,16 @@ def _backward(ctx, grad_o, grad_lse):
         grad_o = torch.zeros_like(o)
     if grad_lse is None:
         grad_lse = torch.zeros_like(lse)
+    if ctx.needs_input_grad[3]:
+        # A float mask that requires grad (ALiBi-like or relative-position biases that are
+        # learned): its gradient is dS, which the kernel does not store; PyTorch math.
+        dropout_p, softmax_scale, is_causal, window_left, window_right, layout, _, softcap = ctx.options
+        if dropout_p > 0:
+            raise NotImplementedError("attn_mask: a gradient for the mask together with dropout is not supported")
+        dq, dk, dv, d_sinks, d_mask = _torch_backward.attention_backward_math(
+            q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
+            window_right, layout, softcap, alibi_slopes, sinks, mask_grad=True)
+        return (dq, dk, dv, d_mask) + (None,) * 9 + (d_sinks if sinks is not None else None,) + (None,) * 4
     dq, dk, dv, d_sinks = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask,
                                                       *ctx.options, alibi_slopes, sinks, cu_seqlens_q,
                                                       cu_seqlens_k)
@@ -142,6 +152,8 @@ def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scal
     cannot trace into that call, so under torch.compile the checks wait for the op's
     implementation, which makes them on the real tensors when the compiled code runs.
     """
+    if mask is not None and mask.requires_grad and mask.dtype not in (torch.bool, torch.float32):
+        mask = mask.float()  # in autograd's view (C++'s conversion would cut the mask's gradient off)
     if not torch.compiler.is_compiling():
         return _C.check_forward(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,

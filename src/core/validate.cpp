@@ -273,6 +273,9 @@ void validate(const ForwardArgs& a) {
   if (a.mask.kind != MaskSpec::Kind::none) {
     if (a.mask.kind != MaskSpec::Kind::boolean && a.mask.kind != MaskSpec::Kind::additive)
       fail("mask: unknown kind");
+  }
+  // Without keys a mask has no element to read (an empty [Nq, 0] array may have null data).
+  if (a.mask.kind != MaskSpec::Kind::none && keys_needed) {
     if (!a.mask.data) fail("mask: data is null");
     const int64_t m_sizes[4] = {s.batch, s.heads, max_nq, max_nk};
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,

@@ -80,6 +80,83 @@ def test_sdpa_top_left_causal_differs_from_bottom_right():
     assert not torch.allclose(ours, tileattn.flash_attention(q, k, v, is_causal=True))
 
 
+@pytest.mark.parametrize("variant", ["causal_lower_right", "causal_upper_left"])
+@pytest.mark.parametrize("nq, nk", [(4, 11), (11, 4), (7, 7)])
+def test_sdpa_takes_torch_causal_bias_masks(variant, nq, nk):
+    """torch.nn.attention.bias's masks are tensor subclasses whose storage holds no mask: they
+    must be read for the causal mask they name (their storage once gave garbage outputs)."""
+    from torch.nn.attention import bias
+    q, k, v = sdpa_inputs(torch.float32, nq=nq, nk=nk)
+    i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+    keep = j <= i + (nk - nq if variant == "causal_lower_right" else 0)
+
+    def run(fn, mask, dtype):
+        x = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        o = fn(*x, attn_mask=mask)
+        o.sum().backward()
+        return [o.detach().float()] + [t.grad.float() for t in x]
+
+    expected = run(F.scaled_dot_product_attention, keep, torch.float64)
+    with pytest.warns(UserWarning) if (variant, nq > nk) == ("causal_lower_right", True) else _no_warning():
+        mask = getattr(bias, variant)(nq, nk)
+    for got in (run(tileattn.scaled_dot_product_attention, mask, torch.float32),
+                run(lambda *x, attn_mask: tileattn.flash_attention(*x, attn_mask=attn_mask), mask, torch.float32)):
+        for name, a, r in zip(("o", "dq", "dk", "dv"), got, expected):
+            torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="attn_mask: a causal bias of"):
+        tileattn.scaled_dot_product_attention(q, k, v, attn_mask=getattr(bias, variant)(nq + 1, nk + 1))
+
+
+class _no_warning:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(9, 13), (2, 1, 9, 13), (1, 4, 1, 13), (1, 4, 9, 1)])
+def test_sdpa_float_mask_gets_its_gradient(dtype, shape):
+    """A float mask that requires grad (a learned bias) gets d(loss)/d(mask): dS summed over the
+    dims it broadcasts along, as torch's SDPA gives it; it once silently got none."""
+    q, k, v = sdpa_inputs(dtype, nk=13)
+    mask = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    g = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+
+    def run(fn, dtype):
+        x = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, mask)]
+        o = fn(*x[:3], attn_mask=x[3])
+        (o * g.to(dtype)).sum().backward()
+        return x[3].grad
+
+    ours = run(tileattn.scaled_dot_product_attention, dtype)
+    assert ours is not None and ours.dtype == dtype and ours.shape == mask.shape
+    naive = run(F.scaled_dot_product_attention, dtype)
+    ref = run(F.scaled_dot_product_attention, torch.float64)
+    # Rows of the mask's last dim; a mask broadcast along the keys has gradient ~0 (softmax is
+    # shift-invariant), which the floor (a fraction of dO's size) covers.
+    fraction = gradient_floor_fraction(NAMES[dtype])
+    verdict = check_rows(ours.double().reshape(-1, shape[-1]).numpy(), ref.reshape(-1, shape[-1]).numpy(),
+                         naive.double().reshape(-1, shape[-1]).numpy(), fraction,
+                         extra_floor=fraction * float(g.double().abs().max()) * float(v.double().abs().max()))
+    assert verdict["ok"], verdict
+    with pytest.raises(NotImplementedError, match="attn_mask: a gradient for the mask together with dropout"):
+        m = mask.detach().requires_grad_()
+        tileattn.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.3).sum().backward()
+
+
+def test_sdpa_causal_without_keys_is_zeros():
+    """is_causal with S = 0: every row sees no key, zeros as torch gives (the empty top-left
+    mask was refused once: its data pointer is null)."""
+    q, k, v = sdpa_inputs(torch.float32, nq=4, nk=0)
+    for causal in (True, False):
+        o = tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        assert o.shape == (2, 4, 4, 16) and not o.any()
+    assert not tileattn.flash_attention(q, k, v, attn_mask=torch.ones(4, 0, dtype=torch.bool)).any()
+
+
 def test_sdpa_ranks_3_and_5_and_numpy():
     q, k, v = sdpa_inputs(torch.float32, b=6, h=2, hk=2)
     for shape in ((12, 9, 16), (2, 3, 2, 9, 16)):
@@ -172,6 +249,13 @@ def test_flash_attn_func_returns_fa2_triple():
     torch.testing.assert_close(out, tileattn.flash_attn_func(q, k, v, causal=True))
     torch.testing.assert_close(s_dmask.sum(-1), torch.ones(1, 2, 6))
     # With dropout, dropped entries are negated (FlashAttention-2's encoding): |S| is the softmax.
+    # A row that sees no key (causal, more queries than keys): softmax_lse +inf, as FlashAttention-2's
+    # kernels write it (tileattn's own lse is -inf there); out is zeros.
+    out, lse, _ = tileattn.flash_attn_func(q, k[:, :3], v[:, :3], causal=True, return_attn_probs=True)
+    assert torch.equal(lse[..., :3], torch.full((1, 2, 3), float("inf"))) and torch.isfinite(lse[..., 3:]).all()
+    assert not out[:, :3].any()
+    assert torch.equal(tileattn.flash_attention(q, k[:, :3], v[:, :3], is_causal=True, layout="bshd",
+                                                return_lse=True)[1][..., :3], torch.full((1, 2, 3), float("-inf")))
     out, lse, s_dmask = tileattn.flash_attn_func(q, k, v, dropout_p=0.5, causal=True, return_attn_probs=True)
     assert (s_dmask < 0).any()
     torch.testing.assert_close(s_dmask.abs().sum(-1), torch.ones(1, 2, 6))
@@ -381,6 +465,19 @@ def test_flash_attn_with_kvcache_matches_fa2_model(dtype, case):
     for i, (qs, ks, vs) in enumerate(seqs):
         check_close(bhsd(out[i:i + 1].float()), qs, ks, vs, NAMES[dtype], got_lse=lse[i:i + 1].numpy(),
                     causal=causal, window=window, softcap=opts.get("softcap", 0.0))
+
+
+def test_flash_attn_with_kvcache_out_is_contiguous_on_the_op_path():
+    """The op path (q requires grad, tracing, torch.compile) returns FlashAttention-2's contiguous
+    [B, Nq, H, D] as the direct call does (it once returned a transposed view, which .view()
+    refused)."""
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 2, 4, 64, generator=gen)
+    kc, vc = torch.randn(1, 16, 2, 64, generator=gen), torch.randn(1, 16, 2, 64, generator=gen)
+    direct = tileattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3)
+    on_op = tileattn.flash_attn_with_kvcache(q.clone().requires_grad_(), kc, vc, cache_seqlens=3)
+    assert direct.is_contiguous() and on_op.is_contiguous() and torch.equal(direct, on_op)
+    assert on_op.view(1, 2, 256).shape == (1, 2, 256)
 
 
 def test_flash_attn_with_kvcache_bad_indices_write_nothing():

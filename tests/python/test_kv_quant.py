@@ -100,6 +100,28 @@ def test_int8_torch_paged_equals_contiguous():
     assert torch.equal(o, op)
 
 
+def test_an_append_bumps_the_versions_of_what_it_writes():
+    """An int8 append writes the scales too: their version counters move with the caches', so
+    autograd refuses a backward through a scale the append overwrote (it once used the new
+    value silently). fp8 scales are read only and keep their versions."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 1, 64, generator=gen)
+    k, v = torch.randn(1, 1, 1, 64, generator=gen), torch.randn(1, 1, 1, 64, generator=gen)
+    kc, vc = torch.zeros(1, 1, 8, 64, dtype=torch.int8), torch.zeros(1, 1, 8, 64, dtype=torch.int8)
+    ks, vs = torch.ones(1, 1, 8), torch.ones(1, 1, 8)
+    w = torch.ones(1, 1, 8, requires_grad=True)
+    y = (w * ks).sum()  # saves ks
+    versions = [t._version for t in (kc, vc, ks, vs)]
+    tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=0, k_scale=ks, v_scale=vs)
+    assert all(t._version > before for t, before in zip((kc, vc, ks, vs), versions))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    fc, fv = torch.zeros(1, 1, 8, 64, dtype=torch.float8_e4m3fn), torch.zeros(1, 1, 8, 64, dtype=torch.float8_e4m3fn)
+    fks, fvs = torch.ones(1), torch.ones(1)
+    tileattn.attention_with_kvcache(q, fc, fv, k, v, cache_seqlens=0, k_scale=fks, v_scale=fvs)
+    assert fks._version == 0 and fvs._version == 0 and fc._version > 0
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
 def test_bf16_probabilities_on_quantized_caches(cache_dtype):
     # set_bf16_probabilities reaches attention_with_kvcache's few-rows P @ V on quantized caches:

@@ -167,6 +167,16 @@ TEST(Numerics, EmptyBatchAndZeroLengthSequences) {
   attention_forward(no_keys.args);
   for (float x : no_keys.o32) ASSERT_EQ(x, 0.0f);
   for (float x : no_keys.lse) ASSERT_EQ(x, -kInf);
+  // ... also under a mask with no element to read, whose data may be null (an empty
+  // [Nq, 0] tensor's: PyTorch's top-left causal mask of Nk = 0).
+  for (MaskSpec::Kind kind : {MaskSpec::Kind::boolean, MaskSpec::Kind::additive}) {
+    std::fill(no_keys.o32.begin(), no_keys.o32.end(), 7.0f);
+    ForwardArgs masked = no_keys.args;
+    masked.mask.kind = kind;
+    masked.mask.data = nullptr;
+    attention_forward(masked);
+    for (float x : no_keys.o32) ASSERT_EQ(x, 0.0f);
+  }
   // No queries: nothing to write, success.
   c = edge_case();
   c.seqlen_q = 0;
