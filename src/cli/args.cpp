@@ -61,6 +61,12 @@ Args::Args(int argc, char** argv, std::initializer_list<Flag> flags, const std::
     if (!known) throw UsageError(context + "unknown flag '" + arg + "' (see " + help_command + " --help)");
     if (known->takes_value && !inline_value) {
       if (i + 1 >= argc) throw UsageError(arg + ": missing value");
+      // A flag where its value should be ("--out --causal") is a value left
+      // out, not a file named "--causal"; a value that starts with "--" can
+      // still be given inline ("--out=--odd-name").
+      if (std::string(argv[i + 1]).rfind("--", 0) == 0)
+        throw UsageError(arg + ": missing value (got the flag '" + argv[i + 1] + "'; write " + arg +
+                         "=VALUE for a value that starts with --)");
       value = argv[++i];
     }
     if (!known->takes_value && inline_value) throw UsageError(arg + ": takes no value");

@@ -44,11 +44,21 @@ int cmd_tune(int argc, char** argv) {
   Args args(argc, argv, {{"--dims", true}, {"--dtypes", true}, {"--threads", true}, {"--out", true}, {"--json", false}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
-  const std::vector<int64_t> dims = args.integer_list("--dims", {64, 128}, 1, 256);
+  const std::vector<int64_t> dims = args.integer_list("--dims", {64, 128}, 1, kMaxHeadDim);
   std::vector<DType> dtypes;
   for (const std::string& name : args.text_list("--dtypes", {"fp32"})) dtypes.push_back(parse_dtype(name));
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const std::string out = args.text("--out", tune_file_path());
+  // Where the file cannot go is said before minutes of timing, not after.
+  if (struct stat st; ::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw UsageError("--out: '" + out + "' is a directory");
+  make_parent_dirs(out);
+  if (const std::size_t slash = out.rfind('/'); slash != std::string::npos && slash > 0) {
+    struct stat dir;
+    const std::string parent = out.substr(0, slash);
+    if (::stat(parent.c_str(), &dir) != 0 || !S_ISDIR(dir.st_mode))
+      throw UsageError("--out: cannot create the directory '" + parent + "'");
+  }
   const Isa isa = resolve_isa(Isa::automatic);
 
   std::vector<TuneEntry> winners;
@@ -110,7 +120,6 @@ int cmd_tune(int argc, char** argv) {
       replaced |= old.isa == w.isa && old.head_dim == w.head_dim && old.dtype == w.dtype;
     if (!replaced) entries.push_back(old);
   }
-  make_parent_dirs(out);
   write_tune_file(out, entries);
 
   if (json) {

@@ -1,5 +1,6 @@
 // `tileattn`: the command-line face of the library. Dispatches to one
 // subcommand and turns every error into one line on stderr and exit status 2.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -48,7 +49,14 @@ int main(int argc, char** argv) {
   for (const Command& c : kCommands) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
     try {
-      return c.run(argc - 1, argv + 1);
+      const int status = c.run(argc - 1, argv + 1);
+      // A report that could not be written (stdout on a full disk, a closed
+      // pipe, /dev/full) is not a success: a script would read nothing.
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        std::fprintf(stderr, "tileattn: stdout: write failed (%s)\n", std::strerror(errno));
+        return tileattn::cli::kExitUsage;
+      }
+      return status;
     } catch (const std::bad_alloc&) {
       std::fprintf(stderr, "tileattn: out of memory\n");
     } catch (const std::exception& e) {

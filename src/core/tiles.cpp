@@ -1,6 +1,8 @@
 // Tile-shape choice: data, not code (STYLE.md). The register tile is fixed in
 // each ISA's kernels; the cache-level tile is picked here per machine.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -60,6 +62,9 @@ std::vector<TuneEntry> read_tune_file(const std::string& path) {
 }
 
 void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entries) {
+  if (path.empty()) throw Error("tune file: empty path");
+  // Written beside the target and renamed over it; on any failure the
+  // temporary file goes and the target stays as it was.
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
@@ -68,10 +73,17 @@ void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entr
     for (const TuneEntry& e : entries)
       out << e.isa << ' ' << e.head_dim << ' ' << e.dtype << ' ' << e.block_q << 'x' << e.block_kv
           << '\n';
-    if (!out) throw Error("tune file: write to '" + tmp + "' failed");
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error("tune file: write to '" + tmp + "' failed");
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error("tune file: cannot rename '" + tmp + "' to '" + path + "'");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error("tune file: cannot write '" + path + "' (" + reason + ")");
+  }
 }
 
 TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype, int64_t v_head_dim) {

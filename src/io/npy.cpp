@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -273,7 +274,8 @@ void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>
 }
 
 StagedFiles::~StagedFiles() {
-  for (const Entry& e : entries_) std::remove(e.temp.c_str());
+  for (const Entry& e : entries_)
+    if (!e.temp.empty()) std::remove(e.temp.c_str());
 }
 
 namespace {
@@ -305,7 +307,24 @@ std::string rename_obstacle(const std::string& temp, const std::string& path) {
 
 }  // namespace
 
-void StagedFiles::stage(const std::string& path, const std::vector<unsigned char>& bytes) {
+void StagedFiles::stage(const std::string& given, const std::vector<unsigned char>& bytes) {
+  // A symbolic link names the file to replace: rename() over the link itself
+  // would replace the link with a regular file.
+  std::string path = given;
+  struct stat st;
+  if (::lstat(given.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char* real = ::realpath(given.c_str(), nullptr);
+    if (!real) fail(given, std::string("cannot write (a symbolic link that does not resolve: ") +
+                               std::strerror(errno) + ")");
+    path = real;
+    std::free(real);
+  }
+  // A device, FIFO or socket is written in place at commit: rename() would
+  // replace /dev/null with a regular file.
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    entries_.push_back({"", given, bytes});
+    return;
+  }
   // Same directory as the target, so that rename() is atomic; a short name of
   // its own, so that a target name near NAME_MAX (255) still gets one. The
   // counter is per process (several StagedFiles may stage into one
@@ -319,7 +338,7 @@ void StagedFiles::stage(const std::string& path, const std::vector<unsigned char
     f = std::fopen(temp.c_str(), "wbx");
   } while (!f && errno == EEXIST);
   if (!f) fail(path, std::string("cannot write (") + std::strerror(errno) + ")");
-  entries_.push_back({temp, path});
+  entries_.push_back({temp, path, {}});
   const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   const bool closed = std::fclose(f) == 0;
   if (!written || !closed) fail(path, "write failed (disk full?)");
@@ -332,8 +351,23 @@ void StagedFiles::commit() {
   // non-atomic: a crash, or a rename failing for a reason not checked here,
   // between two renames leaves the earlier targets replaced.
   for (const Entry& e : entries_)
-    if (const std::string why = rename_obstacle(e.temp, e.path); !why.empty())
-      fail(e.path, "cannot write (" + why + ")");
+    if (!e.temp.empty())
+      if (const std::string why = rename_obstacle(e.temp, e.path); !why.empty())
+        fail(e.path, "cannot write (" + why + ")");
+  // Targets that are not regular files, in place and first: a write that
+  // fails there (/dev/full) comes before any rename.
+  for (Entry& e : entries_) {
+    if (!e.temp.empty()) continue;
+    std::FILE* f = std::fopen(e.path.c_str(), "wb");
+    if (!f) fail(e.path, std::string("cannot write (") + std::strerror(errno) + ")");
+    const bool written = std::fwrite(e.in_place.data(), 1, e.in_place.size(), f) == e.in_place.size();
+    const bool flushed = std::fflush(f) == 0;
+    const int error = errno;
+    const bool closed = std::fclose(f) == 0;
+    if (!written || !flushed || !closed)
+      fail(e.path, std::string("write failed (") + std::strerror(error ? error : EIO) + ")");
+  }
+  std::erase_if(entries_, [](const Entry& e) { return e.temp.empty(); });
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     if (std::rename(entries_[i].temp.c_str(), entries_[i].path.c_str()) != 0) {
       const std::string reason = std::strerror(errno);

@@ -48,6 +48,9 @@ void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>
 // each file under a temporary name in its target's directory, commit()
 // checks every target and only then renames them all into place.
 // Files staged but never committed are removed by the destructor.
+// A symbolic link is written through (its target is replaced, the link
+// stays); a target that is not a regular file (/dev/null, a FIFO) is written
+// in place at commit, first, since renaming over it would replace the node.
 class StagedFiles {
  public:
   StagedFiles() = default;
@@ -59,7 +62,8 @@ class StagedFiles {
 
  private:
   struct Entry {
-    std::string temp, path;
+    std::string temp, path;              // temp empty: written in place (not a regular file)
+    std::vector<unsigned char> in_place;  // the bytes of such an entry
   };
   std::vector<Entry> entries_;
 };

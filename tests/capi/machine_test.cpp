@@ -1,5 +1,7 @@
 // Version, CPU and tile queries, and the tuning-configuration handle, through C.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +99,22 @@ TEST(CApiMachine, DenseStrides) {
   EXPECT_EQ(tileattn_dense_strides(2, 2, 3, 5, 7, s), TILEATTN_INVALID_ARGUMENT);
   EXPECT_EQ(tileattn_dense_strides(TILEATTN_LAYOUT_BHSD, int64_t(1) << 40, int64_t(1) << 40, 5, 7, s),
             TILEATTN_INVALID_ARGUMENT);
+}
+
+// A save that cannot land (the path is a directory; no path) fails and leaves
+// no temporary file beside the target (it once left "<path>.tmp").
+TEST(CApiTuneConfig, FailedSaveLeavesNoTemporaryFile) {
+  tileattn_tune_config* config = nullptr;
+  ASSERT_EQ(tileattn_tune_config_create(&config), TILEATTN_OK);
+  ASSERT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AVX2, 128, TILEATTN_BF16, 64, 32), TILEATTN_OK);
+  std::string dir = ::testing::TempDir() + "tileattn_capi_tune_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  EXPECT_NE(tileattn_tune_config_save(config, dir.c_str()), TILEATTN_OK);
+  EXPECT_NE(std::string(tileattn_last_error()).find(dir), std::string::npos) << tileattn_last_error();
+  struct stat st;
+  EXPECT_NE(stat((dir + ".tmp").c_str(), &st), 0) << "a temporary file was left";
+  EXPECT_EQ(rmdir(dir.c_str()), 0);
+  ASSERT_EQ(tileattn_tune_config_destroy(config), TILEATTN_OK);
 }
 
 TEST(CApiTuneConfig, SetSaveLoadRoundTrip) {

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include <sys/stat.h>
+
 #include "cli/cli_support.hpp"
 
 namespace tileattn::cli_test {
@@ -418,6 +420,22 @@ TEST(cliTune, HelpListsTheTimedCandidates) {
   EXPECT_NE(r.out.find("block_q in {32,64,96,128,192,256} x block_kv in {32,64,128,256}"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("To undo: delete the file"), std::string::npos) << r.out;
+}
+
+// An --out that cannot be written is refused before the timing starts (it
+// once ran every candidate, printed them, and failed at the rename leaving
+// "<out>.tmp"); --dims reaches the library's largest head dim.
+TEST(cliTune, RefusesADirectoryBeforeTiming) {
+  TempDir dir;
+  ASSERT_EQ(mkdir((dir / "d").c_str(), 0755), 0);
+  const Result r = run_cli("tune --dims 16 --out '" + (dir / "d") + "'", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--out: '" + (dir / "d") + "' is a directory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(dir.files(), (std::vector<std::string>{"d"}));  // no d.tmp
+  const Result big = run_cli("tune --dims 577 --out '" + (dir / "t.conf") + "'", dir);
+  EXPECT_EQ(big.status, 2);
+  EXPECT_NE(big.err.find("576"), std::string::npos) << big.err;
 }
 
 TEST(cliTune, WritesTheWinnersThatInfoThenUses) {

@@ -1,6 +1,7 @@
 // Bad input to `tileattn run`: exit status 2, one line on stderr starting
 // "tileattn: ", and no output file (nor a temporary one) left behind.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -115,6 +116,8 @@ TEST_F(cliRunErrors, BadFlagsAndNumbers) {
   expect_failure(inputs() + " --frobnicate", "unknown flag '--frobnicate'");
   expect_failure(inputs() + " --causal=yes", "--causal: takes no value");
   expect_failure(inputs() + " --scale", "--scale: missing value");
+  // A flag where a value belongs is the value left out (it once wrote a file named "--causal").
+  expect_failure(inputs() + " --scale --causal", "--scale: missing value (got the flag '--causal'");
   expect_failure("run --q '" + (dir / "q.npy") + "'", "--k is required");
 }
 
@@ -146,6 +149,57 @@ TEST_F(cliRunErrors, CommitChecksEveryTargetBeforeRenaming) {
                      (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" + (dir / "dv.npy") + "'",
                  "dv.npy: cannot write (is a directory)");
   EXPECT_EQ(slurp(dir / "o.npy"), "old");
+}
+
+// An output that is a symbolic link is written through it: the file it names
+// gets the result and the link stays a link (rename() over the link once
+// replaced it with a regular file).
+TEST_F(cliRunErrors, OutputThroughASymbolicLink) {
+  std::ofstream(dir / "real.npy") << "old";
+  ASSERT_EQ(symlink("real.npy", (dir / "link.npy").c_str()), 0);
+  const Result r = run_cli("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" +
+                               (dir / "v.npy") + "' --out '" + (dir / "link.npy") + "'",
+                           dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  struct stat st;
+  ASSERT_EQ(lstat((dir / "link.npy").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode)) << "the link was replaced";
+  EXPECT_EQ(io::read_npy(dir / "real.npy").shape, (std::vector<int64_t>{1, 2, 5, 8}));
+  // A link that names nothing is an error, and nothing is written.
+  ASSERT_EQ(symlink("nowhere/x.npy", (dir / "dangling.npy").c_str()), 0);
+  expect_failure("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
+                     "' --out '" + (dir / "dangling.npy") + "'",
+                 "dangling.npy: cannot write (a symbolic link that does not resolve");
+}
+
+// An output that is not a regular file (here a FIFO; /dev/null alike) is
+// written in place: rename() over it once replaced /dev/null with a regular
+// file. A FIFO, not /dev/null, so that a regression cannot damage the machine.
+TEST_F(cliRunErrors, OutputToAFifoIsWrittenInPlace) {
+  const std::string fifo = dir / "pipe.npy";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // the CLI's open then does not block
+  ASSERT_GE(reader, 0);
+  const Result r = run_cli("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" +
+                               (dir / "v.npy") + "' --out '" + fifo + "'",
+                           dir);
+  std::string bytes(4096, '\0');
+  const ssize_t n = read(reader, bytes.data(), bytes.size());
+  close(reader);
+  ASSERT_EQ(r.status, 0) << r.err;
+  struct stat st;
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
+  ASSERT_GT(n, 10);
+  EXPECT_EQ(bytes.substr(1, 5), "NUMPY");
+}
+
+// A report that cannot be written is a failure: /dev/full as stdout.
+TEST(cliOutput, FailedStdoutWriteIsExitTwo) {
+  const std::string command = std::string("'") + TILEATTN_CLI + "' info --json >/dev/full 2>/dev/null";
+  const int raw = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(raw));
+  EXPECT_EQ(WEXITSTATUS(raw), 2);
 }
 
 // Two output flags naming one file would silently lose an output: exit 2,
