@@ -2,6 +2,7 @@
 name for name, default for default, on tileattn's kernel (a thin layer over flash_attention)."""
 import numpy as np
 
+from . import _arrays
 from ._forward import flash_attention
 from ._problem import is_causal_bias
 
@@ -30,11 +31,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       SdpaArgumentError, both a ValueError (tileattn's convention) and a RuntimeError (what
       PyTorch raises).
     * Autograd for query, key and value through the C++ backward kernel.
+    * Under ``torch.autocast("cpu")``, query, key and value run in the autocast dtype, as
+      PyTorch's SDPA does there (a float mask keeps its own dtype: the kernel reads fp32).
 
     Differences (docs/python.md has the table): dropout draws its pattern from tileattn's counter-based
     generator (seeded from ``torch.randint``), not PyTorch's; the top-left causal mask with
     ``S > L`` is passed to the kernel as a ``[L, S]`` boolean mask (one ``L x S`` bool tensor).
     """
+    if _arrays.is_torch(query):
+        query, key, value = autocast_inputs(query, key, value)
     qs, ks = query.shape, key.shape
     rank = len(qs)
     if rank < 3 or len(ks) != rank or len(value.shape) != rank:
@@ -56,6 +61,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         else:
             attn_mask = _top_left_causal(query, nq, nk)
     return flash_attention(query, key, value, attn_mask, dropout_p, scale, causal)
+
+
+def autocast_inputs(*tensors):
+    """The tensors as torch.autocast on the CPU hands them to PyTorch's SDPA, which is on its
+    lower-precision list: floating ones in the autocast dtype (bf16 by default) while a
+    ``torch.autocast("cpu")`` region is active; unchanged otherwise (and for NumPy arrays).
+    Under autocast a model's RoPE can leave q and k in fp32 next to a bf16 v."""
+    import torch
+    try:
+        enabled = torch.is_autocast_enabled("cpu")
+        dtype = torch.get_autocast_dtype("cpu")
+    except TypeError:  # torch < 2.4
+        enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    if not enabled:
+        return tensors
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == "cpu"
+                 else t for t in tensors)
 
 
 def _top_left_causal(query, nq, nk):

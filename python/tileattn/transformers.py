@@ -39,6 +39,7 @@ from transformers import __version__ as transformers_version
 from transformers.masking_utils import sdpa_mask
 
 from ._forward import flash_attention
+from ._sdpa import autocast_inputs
 
 NAME = "tileattn"
 _FLASH_ATTENTION_ARGS = set(inspect.signature(flash_attention).parameters)
@@ -63,6 +64,9 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
         extra["softcap"] = float(softcap)
     if kwargs.get("position_bias") is not None:
         raise _not_supported("position_bias")
+    # Under torch.autocast("cpu") transformers' RoPE leaves q and k in fp32 next to a bf16 v;
+    # PyTorch's SDPA takes all three in the autocast dtype there, and so does this.
+    query, key, value = autocast_inputs(query, key, value)
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = False
     if attention_mask is None:

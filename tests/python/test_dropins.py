@@ -146,6 +146,18 @@ def test_sdpa_float_mask_gets_its_gradient(dtype, shape):
         tileattn.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.3).sum().backward()
 
 
+def test_sdpa_under_autocast_runs_in_the_autocast_dtype():
+    """torch.autocast("cpu") casts SDPA's inputs to its dtype; q and k in fp32 with v in bf16
+    (what a model's RoPE leaves) run as bf16, not an error."""
+    q, k, v = sdpa_inputs(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = tileattn.scaled_dot_product_attention(q, k, v.bfloat16(), is_causal=True)
+        theirs = F.scaled_dot_product_attention(q, k, v.bfloat16(), is_causal=True)
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=0)
+    assert tileattn.scaled_dot_product_attention(q, k, v).dtype == torch.float32  # outside: as given
+
+
 def test_sdpa_causal_without_keys_is_zeros():
     """is_causal with S = 0: every row sees no key, zeros as torch gives (the empty top-left
     mask was refused once: its data pointer is null)."""

@@ -120,6 +120,32 @@ def test_gradients_match_eager(kind):
         torch.testing.assert_close(grads["tileattn"][name], want, rtol=1e-3, atol=1e-5, msg=name)
 
 
+# Not gpt-oss: its experts' top-k routing flips between two bf16 runs that differ by roundings,
+# which moves gradients far more than the attention does.
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_autocast_bf16_matches_sdpa_or_eager(kind):
+    """Under torch.autocast("cpu", bfloat16) (Trainer(bf16=True) on a CPU) RoPE leaves q and k
+    in fp32 next to a bf16 v; SDPA takes all three in bf16 and so does tileattn (it once
+    refused the call: "v: dtype torch.bfloat16 differs from q's torch.float32")."""
+    tileattn.transformers.register()
+    ids = torch.randint(0, 97, (2, 17), generator=torch.Generator().manual_seed(5))
+    out = {}
+    reference = "sdpa" if kind == "llama" else "eager"  # Gemma 2 and gpt-oss have no sdpa
+    for impl in (reference, "tileattn"):
+        model = make(kind, impl).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            result = model(ids, labels=ids)
+        result.loss.backward()
+        out[impl] = (result.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert out["tileattn"][0].dtype == out[reference][0].dtype
+    # Both round q, k, v and the output to bf16; their sums differ by bf16 roundings.
+    scale = out[reference][0].float().abs().max()
+    torch.testing.assert_close(out["tileattn"][0].float(), out[reference][0].float(), rtol=0, atol=3e-2 * scale)
+    for name, want in out[reference][1].items():
+        got = out["tileattn"][1][name]
+        assert (got - want).abs().max() <= 5e-2 * want.abs().max() + 1e-6, name
+
+
 def test_unsupported_features_say_so():
     tileattn.transformers.register()
     q = torch.randn(1, 2, 4, 8)
