@@ -76,8 +76,9 @@ def autocast_inputs(*tensors):
         enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
     if not enabled:
         return tensors
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == "cpu"
-                 else t for t in tensors)
+    # Autocast's eligible tensors: floating, not float64 (which it leaves alone).
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 and t.device.type == "cpu" else t for t in tensors)
 
 
 def _top_left_causal(query, nq, nk):

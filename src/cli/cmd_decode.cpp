@@ -566,7 +566,8 @@ int cmd_decode(int argc, char** argv) {
   ReadBandwidth reader(kv_bytes, threads, cold ? 2 * l3 : 0);
   reader.evict();  // page the eviction buffer in
   reader.pass();  // page the buffer in
-  // Variant 0 is the loop asked for; then contiguous (with --paged) and one thread (T > 1).
+  // Variant 0 is the loop asked for; then contiguous (with --paged), one thread (T > 1) and
+  // the cache in --dtype (a quantized --kv-dtype): loops[1] / loops[paged ? 2 : 1] / back().
   std::vector<Variant> variants = {{paged ? page_size : 0, threads}};
   if (paged) variants.push_back({0, threads});
   if (threads > 1) variants.push_back({paged ? page_size : 0, 1, true});

@@ -73,8 +73,9 @@ Operands operands_of(const io::NpyArray& a, Layout layout, const std::string& na
 // Whether two output paths name one directory entry, so that one output
 // would replace the other: the same text, or the same name in one directory
 // reached two ways ("o.npy" and "./o.npy"). Entries, not files: rename()
-// replaces the entry, so a symlink and its target, or two hard links, are
-// two outputs that both survive.
+// replaces the entry, so two hard links are two outputs that both survive;
+// outputs are written through symbolic links (io::output_entry), so callers
+// compare the entries those name.
 bool same_entry(const std::string& a, const std::string& b) {
   if (a == b) return true;
   const std::size_t sa = a.rfind('/'), sb = b.rfind('/');
@@ -106,7 +107,7 @@ void check_distinct_outputs(const Args& args, std::initializer_list<const char*>
   for (auto i = flags.begin(); i != flags.end(); ++i) {
     if (!args.has(*i)) continue;
     for (auto j = i + 1; j != flags.end(); ++j)
-      if (args.has(*j) && same_entry(args.text(*i), args.text(*j)))
+      if (args.has(*j) && same_entry(io::output_entry(args.text(*i)), io::output_entry(args.text(*j))))
         throw UsageError(std::string("run: ") + *i + " and " + *j + " name the same file '" + args.text(*j) +
                          "'");
     for (const char* in : inputs)

@@ -2,6 +2,7 @@
 // this machine and writes the winners to the tune file that choose_tiles()
 // reads (STYLE.md: cache-level tile sizes are data, found by measurement).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -49,15 +50,20 @@ int cmd_tune(int argc, char** argv) {
   for (const std::string& name : args.text_list("--dtypes", {"fp32"})) dtypes.push_back(parse_dtype(name));
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const std::string out = args.text("--out", tune_file_path());
-  // Where the file cannot go is said before minutes of timing, not after.
-  if (struct stat st; ::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+  // The common reasons the file cannot go there are said before minutes of
+  // timing (a directory, a directory that cannot be made or written); others
+  // (a full disk) only at the write.
+  if (struct stat st; !out.empty() && (out.back() == '/' || (::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))))
     throw UsageError("--out: '" + out + "' is a directory");
-  make_parent_dirs(out);
-  if (const std::size_t slash = out.rfind('/'); slash != std::string::npos && slash > 0) {
+  {
+    const std::size_t slash = out.rfind('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : out.substr(0, slash);
+    make_parent_dirs(out);
     struct stat dir;
-    const std::string parent = out.substr(0, slash);
     if (::stat(parent.c_str(), &dir) != 0 || !S_ISDIR(dir.st_mode))
       throw UsageError("--out: cannot create the directory '" + parent + "'");
+    if (::access(parent.c_str(), W_OK) != 0)
+      throw UsageError("--out: the directory '" + parent + "' is not writable");
   }
   const Isa isa = resolve_isa(Isa::automatic);
 

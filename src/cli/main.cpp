@@ -1,6 +1,5 @@
 // `tileattn`: the command-line face of the library. Dispatches to one
 // subcommand and turns every error into one line on stderr and exit status 2.
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -50,10 +49,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
     try {
       const int status = c.run(argc - 1, argv + 1);
-      // A report that could not be written (stdout on a full disk, a closed
-      // pipe, /dev/full) is not a success: a script would read nothing.
+      // A report that could not be written (stdout on a full disk, /dev/full)
+      // is not a success: a script would read nothing.
       if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-        std::fprintf(stderr, "tileattn: stdout: write failed (%s)\n", std::strerror(errno));
+        std::fprintf(stderr, "tileattn: stdout: write failed\n");
         return tileattn::cli::kExitUsage;
       }
       return status;

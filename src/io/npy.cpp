@@ -307,24 +307,35 @@ std::string rename_obstacle(const std::string& temp, const std::string& path) {
 
 }  // namespace
 
-void StagedFiles::stage(const std::string& given, const std::vector<unsigned char>& bytes) {
-  // A symbolic link names the file to replace: rename() over the link itself
-  // would replace the link with a regular file.
-  std::string path = given;
+std::string output_entry(const std::string& given) {
   struct stat st;
-  if (::lstat(given.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-    char* real = ::realpath(given.c_str(), nullptr);
-    if (!real) fail(given, std::string("cannot write (a symbolic link that does not resolve: ") +
-                               std::strerror(errno) + ")");
-    path = real;
+  if (::lstat(given.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return given;
+  if (char* real = ::realpath(given.c_str(), nullptr)) {
+    std::string path = real;
     std::free(real);
+    return path;
   }
-  // A device, FIFO or socket is written in place at commit: rename() would
-  // replace /dev/null with a regular file.
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+  // A link whose target does not exist yet: the file it names is created
+  // (one level: a relative target is relative to the link's directory).
+  std::string target(4096, '\0');
+  const ssize_t n = ::readlink(given.c_str(), target.data(), target.size());
+  if (n <= 0 || std::size_t(n) >= target.size()) return given;
+  target.resize(std::size_t(n));
+  return target[0] == '/' ? target : directory_of(given) + target;
+}
+
+void StagedFiles::stage(const std::string& given, const std::vector<unsigned char>& bytes) {
+  // A device, FIFO or socket, also behind a link (/dev/stdout to a pipe), is
+  // written in place at commit: rename() would replace /dev/null with a
+  // regular file.
+  struct stat st;
+  if (::stat(given.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
     entries_.push_back({"", given, bytes});
     return;
   }
+  // A symbolic link names the file to replace: rename() over the link itself
+  // would replace the link with a regular file.
+  const std::string path = output_entry(given);
   // Same directory as the target, so that rename() is atomic; a short name of
   // its own, so that a target name near NAME_MAX (255) still gets one. The
   // counter is per process (several StagedFiles may stage into one
@@ -360,12 +371,11 @@ void StagedFiles::commit() {
     if (!e.temp.empty()) continue;
     std::FILE* f = std::fopen(e.path.c_str(), "wb");
     if (!f) fail(e.path, std::string("cannot write (") + std::strerror(errno) + ")");
-    const bool written = std::fwrite(e.in_place.data(), 1, e.in_place.size(), f) == e.in_place.size();
-    const bool flushed = std::fflush(f) == 0;
-    const int error = errno;
-    const bool closed = std::fclose(f) == 0;
-    if (!written || !flushed || !closed)
-      fail(e.path, std::string("write failed (") + std::strerror(error ? error : EIO) + ")");
+    int error = 0;
+    if (std::fwrite(e.in_place.data(), 1, e.in_place.size(), f) != e.in_place.size() || std::fflush(f) != 0)
+      error = errno ? errno : EIO;
+    if (std::fclose(f) != 0 && error == 0) error = errno ? errno : EIO;
+    if (error != 0) fail(e.path, std::string("write failed (") + std::strerror(error) + ")");
   }
   std::erase_if(entries_, [](const Entry& e) { return e.temp.empty(); });
   for (std::size_t i = 0; i < entries_.size(); ++i) {

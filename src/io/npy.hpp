@@ -44,13 +44,18 @@ std::vector<unsigned char> encode_npy(NpyType type, const std::vector<int64_t>& 
 void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape,
                const void* data);
 
+// The directory entry an output written to `path` replaces: `path` itself,
+// or for a symbolic link the file it names (existing or not yet created).
+std::string output_entry(const std::string& path);
+
 // Two-phase writing for several outputs of one computation: stage() writes
 // each file under a temporary name in its target's directory, commit()
 // checks every target and only then renames them all into place.
 // Files staged but never committed are removed by the destructor.
-// A symbolic link is written through (its target is replaced, the link
-// stays); a target that is not a regular file (/dev/null, a FIFO) is written
-// in place at commit, first, since renaming over it would replace the node.
+// A symbolic link is written through (its target, output_entry(), is
+// replaced and the link stays); a target that is not a regular file
+// (/dev/null, a FIFO, /dev/stdout on a pipe) is written in place at commit,
+// first, since renaming over it would replace the node.
 class StagedFiles {
  public:
   StagedFiles() = default;

@@ -165,11 +165,21 @@ TEST_F(cliRunErrors, OutputThroughASymbolicLink) {
   ASSERT_EQ(lstat((dir / "link.npy").c_str(), &st), 0);
   EXPECT_TRUE(S_ISLNK(st.st_mode)) << "the link was replaced";
   EXPECT_EQ(io::read_npy(dir / "real.npy").shape, (std::vector<int64_t>{1, 2, 5, 8}));
-  // A link that names nothing is an error, and nothing is written.
+  // A link and the file it names are one output: two flags naming them is an error.
+  expect_failure("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
+                     "' --out '" + (dir / "link.npy") + "' --lse '" + (dir / "real.npy") + "'",
+                 "--out and --lse name the same file");
+  // A link to a file not there yet creates it; one into a missing directory fails, writing nothing.
+  ASSERT_EQ(symlink("new.npy", (dir / "ahead.npy").c_str()), 0);
+  const Result created = run_cli("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" +
+                                     (dir / "v.npy") + "' --out '" + (dir / "ahead.npy") + "'",
+                                 dir);
+  ASSERT_EQ(created.status, 0) << created.err;
+  EXPECT_EQ(io::read_npy(dir / "new.npy").shape, (std::vector<int64_t>{1, 2, 5, 8}));
   ASSERT_EQ(symlink("nowhere/x.npy", (dir / "dangling.npy").c_str()), 0);
   expect_failure("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
                      "' --out '" + (dir / "dangling.npy") + "'",
-                 "dangling.npy: cannot write (a symbolic link that does not resolve");
+                 "nowhere/x.npy: cannot write");
 }
 
 // An output that is not a regular file (here a FIFO; /dev/null alike) is
