@@ -60,9 +60,10 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         return_lse: also return the log-sum-exp (natural log) of each row's scaled, masked
             scores, float32 ``[B, H, Nq]``; -inf for a row that sees no key.
         out: optional output array to write instead of allocating one: q's shape (``Dv`` last), dtype and
-            framework, writable, any strides, not overlapping an input. A decode loop that
-            reuses one saves the allocation (about half of the call's time outside the kernel
-            right after a decode-sized kernel, docs/python.md). With torch tensors only for
+            framework, writable, positive strides (negative or zero ones are refused), its byte
+            range apart from every input's. A decode loop that reuses one saves the allocation
+            (about half of the call's time outside the kernel right after a decode-sized kernel,
+            docs/python.md). With torch tensors only for
             calls that autograd, tracers and torch.compile do not see (no input requires
             grad, or under ``torch.no_grad()``; no dropout); otherwise ValueError.
         softcap: soft cap c >= 0 (FlashAttention-2's ``softcap``): each scaled score x becomes

@@ -3,6 +3,8 @@
 The arrays stay referenced by the caller's frame for the whole call (the
 binding releases the GIL while computing, so nothing else frees them).
 """
+import operator
+
 from . import _arrays
 from . import _tileattn as _C
 from ._problem import (MASK_ADDITIVE, MASK_BOOLEAN, MASK_NONE, alibi_address, heads_rows, sinks_address,
@@ -14,8 +16,12 @@ _MAX_THREADS = 2**31 - 1  # the bindings take a C int: a larger count would fail
 
 def set_num_threads(threads):
     """Threads tileattn's kernels use; 0 (the default) means every hardware thread."""
-    if isinstance(threads, bool) or not isinstance(threads, int):
-        raise TypeError(f"threads: expected an int >= 0, got {type(threads).__name__}")
+    if isinstance(threads, bool):
+        raise TypeError("threads: expected an int >= 0, got bool")
+    try:
+        threads = operator.index(threads)  # int, numpy.int64, a 0-d integer tensor
+    except TypeError:
+        raise TypeError(f"threads: expected an int >= 0, got {type(threads).__name__}") from None
     if not 0 <= threads <= _MAX_THREADS:
         raise ValueError(f"threads: expected an int in 0 .. 2^31 - 1, got {threads!r}")
     _settings["threads"] = threads

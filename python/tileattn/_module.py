@@ -119,9 +119,13 @@ class FlashAttention(nn.Module):
     of the whole sequence ``[B, cached + T]`` as transformers' generate() extends it (None: the
     new tokens are real). Padding tokens are never attended to; each real token's RoPE position
     is the number of real tokens before it in its sequence (as generate() numbers them), so a
-    sequence gives the same outputs alone and padded in a batch. A padding token's own output row
-    is ``o_proj`` of zeros. Padded batches run RoPE in PyTorch and ``flash_attention`` with a
-    boolean mask over the cache (the kernel's RoPE needs one position per slot).
+    sequence gives the same outputs alone and padded in a batch (with dynamic RoPE, only while
+    the batch stays under ``max_position_embeddings``: past it the frequencies follow the
+    batch's longest sequence, as in transformers' batched generate()). A padding token's own
+    output row carries no meaning: ``o_proj`` of zeros before its sequence's first real token,
+    after one it attends to the real tokens before it (as transformers' layers do); use the real
+    rows only. Padded batches run RoPE in PyTorch and ``flash_attention`` with a boolean mask over
+    the cache (the kernel's RoPE needs one position per slot).
 
     Dynamic (NTK) RoPE follows transformers' rotary embedding: a call that reaches position
     ``p >= max_position_embeddings`` recomputes the frequencies for length ``p + 1`` (cached keys
@@ -219,7 +223,10 @@ class FlashAttention(nn.Module):
         # The projections' dtype now, not config.dtype: .to(torch.bfloat16) or .half() may have
         # converted the layer since it was built, and the cache holds their outputs.
         dtype = self.k_proj.weight.dtype
-        if self.k_cache is None or tuple(self.k_cache.shape) != shape or self.k_cache.dtype != dtype:
+        # Buffers made under torch.inference_mode() are inference tensors, which cannot be written
+        # outside it: a new sequence started outside gets new ones.
+        stale = self.k_cache is not None and self.k_cache.is_inference() and not torch.is_inference_mode_enabled()
+        if self.k_cache is None or stale or tuple(self.k_cache.shape) != shape or self.k_cache.dtype != dtype:
             self.k_cache = torch.zeros(shape, dtype=dtype)
             self.v_cache = torch.zeros(shape, dtype=dtype)
         self.cache_length = 0

@@ -12,8 +12,10 @@ def _tensor_names(layer_idx):
     return names
 
 
-def _files_for(path, names):
-    """{safetensors file: [tensor names]} covering `names`, for a file or a checkpoint folder."""
+def _files_for(path, names, prefix):
+    """{safetensors file: [tensor names]} covering `names`, for a file or a checkpoint folder:
+    with an index, every shard that holds a tensor under `prefix` (the layer's attention), so
+    that biases and tensors this layer does not build (q_norm, sinks) are seen in any shard."""
     if os.path.isfile(path):
         return {path: list(names)}
     if not os.path.isdir(path):
@@ -26,7 +28,9 @@ def _files_for(path, names):
         for name in names:
             if name not in weight_map:
                 raise KeyError(f"{name} is not in {index}")
-            files.setdefault(os.path.join(path, weight_map[name]), []).append(name)
+        for name, shard in weight_map.items():
+            if name.startswith(prefix):
+                files.setdefault(os.path.join(path, shard), []).append(name)
         return files
     shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not shards:
@@ -58,11 +62,11 @@ def load_huggingface_weights(path, layer_idx):
     prefix = f"model.layers.{layer_idx}.self_attn."
     found, unknown = {}, []
     weight_names = [wanted[p] for p in PROJECTIONS]
-    for file, names in _files_for(os.fspath(path), weight_names).items():
+    for file, names in _files_for(os.fspath(path), weight_names, prefix).items():
         with safe_open(file, framework="pt") as f:
             keys = set(f.keys())
             for key, name in wanted.items():
-                if key not in found and name in keys and (names is None or name in names or key.endswith(".bias")):
+                if key not in found and name in keys:
                     found[key] = f.get_tensor(name)
             unknown += [k for k in keys if k.startswith(prefix) and k not in wanted.values()
                         and not k.startswith(prefix + "rotary_emb.")]

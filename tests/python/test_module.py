@@ -1,6 +1,7 @@
 """tileattn.FlashAttention (Llama-style layer) and load_huggingface_weights."""
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -123,6 +124,54 @@ def test_load_huggingface_weights_returns_the_written_tensors(tmp_path, sharded)
             assert torch.equal(t, tensors[f"model.layers.1.self_attn.{p}.weight"])
     m = tileattn.FlashAttention.from_pretrained(tmp_path, 0, tileattn.AttentionConfig(**CONFIG))
     assert torch.equal(m.q_proj.weight, tensors["model.layers.0.self_attn.q_proj.weight"].float())
+
+
+def test_sharded_checkpoint_reads_every_shard_of_the_layer(tmp_path):
+    """A bias or a tensor this layer does not build (Qwen3's q_norm) in a shard of its own is seen:
+    the loader once opened only the shards of the four projection weights, dropping the bias and
+    loading a q_norm checkpoint without a word."""
+    tensors = {f"model.layers.0.self_attn.{p}.weight": torch.randn(8, 8) for p in ("q_proj", "k_proj", "v_proj",
+                                                                                 "o_proj")}
+    bias = {"model.layers.0.self_attn.q_proj.bias": torch.randn(8)}
+    norm = {"model.layers.0.self_attn.q_norm.weight": torch.randn(8)}
+    for name, extra in (("bias", bias), ("norm", norm)):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file(tensors, str(folder / "a.safetensors"))
+        save_file(extra, str(folder / "b.safetensors"))
+        weight_map = {k: "a.safetensors" for k in tensors} | {k: "b.safetensors" for k in extra}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    w = tileattn.load_huggingface_weights(tmp_path / "bias", 0)
+    assert torch.equal(w["q_proj.bias"], bias["model.layers.0.self_attn.q_proj.bias"])
+    with pytest.raises(KeyError, match="q_norm.weight"):
+        tileattn.load_huggingface_weights(tmp_path / "norm", 0)
+
+
+def test_a_layer_first_run_under_inference_mode_runs_outside_it():
+    """Cache buffers made under torch.inference_mode() are inference tensors; a new sequence
+    outside it gets new buffers (it once raised on writing the old ones)."""
+    m = tileattn.FlashAttention(tileattn.AttentionConfig(hidden_size=64, num_attention_heads=4,
+                                                         max_position_embeddings=32))
+    x = torch.randn(1, 6, 64)
+    with torch.inference_mode():
+        inside = m(x)
+    with torch.no_grad():
+        outside = m(x)
+        assert not m.k_cache.is_inference()
+        m.incremental_forward(torch.randn(1, 1, 64))
+    torch.testing.assert_close(outside, inside.clone())
+
+
+def test_set_num_threads_takes_integer_types():
+    before = tileattn.get_num_threads()
+    try:
+        tileattn.set_num_threads(np.int64(1))
+        assert tileattn.get_num_threads() == 1
+        with pytest.raises(TypeError, match="threads"):
+            tileattn.set_num_threads(1.0)
+    finally:
+        tileattn.set_num_threads(0)
+    assert tileattn.get_num_threads() == before
 
 
 def test_load_errors(tmp_path):
