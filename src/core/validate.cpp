@@ -62,6 +62,60 @@ bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
   return !a.empty && !b.empty && a.lo < b.hi && b.lo < a.hi;
 }
 
+namespace {
+
+// Whether some k with |k[d]| < extent[d] has sum_d k[d] * step[d] == target,
+// dims in descending |step| from `level` (reach[l]: the largest |sum| dims
+// past l can make). Gives up (true: assume an overlap) past `budget` nodes.
+bool reachable(const __int128* step, const int64_t* extent, const __int128* reach, int dims, int level,
+               __int128 target, int& budget) {
+  if (--budget < 0) return true;
+  if (level == dims) return target == 0;
+  const __int128 s = step[level], r = reach[level];
+  // k such that |target - k s| <= r: k in [(target - r) / s, (target + r) / s].
+  const auto floor_div = [](__int128 x, __int128 y) { return x / y - ((x % y != 0) && ((x < 0) != (y < 0))); };
+  __int128 lo = -floor_div(-(target - r), s), hi = floor_div(target + r, s);
+  lo = std::max<__int128>(lo, -(extent[level] - 1));
+  hi = std::min<__int128>(hi, extent[level] - 1);
+  for (__int128 k = lo; k <= hi; ++k)
+    if (reachable(step, extent, reach, dims, level + 1, target - k * s, budget)) return true;
+  return false;
+}
+
+}  // namespace
+
+bool views_overlap(const ByteRange& ra, const ByteRange& rb, const void* a, const void* b, int64_t element_size,
+                   const int64_t* sizes_a, const int64_t* strides_a, const int64_t* sizes_b,
+                   const int64_t* strides_b, int rank) {
+  if (!ranges_overlap(ra, rb)) return false;
+  if (rank > 8) return true;
+  for (int d = 0; d < rank; ++d)
+    if (sizes_a[d] != sizes_b[d] || strides_a[d] != strides_b[d]) return true;  // byte ranges decide
+  // Element i of a and element j of b share a byte iff |delta - (j - i) . strides * e| < e, with
+  // delta = a - b in bytes: some k = j - i, |k[d]| < sizes[d], has k . strides in the one or two
+  // integers next to delta / e.
+  __int128 step[8], reach[9];
+  int64_t extent[8];
+  int dims = 0;
+  for (int d = 0; d < rank; ++d)
+    if (strides_a[d] != 0 && sizes_a[d] > 1) {
+      step[dims] = strides_a[d] < 0 ? -__int128(strides_a[d]) : __int128(strides_a[d]);
+      extent[dims++] = sizes_a[d];
+    }
+  for (int i = 0; i < dims; ++i)  // descending steps: few candidates per level for nested strides
+    for (int j = i + 1; j < dims; ++j)
+      if (step[j] > step[i]) std::swap(step[i], step[j]), std::swap(extent[i], extent[j]);
+  reach[dims] = 0;
+  for (int l = dims - 1; l >= 0; --l) reach[l] = reach[l + 1] + step[l] * (extent[l] - 1);
+  for (int l = 0; l < dims; ++l) reach[l] = reach[l + 1];  // reach[l]: what the dims after l make
+  const __int128 delta = __int128(reinterpret_cast<intptr_t>(a)) - __int128(reinterpret_cast<intptr_t>(b));
+  const __int128 e = element_size;
+  const __int128 q = delta >= 0 ? delta / e : -((-delta + e - 1) / e);  // floor(delta / e)
+  int budget = 1 << 16;
+  if (reachable(step, extent, reach, dims, 0, q, budget)) return true;
+  return delta % e != 0 && reachable(step, extent, reach, dims, 0, q + 1, budget);
+}
+
 void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank) {
   // An output written through these strides must never hit one element twice:
   // sorted by stride, each stride must step over everything the smaller ones span.
@@ -281,7 +335,8 @@ void validate(const ForwardArgs& a) {
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
                       a.mask.stride.data(), 4);
   }
-  if (ranges_overlap(o, q)) fail("o: output overlaps input q");
+  if (views_overlap(o, q, a.o.data, a.q.data, esize, o_sizes, a.o.stride.data(), q_sizes, a.q.stride.data(), 4))
+    fail("o: output overlaps input q");
   if (ranges_overlap(o, k)) fail("o: output overlaps input k");
   if (ranges_overlap(o, v)) fail("o: output overlaps input v");
   if (ranges_overlap(o, mask)) fail("o: output overlaps the mask");

@@ -17,6 +17,14 @@ struct ByteRange {
 ByteRange view_range(const char* name, const void* data, int64_t element_size,
                      const int64_t* sizes, const int64_t* strides, int rank);
 bool ranges_overlap(const ByteRange& a, const ByteRange& b);
+// Whether views a and b (their ranges ra, rb from view_range) share a byte.
+// Views of one shape and one set of strides are checked exactly (a fused
+// cache [pages, 2, page, heads, D] holds K and V interleaved, in overlapping
+// byte ranges, without sharing an element); any other pair by its byte
+// ranges, which may say "overlap" for views that interleave.
+bool views_overlap(const ByteRange& ra, const ByteRange& rb, const void* a, const void* b, int64_t element_size,
+                   const int64_t* sizes_a, const int64_t* strides_a, const int64_t* sizes_b,
+                   const int64_t* strides_b, int rank);
 // Throws unless distinct indices map to distinct elements (outputs).
 void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank);
 void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t total_rows);

@@ -267,7 +267,9 @@ void validate_cache(const KvCacheArgs& a) {
   const ByteRange v = view_range("v_cache", a.v_cache.data, esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
   check_injective("v_cache", v_sizes.data(), a.v_cache.stride.data(), 4);
-  if (ranges_overlap(k, v)) fail("v_cache: overlaps k_cache");
+  if (views_overlap(k, v, a.k_cache.data, a.v_cache.data, esize, sizes.data(), a.k_cache.stride.data(),
+                    v_sizes.data(), a.v_cache.stride.data(), 4))
+    fail("v_cache: overlaps k_cache");
   check_scales(a, k, v);
 }
 

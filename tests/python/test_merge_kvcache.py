@@ -292,3 +292,30 @@ def test_kvcache_negative_bit_tensors_are_refused_by_name():
         assert bad[name].is_neg() and torch.equal(bad[name], args[name])
         with pytest.raises(ValueError, match=f"{name}: tensor has the negative bit set"):
             tileattn.attention_with_kvcache(cache_seqlens=2, **bad)
+
+
+def test_fused_kv_cache_and_interleaved_out_are_not_overlaps():
+    """K and V of one fused cache [B, 2, Hkv, cap, D] (FlashInfer's pages [P, 2, page, Hkv, D] too)
+    interleave in overlapping byte ranges without sharing an element: accepted, and the same as
+    two separate caches (they were refused as "v_cache: overlaps k_cache"); likewise an out= that
+    interleaves with q. A view that does share elements is still refused."""
+    rng = np.random.default_rng(0)
+    b, h, hk, cap, d = 2, 4, 2, 16, 8
+    fused = np.zeros((b, 2, hk, cap, d), np.float32)
+    q = rng.standard_normal((b, h, 1, d)).astype(np.float32)
+    k, v = (rng.standard_normal((b, hk, 3, d)).astype(np.float32) for _ in range(2))
+    got = tileattn.attention_with_kvcache(q, fused[:, 0], fused[:, 1], k, v, cache_seqlens=0)
+    kc, vc = np.zeros((b, hk, cap, d), np.float32), np.zeros((b, hk, cap, d), np.float32)
+    want = tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=0)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(fused[:, 0], kc)
+    np.testing.assert_array_equal(fused[:, 1], vc)
+    buf = np.zeros((b, 2, h, 5, d), np.float32)
+    buf[:, 1] = rng.standard_normal((b, h, 5, d))
+    keys = rng.standard_normal((b, h, 5, d)).astype(np.float32)
+    o = tileattn.flash_attention(buf[:, 1], keys, keys, out=buf[:, 0])
+    np.testing.assert_array_equal(o, tileattn.flash_attention(buf[:, 1].copy(), keys, keys))
+    with pytest.raises(ValueError, match="out: output overlaps input q"):
+        tileattn.flash_attention(buf[:, 1], keys, keys, out=buf[:, 1])
+    with pytest.raises(ValueError, match="v_cache: overlaps k_cache"):
+        tileattn.attention_with_kvcache(q, fused[:, 0], fused[:, 0], k, v, cache_seqlens=0)
