@@ -7,6 +7,9 @@
 //   o   = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b.
 // Merging with an empty side (lse = -inf) returns the other side exactly; a
 // NaN lse on either side gives NaN (o and lse), whatever the other side holds.
+// An lse of +inf is FlashAttention-2's "no key" (its kernels write it, and so
+// do tileattn's FA2 drop-ins): it is read as -inf, as vLLM's merge_attn_states
+// reads it.
 #pragma once
 
 #include <array>

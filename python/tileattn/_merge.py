@@ -16,7 +16,8 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     Returns:
         ``(o, lse)``: ``lse = log(exp(lse_a) + exp(lse_b))`` and
         ``o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b``, new arrays in the inputs'
-        framework and dtype. An empty side (lse = -inf) gives the other side exactly.
+        framework and dtype. An empty side (lse = -inf, or +inf as
+        FlashAttention-2 and its drop-ins write it) gives the other side exactly.
         Inputs are read in place (no copies). Torch tensors go through the custom op
         ``torch.ops.tileattn.merge_states``, which has no autograd.
     """

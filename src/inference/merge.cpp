@@ -76,8 +76,13 @@ void merge_states(const MergeArgs& m) {
   for (int64_t b = 0; b < m.batch; ++b)
     for (int64_t h = 0; h < m.heads; ++h)
       for (int64_t r = 0; r < m.rows; ++r) {
-        const float la = m.lse_a[b * m.lse_a_stride[0] + h * m.lse_a_stride[1] + r * m.lse_a_stride[2]];
-        const float lb = m.lse_b[b * m.lse_b_stride[0] + h * m.lse_b_stride[1] + r * m.lse_b_stride[2]];
+        // +inf is FlashAttention-2's lse of a row that saw no key (what tileattn's FA2 drop-ins
+        // return): read as -inf, as vLLM's merge_attn_states reads it.
+        const auto empty_if_inf = [](float x) { return x == std::numeric_limits<float>::infinity() ? -x : x; };
+        const float la =
+            empty_if_inf(m.lse_a[b * m.lse_a_stride[0] + h * m.lse_a_stride[1] + r * m.lse_a_stride[2]]);
+        const float lb =
+            empty_if_inf(m.lse_b[b * m.lse_b_stride[0] + h * m.lse_b_stride[1] + r * m.lse_b_stride[2]]);
         const float mx = std::max(la, lb);
         float wa, wb, lse;
         // NaN first: std::max(-inf, NaN) is -inf, which would pass for "no key".

@@ -118,6 +118,12 @@ TEST(MergeStates, EmptySideIsExact) {
     merge_states(h.merge_args());
     EXPECT_EQ(h.o_out.bytes(), h.o_b.bytes()) << dtype_name(dtype) << " empty side first";
     EXPECT_EQ(h.lse_out, h.lse_b);
+
+    // FlashAttention-2 writes +inf for "no key": the same as -inf here (it gave NaN once).
+    h.lse_a.assign(h.lse_a.size(), std::numeric_limits<float>::infinity());
+    merge_states(h.merge_args());
+    EXPECT_EQ(h.o_out.bytes(), h.o_b.bytes()) << dtype_name(dtype) << " +inf side";
+    EXPECT_EQ(h.lse_out, h.lse_b);
   }
 }
 
