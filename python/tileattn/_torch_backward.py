@@ -90,7 +90,8 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
         # units, docs/accuracy.md) while s here is -3.4e38, and exp(s - lse)
         # was 0 there. Rows that see no key (max -inf) have no weights (the
         # forward wrote zeros).
-        row_max = s.amax(-1, keepdim=True)
+        # (no keys: amax cannot reduce an empty dim; every row's max is -inf)
+        row_max = s.amax(-1, keepdim=True) if nk > 0 else s.new_full(s.shape[:-1] + (1,), float("-inf"))
         if sink is not None:
             row_max = torch.maximum(row_max, sink.expand_as(row_max))  # the sink joins the softmax
         seen = torch.isfinite(row_max)

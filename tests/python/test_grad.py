@@ -200,3 +200,24 @@ def test_grad_only_for_inputs_that_require_it():
     k.requires_grad_()
     tileattn.flash_attention(q, k, v).sum().backward()
     assert k.grad is not None and q.grad is None and v.grad is None
+
+
+def test_lse_loss_and_mask_gradient_with_a_sequence_without_keys():
+    """The PyTorch-math backward (a loss on lse, a float mask's gradient) with Nk = 0 for a packed
+    sequence or the whole call: zero gradients and d_sinks = the lse's gradient summed (each row's
+    lse is its sink), as the kernel gives them; it raised IndexError (amax of an empty dim)."""
+    q = torch.randn(5, 1, 8, requires_grad=True)
+    k, v = torch.randn(3, 1, 8, requires_grad=True), torch.randn(3, 1, 8, requires_grad=True)
+    o, lse = tileattn.flash_attention(q, k, v, cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int32),
+                                      cu_seqlens_k=torch.tensor([0, 3, 3], dtype=torch.int32), return_lse=True)
+    (o.sum() + lse[:, :3].sum()).backward()
+    assert torch.equal(q.grad[3:], torch.zeros(2, 1, 8)) and torch.isfinite(q.grad).all()
+    sinks = torch.tensor([0.5, -1.0], requires_grad=True)
+    q2 = torch.randn(1, 2, 3, 8, requires_grad=True)
+    empty = torch.randn(1, 2, 0, 8, requires_grad=True)
+    o2, lse2 = tileattn.flash_attention(q2, empty, empty, sinks=sinks, return_lse=True)
+    (o2.sum() + lse2.sum()).backward()
+    assert torch.equal(sinks.grad, torch.tensor([3.0, 3.0])) and torch.equal(q2.grad, torch.zeros(1, 2, 3, 8))
+    mask = torch.zeros(3, 0, requires_grad=True)
+    tileattn.flash_attention(q2, empty, empty, attn_mask=mask).sum().backward()
+    assert mask.grad is not None and mask.grad.shape == (3, 0)
