@@ -45,8 +45,9 @@ int hardware_threads();
 bool isa_available(Isa isa);
 // The best available path: avx512 > avx2 > generic.
 Isa best_isa();
-// What Isa::automatic resolves to: TILEATTN_ISA if set (throws Error when it
-// names an unavailable path), else best_isa().
+// What Isa::automatic resolves to: TILEATTN_ISA if set, else best_isa(); any
+// other value is checked. Throws NotSupported for a path this CPU lacks (also
+// named by TILEATTN_ISA), Error for a name or value that is no path.
 Isa resolve_isa(Isa requested);
 
 // Tile shape of the forward main loop.

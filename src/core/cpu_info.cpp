@@ -155,6 +155,8 @@ Isa kernel_isa(Isa isa, DType dtype) {
 }
 
 Isa resolve_isa(Isa requested) {
+  if (int(requested) < int(Isa::automatic) || int(requested) > int(Isa::amx))  // not a value of the enum
+    throw Error("isa: unknown value " + std::to_string(int(requested)));
   if (requested == Isa::automatic) {
     const char* env = std::getenv("TILEATTN_ISA");
     if (env && *env) requested = parse_isa(env);

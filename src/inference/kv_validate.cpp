@@ -362,7 +362,13 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
 }
 
 void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths) {
-  if (!a.rotary_cos && !a.rotary_sin) return;
+  if (!a.rotary_cos && !a.rotary_sin) {
+    // A rotary size without tables would silently rotate nothing.
+    if (a.rotary_dim != 0 || a.rotary_positions != 0)
+      fail("rotary_dim / rotary_positions: set (" + str(a.rotary_dim) + ", " + str(a.rotary_positions) +
+           ") without rotary_cos and rotary_sin");
+    return;
+  }
   check_rotary_tables(a);
   if (a.seqlen_q == 0) return;
   for (int64_t b = 0; b < a.batch; ++b) {

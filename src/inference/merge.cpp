@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/half.hpp"
@@ -36,7 +37,10 @@ void check_apart(const char* output, const detail::ByteRange& out, const char* i
 
 void merge_states(const MergeArgs& m) {
   using detail::ByteRange;
-  if (m.batch < 0 || m.heads < 0 || m.rows < 0) throw Error("merge_states: sizes must be >= 0");
+  for (const auto& [name, size] : {std::pair{"batch", m.batch}, {"heads", m.heads}, {"rows", m.rows}})
+    if (size < 0) throw Error(std::string("merge_states: ") + name + " must be >= 0, got " + std::to_string(size));
+  if (m.dtype != DType::f32 && m.dtype != DType::f16 && m.dtype != DType::bf16)
+    throw Error("merge_states: dtype: expected fp32, fp16 or bf16, got " + std::string(dtype_name(m.dtype)));
   // O's head dim: V's (AttentionShape::v_head_dim), at most kMaxValueHeadDim.
   if (m.head_dim < 1 || m.head_dim > kMaxValueHeadDim)
     throw Error("merge_states: head_dim must be in 1.." + std::to_string(kMaxValueHeadDim) + ", got " +

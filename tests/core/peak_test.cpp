@@ -41,5 +41,13 @@ TEST(Peak, AmxPathIsBuiltWhereTheCpuHasAmx) {
          "CMakeLists.txt built isa/amx_none instead)";
 }
 
+// A value outside the Isa enum is a bad argument (Error), not a path this CPU
+// lacks (NotSupported, which is not an Error): it was reported as the latter.
+TEST(ResolveIsa, ValueOutsideTheEnumIsAnError) {
+  EXPECT_THROW(resolve_isa(static_cast<Isa>(99)), Error);
+  EXPECT_THROW(resolve_isa(static_cast<Isa>(-1)), Error);
+  EXPECT_EQ(resolve_isa(Isa::generic), Isa::generic);
+}
+
 }  // namespace
 }  // namespace tileattn::testing

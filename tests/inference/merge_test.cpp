@@ -233,6 +233,22 @@ TEST(MergeStates, RejectsBadArguments) {
   m = h.merge_args();
   m.head_dim = 0;
   EXPECT_THROW(merge_states(m), Error);
+  m = h.merge_args();
+  m.rows = -1;
+  try {
+    merge_states(m);
+    ADD_FAILURE() << "rows = -1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows must be >= 0"), std::string::npos) << e.what();
+  }
+  // A dtype that is no output type: refused, nothing written (o_out was once written as 1-byte elements).
+  for (DType bad : {DType::i8, DType::f8_e4m3, static_cast<DType>(9)}) {
+    m = h.merge_args();
+    m.dtype = bad;
+    const auto before = h.o_out.bytes();
+    EXPECT_THROW(merge_states(m), Error);
+    EXPECT_EQ(h.o_out.bytes(), before);
+  }
 }
 
 }  // namespace
