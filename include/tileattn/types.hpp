@@ -32,6 +32,9 @@ DType parse_dtype(const std::string& name);
 // vdpbf16ps, `amx` on AMX-BF16 tiles (tdpbf16ps). fp32 and fp16 inputs take
 // the avx512 code on both.
 enum class Isa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3, reference = 4, avx512bf16 = 5, amx = 6 };
+// One past the largest Isa value (resolve_isa refuses values outside [0, kIsaCount)).
+inline constexpr int kIsaCount = 7;
+static_assert(kIsaCount == int(Isa::amx) + 1, "kIsaCount follows the last Isa");
 
 const char* isa_name(Isa isa);
 // Parses "generic", "avx2", "avx512", "avx512bf16", "amx", "reference",

@@ -334,7 +334,7 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
     nb::gil_scoped_release release;
     run_forward(a);
   } catch (const Error& e) {
-    if (!o.is_none()) fail_for_out(e, false);
+    if (!o.is_none()) fail_for_out(e);
     throw;
   }
   if (!with_probs) return nb::make_tuple(o_obj, lse_obj);

@@ -470,7 +470,7 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
     run_timed([&] { tileattn::attention_with_kvcache(a); });
   } catch (const Error& e) {
     const Error renamed = with_python_kv_names(e);
-    if (!o_given.is_none()) fail_for_out(renamed, true);
+    if (!o_given.is_none()) fail_for_out(renamed);
     throw renamed;
   }
   if (fw == Framework::torch) {

@@ -101,18 +101,9 @@ ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementTyp
   return a;
 }
 
-void fail_for_out(const Error& e, bool kv_cache) {
+void fail_for_out(const Error& e) {
   std::string message = e.what();
   if (message.rfind("o: ", 0) == 0) message = "out: " + message.substr(3);
-  if (kv_cache) {
-    for (const char* input : {"k", "v"}) {
-      const std::string library = std::string(" input ") + input;
-      if (message.size() >= library.size() &&
-          message.compare(message.size() - library.size(), library.size(), library) == 0) {
-        message += "_cache";
-      }
-    }
-  }
   fail_value(message);
 }
 

@@ -30,8 +30,7 @@ ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementTyp
                       const int64_t* expected, int rank);
 
 // A library error about a call given `out=` (ValueError), in the Python API's
-// words: the library calls the output "o", and attention_with_kvcache's
-// forward view of the cache "k" and "v" (`kv_cache` true).
-[[noreturn]] void fail_for_out(const Error& e, bool kv_cache);
+// words: the library calls the output "o".
+[[noreturn]] void fail_for_out(const Error& e);
 
 }  // namespace tileattn::python

@@ -60,8 +60,9 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
         return_lse: also return the log-sum-exp (natural log) of each row's scaled, masked
             scores, float32 ``[B, H, Nq]``; -inf for a row that sees no key.
         out: optional output array to write instead of allocating one: q's shape (``Dv`` last), dtype and
-            framework, writable, positive strides (negative or zero ones are refused), its byte
-            range apart from every input's. A decode loop that reuses one saves the allocation
+            framework, writable, positive strides (negative or zero ones are refused), sharing
+            no element with any input (views of one buffer that interleave, such as q, k, v
+            and out of one ``[B, N, 4, H, D]`` array, share none). A decode loop that reuses one saves the allocation
             (about half of the call's time outside the kernel right after a decode-sized kernel,
             docs/python.md). With torch tensors only for
             calls that autograd, tracers and torch.compile do not see (no input requires

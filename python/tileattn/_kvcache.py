@@ -88,8 +88,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         window: ``(left, right)`` sliding window, inclusive, -1 = unbounded.
         return_lse: also return the float32 ``[B, H, Nq]`` log-sum-exp.
         out: optional output ``[B, H, Nq, D]`` to write instead of allocating one (q's dtype and
-            framework, writable, positive strides, its byte range apart from the inputs' and
-            the cache's); a
+            framework, writable, positive strides, sharing no element with the inputs or the
+            cache); a
             decode loop reuses one. With torch tensors only for calls that autograd, tracers
             and torch.compile do not see (plain tensors, no input requiring grad under grad
             mode); otherwise ValueError.

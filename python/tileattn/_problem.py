@@ -188,8 +188,16 @@ def causal_bias_options(attn_mask, nq, nk, is_causal):
                          f"for {nq} queries and {nk} keys")
     if int(attn_mask.variant.value) == 2 or nq == nk:  # CausalVariant.LOWER_RIGHT
         return None, True
-    import torch
-    return torch.ones(nq, nk, dtype=torch.bool).tril_(), is_causal
+    return top_left_causal(attn_mask, nq, nk), is_causal
+
+
+def top_left_causal(like, nq, nk):
+    """Bool [nq, nk], torch's or NumPy's as `like` is: key j visible to query i iff j <= i
+    (PyTorch's is_causal)."""
+    if type(like).__module__.startswith("torch"):
+        import torch
+        return torch.ones(nq, nk, dtype=torch.bool).tril_()
+    return np.tri(nq, nk, dtype=bool)
 
 
 def parse_options(attn_mask, dropout_p, softmax_scale, is_causal, window, layout):

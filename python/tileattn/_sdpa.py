@@ -4,7 +4,7 @@ import numpy as np
 
 from . import _arrays
 from ._forward import flash_attention
-from ._problem import is_causal_bias
+from ._problem import is_causal_bias, top_left_causal
 
 
 class SdpaArgumentError(ValueError, RuntimeError):
@@ -59,7 +59,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if nq == nk or nk == 0:  # no keys: every row is zeros, with or without a mask
             causal = True  # top-left and bottom-right agree
         else:
-            attn_mask = _top_left_causal(query, nq, nk)
+            attn_mask = top_left_causal(query, nq, nk)
     return flash_attention(query, key, value, attn_mask, dropout_p, scale, causal)
 
 
@@ -79,14 +79,6 @@ def autocast_inputs(*tensors):
     # Autocast's eligible tensors: floating, not float64 (which it leaves alone).
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                  and t.device.type == "cpu" else t for t in tensors)
-
-
-def _top_left_causal(query, nq, nk):
-    """Bool [L, S]: key j visible to query i iff j <= i (PyTorch's is_causal)."""
-    if type(query).__module__.startswith("torch"):
-        import torch
-        return torch.ones(nq, nk, dtype=torch.bool).tril_()
-    return np.tri(nq, nk, dtype=bool)
 
 
 def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

@@ -13,29 +13,26 @@ def _tensor_names(layer_idx):
 
 
 def _files_for(path, names, prefix):
-    """{safetensors file: [tensor names]} covering `names`, for a file or a checkpoint folder:
-    with an index, every shard that holds a tensor under `prefix` (the layer's attention), so
-    that biases and tensors this layer does not build (q_norm, sinks) are seen in any shard."""
+    """The safetensors files to read for `names`, for a file or a checkpoint folder: with an
+    index, every shard that holds a tensor under `prefix` (the layer's attention), so that
+    biases and tensors this layer does not build (q_norm, sinks) are seen in any shard; without
+    one, every shard."""
     if os.path.isfile(path):
-        return {path: list(names)}
+        return [path]
     if not os.path.isdir(path):
         raise FileNotFoundError(f"path: {path!r} is neither a .safetensors file nor a folder")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):  # sharded checkpoint: the index maps tensors to shards
         with open(index) as f:
             weight_map = json.load(f).get("weight_map", {})
-        files = {}
         for name in names:
             if name not in weight_map:
                 raise KeyError(f"{name} is not in {index}")
-        for name, shard in weight_map.items():
-            if name.startswith(prefix):
-                files.setdefault(os.path.join(path, shard), []).append(name)
-        return files
+        return sorted({os.path.join(path, shard) for name, shard in weight_map.items() if name.startswith(prefix)})
     shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not shards:
         raise FileNotFoundError(f"path: no .safetensors file in {path!r}")
-    return {os.path.join(path, f): None for f in shards}  # None: look in every shard
+    return [os.path.join(path, f) for f in shards]
 
 
 def load_huggingface_weights(path, layer_idx):
@@ -62,7 +59,7 @@ def load_huggingface_weights(path, layer_idx):
     prefix = f"model.layers.{layer_idx}.self_attn."
     found, unknown = {}, []
     weight_names = [wanted[p] for p in PROJECTIONS]
-    for file, names in _files_for(os.fspath(path), weight_names, prefix).items():
+    for file in _files_for(os.fspath(path), weight_names, prefix):
         with safe_open(file, framework="pt") as f:
             keys = set(f.keys())
             for key, name in wanted.items():

@@ -155,7 +155,7 @@ Isa kernel_isa(Isa isa, DType dtype) {
 }
 
 Isa resolve_isa(Isa requested) {
-  if (int(requested) < int(Isa::automatic) || int(requested) > int(Isa::amx))  // not a value of the enum
+  if (int(requested) < 0 || int(requested) >= kIsaCount)  // not a value of the enum
     throw Error("isa: unknown value " + std::to_string(int(requested)));
   if (requested == Isa::automatic) {
     const char* env = std::getenv("TILEATTN_ISA");

@@ -30,19 +30,20 @@ int64_t checked_add(int64_t a, int64_t b, const char* what) {
 
 }  // namespace
 
-ByteRange view_range(const char* name, const void* data, int64_t element_size,
-                     const int64_t* sizes, const int64_t* strides, int rank) {
+ViewSpan view_range(const char* name, const void* data, int64_t element_size,
+                    const int64_t* sizes, const int64_t* strides, int rank) {
+  if (rank < 0 || rank > ViewSpan::kMaxRank) fail(std::string(name) + ": rank above " + str(ViewSpan::kMaxRank));
   int64_t lo = 0, hi = 0;  // element offsets relative to data
   for (int i = 0; i < rank; ++i) {
     if (sizes[i] < 0) fail(std::string(name) + ": negative size");
-    if (sizes[i] == 0) return ByteRange{};  // empty view: nothing is touched
+    if (sizes[i] == 0) return ViewSpan{};  // empty view: nothing is touched
   }
   for (int i = 0; i < rank; ++i) {
     const int64_t span = checked_mul(sizes[i] - 1, strides[i], name);
     if (span < 0) lo = checked_add(lo, span, name);
     else hi = checked_add(hi, span, name);
   }
-  ByteRange r;
+  ViewSpan r;
   r.lo = checked_mul(lo, element_size, name);
   r.hi = checked_add(checked_mul(hi, element_size, name), element_size, name);
   const auto base = reinterpret_cast<uintptr_t>(data);
@@ -52,68 +53,86 @@ ByteRange view_range(const char* name, const void* data, int64_t element_size,
   // Addresses are compared as int64 below: base + hi must stay below 2^63.
   if (uintptr_t(r.hi) > uintptr_t(INT64_MAX) - base)
     fail(std::string(name) + ": strides overflow the address space");
-  r.lo = int64_t(base) + r.lo;  // as addresses (fits: user-space addresses < 2^63)
+  // The element at index 0 sits at base; lo and hi become addresses (fits:
+  // user-space addresses < 2^63).
+  r.element_size = element_size;
+  r.rank = rank;
+  for (int i = 0; i < rank; ++i) {
+    r.sizes[i] = sizes[i];
+    r.strides[i] = strides[i];
+  }
+  r.lo = int64_t(base) + r.lo;
   r.hi = int64_t(base) + r.hi;
   r.empty = false;
+  r.origin = int64_t(base);
   return r;
-}
-
-bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
-  return !a.empty && !b.empty && a.lo < b.hi && b.lo < a.hi;
 }
 
 namespace {
 
-// Whether some k with |k[d]| < extent[d] has sum_d k[d] * step[d] == target,
-// dims in descending |step| from `level` (reach[l]: the largest |sum| dims
-// past l can make). Gives up (true: assume an overlap) past `budget` nodes.
-bool reachable(const __int128* step, const int64_t* extent, const __int128* reach, int dims, int level,
-               __int128 target, int& budget) {
+// One dimension of the search: index differences k in [k_lo, k_hi] times a
+// step in bytes (> 0).
+struct Term {
+  __int128 step, k_lo, k_hi;
+};
+
+__int128 floor_div(__int128 x, __int128 y) { return x / y - ((x % y != 0) && ((x < 0) != (y < 0))); }
+
+// Whether some k, terms[l].k_lo <= k[l] <= terms[l].k_hi, has sum_l k[l] *
+// terms[l].step in [lo, hi]; terms from `level` on, in descending steps
+// (least[l], most[l]: the smallest and largest sums the terms past l make).
+// Gives up (true: assume an overlap) past `budget` nodes.
+bool reachable(const Term* terms, const __int128* least, const __int128* most, int count, int level, __int128 lo,
+               __int128 hi, int& budget) {
   if (--budget < 0) return true;
-  if (level == dims) return target == 0;
-  const __int128 s = step[level], r = reach[level];
-  // k such that |target - k s| <= r: k in [(target - r) / s, (target + r) / s].
-  const auto floor_div = [](__int128 x, __int128 y) { return x / y - ((x % y != 0) && ((x < 0) != (y < 0))); };
-  __int128 lo = -floor_div(-(target - r), s), hi = floor_div(target + r, s);
-  lo = std::max<__int128>(lo, -(extent[level] - 1));
-  hi = std::min<__int128>(hi, extent[level] - 1);
-  for (__int128 k = lo; k <= hi; ++k)
-    if (reachable(step, extent, reach, dims, level + 1, target - k * s, budget)) return true;
+  if (level == count) return lo <= 0 && 0 <= hi;
+  const Term& t = terms[level];
+  // k such that k step + (the rest) can land in [lo, hi].
+  const __int128 k_lo = std::max(t.k_lo, -floor_div(-(lo - most[level]), t.step));
+  const __int128 k_hi = std::min(t.k_hi, floor_div(hi - least[level], t.step));
+  for (__int128 k = k_lo; k <= k_hi; ++k)
+    if (reachable(terms, least, most, count, level + 1, lo - k * t.step, hi - k * t.step, budget)) return true;
   return false;
 }
 
 }  // namespace
 
-bool views_overlap(const ByteRange& ra, const ByteRange& rb, const void* a, const void* b, int64_t element_size,
-                   const int64_t* sizes_a, const int64_t* strides_a, const int64_t* sizes_b,
-                   const int64_t* strides_b, int rank) {
-  if (!ranges_overlap(ra, rb)) return false;
-  if (rank > 8) return true;
-  for (int d = 0; d < rank; ++d)
-    if (sizes_a[d] != sizes_b[d] || strides_a[d] != strides_b[d]) return true;  // byte ranges decide
-  // Element i of a and element j of b share a byte iff |delta - (j - i) . strides * e| < e, with
-  // delta = a - b in bytes: some k = j - i, |k[d]| < sizes[d], has k . strides in the one or two
-  // integers next to delta / e.
-  __int128 step[8], reach[9];
-  int64_t extent[8];
-  int dims = 0;
-  for (int d = 0; d < rank; ++d)
-    if (strides_a[d] != 0 && sizes_a[d] > 1) {
-      step[dims] = strides_a[d] < 0 ? -__int128(strides_a[d]) : __int128(strides_a[d]);
-      extent[dims++] = sizes_a[d];
+bool views_overlap(const ViewSpan& a, const ViewSpan& b) {
+  if (a.empty || b.empty || a.hi <= b.lo || b.hi <= a.lo) return false;
+  // Element i of a covers bytes [A + x, A + x + e_a), x = sum_d i[d] stride_a[d] e_a; element j of b
+  // [B + y, B + y + e_b). They share a byte iff x - y lies in [B - A - e_a + 1, B - A + e_b - 1]:
+  // a sum of terms, a's dims with k in [0, size - 1] and b's with k in [-(size - 1), 0], one term
+  // per step (equal steps, as in views of one buffer, merge into one wider range).
+  Term terms[2 * ViewSpan::kMaxRank];
+  int count = 0;
+  const auto add = [&](const ViewSpan& v, bool minus) {
+    for (int d = 0; d < v.rank; ++d) {
+      if (v.sizes[d] <= 1 || v.strides[d] == 0) continue;
+      __int128 step = __int128(v.strides[d]) * v.element_size, k_lo = 0, k_hi = v.sizes[d] - 1;
+      if (minus) k_lo = -k_hi, k_hi = 0;
+      if (step < 0) step = -step, std::swap(k_lo, k_hi), k_lo = -k_lo, k_hi = -k_hi;
+      int t = 0;
+      while (t < count && terms[t].step != step) ++t;
+      if (t == count) terms[count++] = Term{step, 0, 0};
+      terms[t].k_lo += k_lo;
+      terms[t].k_hi += k_hi;
     }
-  for (int i = 0; i < dims; ++i)  // descending steps: few candidates per level for nested strides
-    for (int j = i + 1; j < dims; ++j)
-      if (step[j] > step[i]) std::swap(step[i], step[j]), std::swap(extent[i], extent[j]);
-  reach[dims] = 0;
-  for (int l = dims - 1; l >= 0; --l) reach[l] = reach[l + 1] + step[l] * (extent[l] - 1);
-  for (int l = 0; l < dims; ++l) reach[l] = reach[l + 1];  // reach[l]: what the dims after l make
-  const __int128 delta = __int128(reinterpret_cast<intptr_t>(a)) - __int128(reinterpret_cast<intptr_t>(b));
-  const __int128 e = element_size;
-  const __int128 q = delta >= 0 ? delta / e : -((-delta + e - 1) / e);  // floor(delta / e)
+  };
+  add(a, false);
+  add(b, true);
+  for (int i = 0; i < count; ++i)  // descending steps: few candidates per level for nested strides
+    for (int j = i + 1; j < count; ++j)
+      if (terms[j].step > terms[i].step) std::swap(terms[i], terms[j]);
+  __int128 least[2 * ViewSpan::kMaxRank + 1], most[2 * ViewSpan::kMaxRank + 1];
+  least[count] = most[count] = 0;
+  for (int l = count - 1; l >= 0; --l) {
+    least[l] = least[l + 1] + terms[l].k_lo * terms[l].step;
+    most[l] = most[l + 1] + terms[l].k_hi * terms[l].step;
+  }
+  for (int l = 0; l < count; ++l) least[l] = least[l + 1], most[l] = most[l + 1];  // what the terms after l make
+  const __int128 delta = __int128(b.origin) - __int128(a.origin);
   int budget = 1 << 16;
-  if (reachable(step, extent, reach, dims, 0, q, budget)) return true;
-  return delta % e != 0 && reachable(step, extent, reach, dims, 0, q + 1, budget);
+  return reachable(terms, least, most, count, 0, delta - a.element_size + 1, delta + b.element_size - 1, budget);
 }
 
 void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank) {
@@ -167,11 +186,11 @@ void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int
 // one per KV head (strides {0, stride, 0}) and each finite and > 0 (int8
 // scales are per token, written by the append like the cache's elements, and
 // not read here: a NaN scale gives NaN scores like a NaN key).
-static ByteRange validate_kv_scales(const char* name, const ForwardArgs& a, const float* scales,
+static ViewSpan validate_kv_scales(const char* name, const ForwardArgs& a, const float* scales,
                              const std::array<int64_t, 3>& stride, const int64_t* kv_sizes) {
   if (!scales) fail(std::string(name) + ": data is null (the cache is " + kv_quant_name(a.kv.quant) + ")");
   const int64_t sizes[3] = {kv_sizes[0], kv_sizes[1], kv_sizes[2]};
-  const ByteRange range = view_range(name, scales, 4, sizes, stride.data(), 3);
+  const ViewSpan range = view_range(name, scales, 4, sizes, stride.data(), 3);
   if (a.kv.quant == KvQuant::fp8_e4m3) {
     if (stride[0] != 0 || stride[2] != 0)
       fail(std::string(name) + ": an fp8_e4m3 cache takes one scale per KV head (strides {0, s, 0}), got strides {" +
@@ -195,7 +214,7 @@ void validate(const ForwardArgs& a) {
   validate_head_dims(s.head_dim, s.v_head_dim);
   if (s.seqlen_q < 0) fail("seqlen_q must be >= 0, got " + str(s.seqlen_q));
   if (s.seqlen_k < 0) fail("seqlen_k must be >= 0, got " + str(s.seqlen_k));
-  if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
+  if (!is_activation_dtype(a.dtype))
     fail("dtype: expected fp32, fp16 or bf16");
   if (a.kv.quant != KvQuant::none && a.kv.quant != KvQuant::int8 && a.kv.quant != KvQuant::fp8_e4m3)
     fail("kv quant: expected none, int8 or fp8_e4m3");
@@ -310,10 +329,10 @@ void validate(const ForwardArgs& a) {
   if (keys_needed && !a.k.data) fail("k: data is null");
   if (keys_needed && !a.v.data) fail("v: data is null");
 
-  ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
-  ByteRange o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
+  ViewSpan q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
+  ViewSpan o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
   check_injective("o", o_sizes, a.o.stride.data(), 4);
-  ByteRange k, v, k_scale, v_scale;
+  ViewSpan k, v, k_scale, v_scale;
   if (keys_needed) {
     const int64_t kv_esize = int64_t(dtype_size(kv_storage_dtype(a.dtype, a.kv.quant)));
     k = view_range("k", a.k.data, kv_esize, k_sizes, a.k.stride.data(), 4);
@@ -323,7 +342,7 @@ void validate(const ForwardArgs& a) {
       v_scale = validate_kv_scales("v_scale", a, a.kv.v_scale, a.kv.v_scale_stride, k_sizes);
     }
   }
-  ByteRange mask;
+  ViewSpan mask;
   if (a.mask.kind != MaskSpec::Kind::none) {
     if (a.mask.kind != MaskSpec::Kind::boolean && a.mask.kind != MaskSpec::Kind::additive)
       fail("mask: unknown kind");
@@ -335,22 +354,21 @@ void validate(const ForwardArgs& a) {
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
                       a.mask.stride.data(), 4);
   }
-  if (views_overlap(o, q, a.o.data, a.q.data, esize, o_sizes, a.o.stride.data(), q_sizes, a.q.stride.data(), 4))
-    fail("o: output overlaps input q");
-  if (ranges_overlap(o, k)) fail("o: output overlaps input k");
-  if (ranges_overlap(o, v)) fail("o: output overlaps input v");
-  if (ranges_overlap(o, mask)) fail("o: output overlaps the mask");
-  if (ranges_overlap(o, k_scale)) fail("o: output overlaps input k_scale");
-  if (ranges_overlap(o, v_scale)) fail("o: output overlaps input v_scale");
+  if (views_overlap(o, q)) fail("o: output overlaps input q");
+  if (views_overlap(o, k)) fail("o: output overlaps input k");
+  if (views_overlap(o, v)) fail("o: output overlaps input v");
+  if (views_overlap(o, mask)) fail("o: output overlaps the mask");
+  if (views_overlap(o, k_scale)) fail("o: output overlaps input k_scale");
+  if (views_overlap(o, v_scale)) fail("o: output overlaps input v_scale");
   if (a.lse) {
     const int64_t l_sizes[3] = {q_batches, s.heads, s.seqlen_q};
-    ByteRange lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
+    ViewSpan lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);
     check_injective("lse", l_sizes, a.lse_stride.data(), 3);
-    if (ranges_overlap(lse, o)) fail("lse: overlaps output o");
-    if (ranges_overlap(lse, q) || ranges_overlap(lse, k) || ranges_overlap(lse, v))
+    if (views_overlap(lse, o)) fail("lse: overlaps output o");
+    if (views_overlap(lse, q) || views_overlap(lse, k) || views_overlap(lse, v))
       fail("lse: overlaps an input");
-    if (ranges_overlap(lse, mask)) fail("lse: overlaps the mask");
-    if (ranges_overlap(lse, k_scale) || ranges_overlap(lse, v_scale)) fail("lse: overlaps an input");
+    if (views_overlap(lse, mask)) fail("lse: overlaps the mask");
+    if (views_overlap(lse, k_scale) || views_overlap(lse, v_scale)) fail("lse: overlaps an input");
   }
 }
 

@@ -8,23 +8,31 @@
 
 namespace tileattn::detail {
 
-// Bytes [lo, hi) a strided view may touch (addresses); empty for a view with
-// a zero-size dimension. Throws Error when the extent overflows.
-struct ByteRange {
+// A strided view: the bytes [lo, hi) it may touch (addresses; empty for a
+// view with a zero-size dimension) and its geometry, for views_overlap.
+// view_range throws Error when the extent overflows.
+struct ViewSpan {
+  static constexpr int kMaxRank = 4;
   int64_t lo = 0, hi = 0;
   bool empty = true;
+  int64_t origin = 0;  // the address of the element at index 0
+  int64_t element_size = 0;
+  int rank = 0;
+  int64_t sizes[kMaxRank] = {}, strides[kMaxRank] = {};
 };
-ByteRange view_range(const char* name, const void* data, int64_t element_size,
-                     const int64_t* sizes, const int64_t* strides, int rank);
-bool ranges_overlap(const ByteRange& a, const ByteRange& b);
-// Whether views a and b (their ranges ra, rb from view_range) share a byte.
-// Views of one shape and one set of strides are checked exactly (a fused
-// cache [pages, 2, page, heads, D] holds K and V interleaved, in overlapping
-// byte ranges, without sharing an element); any other pair by its byte
-// ranges, which may say "overlap" for views that interleave.
-bool views_overlap(const ByteRange& ra, const ByteRange& rb, const void* a, const void* b, int64_t element_size,
-                   const int64_t* sizes_a, const int64_t* strides_a, const int64_t* sizes_b,
-                   const int64_t* strides_b, int rank);
+ViewSpan view_range(const char* name, const void* data, int64_t element_size,
+                    const int64_t* sizes, const int64_t* strides, int rank);
+// Whether two views share a byte. Exact when the search over their index
+// differences stays within a budget (views of one buffer that interleave,
+// such as q, k and v of a fused QKV projection [B, N, 3, H, D] or K and V of
+// a fused cache [pages, 2, page, heads, D], share none); past the budget,
+// whether their byte ranges overlap.
+bool views_overlap(const ViewSpan& a, const ViewSpan& b);
+// Whether `dtype` is a type of q, k, v and o (fp32, fp16, bf16), not a
+// KV-cache storage type or a value outside the enum.
+inline bool is_activation_dtype(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+}
 // Throws unless distinct indices map to distinct elements (outputs).
 void check_injective(const char* name, const int64_t* sizes, const int64_t* strides, int rank);
 void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t total_rows);

@@ -133,19 +133,19 @@ void check_write_conflicts(const KvCacheArgs& a, const AppendPlan& plan,
 // Names the first of `others` that `range` overlaps: "<what> <name><why>".
 struct NamedRange {
   const char* name;
-  ByteRange range;
+  ViewSpan range;
 };
-void fail_if_overlapping(const char* what, const ByteRange& range, std::initializer_list<NamedRange> others,
+void fail_if_overlapping(const char* what, const ViewSpan& range, std::initializer_list<NamedRange> others,
                          const char* why = "") {
   for (const NamedRange& other : others)
-    if (ranges_overlap(range, other.range)) fail(std::string(what) + " " + other.name + why);
+    if (views_overlap(range, other.range)) fail(std::string(what) + " " + other.name + why);
 }
 
 int64_t storage_size(const KvCacheArgs& a) { return int64_t(dtype_size(kv_storage_dtype(a.dtype, a.kv_quant))); }
 
-// The byte ranges of k_scale and v_scale (empty without quantization).
+// The views of k_scale and v_scale (empty without quantization).
 struct ScaleRanges {
-  ByteRange k, v;
+  ViewSpan k, v;
 };
 ScaleRanges scale_ranges(const KvCacheArgs& a) {
   ScaleRanges r;
@@ -166,7 +166,7 @@ ScaleRanges scale_ranges(const KvCacheArgs& a) {
 // kv_quant, and the scales it needs: present, in range, int8 scales
 // writable without overlapping each other or the cache, fp8 scales finite
 // and > 0. Without quantization no scale may be given.
-void check_scales(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
+void check_scales(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache) {
   if (a.kv_quant == KvQuant::none) {
     if (a.k_scale) fail("k_scale: given, but kv_quant is none (the cache holds " + std::string(dtype_name(a.dtype)) + ")");
     if (a.v_scale) fail("v_scale: given, but kv_quant is none (the cache holds " + std::string(dtype_name(a.dtype)) + ")");
@@ -193,14 +193,14 @@ void check_scales(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRang
   fail_if_overlapping("v_scale: overlaps", r.v, {{"k_cache", k_cache}, {"v_cache", v_cache}});
 }
 
-void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRange& v_cache) {
+void check_new_rows(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache) {
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
   const int64_t v_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, value_head_dim(a)};
   if (!a.k_new.data) fail("k_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
   if (!a.v_new.data) fail("v_new: data is null (seqlen_new = " + str(a.seqlen_new) + ")");
-  const ByteRange k = view_range("k_new", a.k_new.data, esize, sizes, a.k_new.stride.data(), 4);
-  const ByteRange v = view_range("v_new", a.v_new.data, esize, v_sizes, a.v_new.stride.data(), 4);
+  const ViewSpan k = view_range("k_new", a.k_new.data, esize, sizes, a.k_new.stride.data(), 4);
+  const ViewSpan v = view_range("v_new", a.v_new.data, esize, v_sizes, a.v_new.stride.data(), 4);
   const ScaleRanges scales = scale_ranges(a);
   fail_if_overlapping("k_new: overlaps", k,
                       {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}});
@@ -208,7 +208,15 @@ void check_new_rows(const KvCacheArgs& a, const ByteRange& k_cache, const ByteRa
                       {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}});
 }
 
-void check_rotary_tables(const KvCacheArgs& a) {
+// Whether the call rotates (tables given), after checking the tables; a
+// rotary size without tables would silently rotate nothing.
+bool check_rotary_tables(const KvCacheArgs& a) {
+  if (!a.rotary_cos && !a.rotary_sin) {
+    if (a.rotary_dim != 0 || a.rotary_positions != 0)
+      fail("rotary_dim / rotary_positions: set (" + str(a.rotary_dim) + ", " + str(a.rotary_positions) +
+           ") without rotary_cos and rotary_sin");
+    return false;
+  }
   if ((a.rotary_cos == nullptr) != (a.rotary_sin == nullptr))
     fail("rotary_cos and rotary_sin must be given together");
   if (a.rotary_dim < 2 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)
@@ -219,6 +227,7 @@ void check_rotary_tables(const KvCacheArgs& a) {
   const int64_t strides[2] = {a.rotary_dim / 2, 1};
   view_range("rotary_cos", a.rotary_cos, 4, sizes, strides, 2);
   view_range("rotary_sin", a.rotary_sin, 4, sizes, strides, 2);
+  return true;
 }
 
 void check_rotary_position(const KvCacheArgs& a, const char* who, int64_t b, int64_t last) {
@@ -233,7 +242,7 @@ void validate_cache(const KvCacheArgs& a) {
   if (a.batch < 0) fail("batch must be >= 0, got " + str(a.batch));
   if (a.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(a.kv_heads));
   validate_head_dims(a.head_dim, a.v_head_dim);
-  if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
+  if (!is_activation_dtype(a.dtype))
     fail("dtype: expected fp32, fp16 or bf16 (a quantized cache sets kv_quant)");
   if (a.kv_quant != KvQuant::none && a.kv_quant != KvQuant::int8 && a.kv_quant != KvQuant::fp8_e4m3)
     fail("kv_quant: expected none, int8 or fp8_e4m3");
@@ -263,13 +272,11 @@ void validate_cache(const KvCacheArgs& a) {
   const bool has_rows = sizes[0] > 0 && sizes[2] > 0;
   if (has_rows && !a.k_cache.data) fail("k_cache: data is null");
   if (has_rows && !a.v_cache.data) fail("v_cache: data is null");
-  const ByteRange k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, esize, v_sizes.data(), a.v_cache.stride.data(), 4);
+  const ViewSpan k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ViewSpan v = view_range("v_cache", a.v_cache.data, esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
   check_injective("v_cache", v_sizes.data(), a.v_cache.stride.data(), 4);
-  if (views_overlap(k, v, a.k_cache.data, a.v_cache.data, esize, sizes.data(), a.k_cache.stride.data(),
-                    v_sizes.data(), a.v_cache.stride.data(), 4))
-    fail("v_cache: overlaps k_cache");
+  if (views_overlap(k, v)) fail("v_cache: overlaps k_cache");
   check_scales(a, k, v);
 }
 
@@ -310,12 +317,11 @@ AppendPlan validate_append(const KvCacheArgs& a) {
 
   const std::array<int64_t, 4> sizes = cache_sizes_of(a), v_sizes = v_cache_sizes_of(a);
   const int64_t cache_esize = storage_size(a);
-  const ByteRange k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
+  const ViewSpan k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ViewSpan v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_new_rows(a, k, v);
 
-  if (a.rotary_cos || a.rotary_sin) {
-    check_rotary_tables(a);
+  if (check_rotary_tables(a)) {
     for (int64_t b = 0; b < a.batch; ++b)
       if (plan.counts[size_t(b)] > 0)
         check_rotary_position(a, "new keys", b, int64_t(plan.new_lengths[size_t(b)]) - 1);
@@ -329,22 +335,22 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   const std::array<int64_t, 4> sizes = cache_sizes_of(a), v_sizes = v_cache_sizes_of(a);
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t cache_esize = storage_size(a);
-  const ByteRange k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
-  const ByteRange v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
+  const ViewSpan k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
+  const ViewSpan v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   const ScaleRanges scales = scale_ranges(a);
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
   const int64_t o_sizes[4] = {a.batch, a.heads, a.seqlen_q, value_head_dim(a)};
-  const ByteRange o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
+  const ViewSpan o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
   fail_if_overlapping("o: output overlaps input", o,
                       {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
   // lse, when asked for: its range, computed once for both checks below.
   const int64_t l_sizes[3] = {a.batch, a.heads, a.seqlen_q};
-  const ByteRange lse = a.lse ? view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3) : ByteRange{};
+  const ViewSpan lse = a.lse ? view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3) : ViewSpan{};
   if (a.lse)
     fail_if_overlapping("lse: output overlaps input", lse,
                         {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
   const bool appends = std::any_of(plan.counts.begin(), plan.counts.end(), [](int32_t n) { return n > 0; });
-  const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
+  const ViewSpan q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   if (appends)
     fail_if_overlapping("q: overlaps", q, {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}},
                         ", which this call appends to");
@@ -354,23 +360,15 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   if (a.seqlen_new > 0 && a.k_new.data && a.v_new.data) {
     const int64_t new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, a.head_dim};
     const int64_t v_new_sizes[4] = {a.batch, a.kv_heads, a.seqlen_new, value_head_dim(a)};
-    const ByteRange k_new = view_range("k_new", a.k_new.data, esize, new_sizes, a.k_new.stride.data(), 4);
-    const ByteRange v_new = view_range("v_new", a.v_new.data, esize, v_new_sizes, a.v_new.stride.data(), 4);
+    const ViewSpan k_new = view_range("k_new", a.k_new.data, esize, new_sizes, a.k_new.stride.data(), 4);
+    const ViewSpan v_new = view_range("v_new", a.v_new.data, esize, v_new_sizes, a.v_new.stride.data(), 4);
     fail_if_overlapping("o: output overlaps input", o, {{"k_new", k_new}, {"v_new", v_new}});
     if (a.lse) fail_if_overlapping("lse: output overlaps input", lse, {{"k_new", k_new}, {"v_new", v_new}});
   }
 }
 
 void validate_query_rotary(const KvCacheArgs& a, const std::vector<int32_t>& lengths) {
-  if (!a.rotary_cos && !a.rotary_sin) {
-    // A rotary size without tables would silently rotate nothing.
-    if (a.rotary_dim != 0 || a.rotary_positions != 0)
-      fail("rotary_dim / rotary_positions: set (" + str(a.rotary_dim) + ", " + str(a.rotary_positions) +
-           ") without rotary_cos and rotary_sin");
-    return;
-  }
-  check_rotary_tables(a);
-  if (a.seqlen_q == 0) return;
+  if (!check_rotary_tables(a) || a.seqlen_q == 0) return;
   for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t first = rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], 0);
     const int64_t last = rotary_query_position(a, a.cache_seqlens[b], lengths[size_t(b)], a.seqlen_q - 1);

@@ -26,9 +26,9 @@ bool same_view(const void* a, const int64_t* a_stride, const void* b, const int6
 // An output may be an input itself (in place: each row is read in full
 // before it is written) but must not otherwise overlap it: another view of
 // the same memory would read rows already overwritten.
-void check_apart(const char* output, const detail::ByteRange& out, const char* input,
-                 const detail::ByteRange& in, bool same) {
-  if (!same && detail::ranges_overlap(out, in))
+void check_apart(const char* output, const detail::ViewSpan& out, const char* input,
+                 const detail::ViewSpan& in, bool same) {
+  if (!same && detail::views_overlap(out, in))
     throw Error(std::string("merge_states: ") + output + ": overlaps " + input +
                 " without being the same view (in place needs the same data and strides)");
 }
@@ -36,10 +36,10 @@ void check_apart(const char* output, const detail::ByteRange& out, const char* i
 }  // namespace
 
 void merge_states(const MergeArgs& m) {
-  using detail::ByteRange;
+  using detail::ViewSpan;
   for (const auto& [name, size] : {std::pair{"batch", m.batch}, {"heads", m.heads}, {"rows", m.rows}})
     if (size < 0) throw Error(std::string("merge_states: ") + name + " must be >= 0, got " + std::to_string(size));
-  if (m.dtype != DType::f32 && m.dtype != DType::f16 && m.dtype != DType::bf16)
+  if (!detail::is_activation_dtype(m.dtype))
     throw Error("merge_states: dtype: expected fp32, fp16 or bf16, got " + std::string(dtype_name(m.dtype)));
   // O's head dim: V's (AttentionShape::v_head_dim), at most kMaxValueHeadDim.
   if (m.head_dim < 1 || m.head_dim > kMaxValueHeadDim)
@@ -50,12 +50,12 @@ void merge_states(const MergeArgs& m) {
   if (!m.lse_a || !m.lse_b) throw Error("merge_states: lse_a and lse_b must not be null");
   const int64_t sizes[4] = {m.batch, m.heads, m.rows, m.head_dim};
   const int64_t esize = int64_t(dtype_size(m.dtype));
-  const ByteRange o_a = detail::view_range("o_a", m.o_a.data, esize, sizes, m.o_a.stride.data(), 4);
-  const ByteRange o_b = detail::view_range("o_b", m.o_b.data, esize, sizes, m.o_b.stride.data(), 4);
-  const ByteRange o_out = detail::view_range("o_out", m.o_out.data, esize, sizes, m.o_out.stride.data(), 4);
+  const ViewSpan o_a = detail::view_range("o_a", m.o_a.data, esize, sizes, m.o_a.stride.data(), 4);
+  const ViewSpan o_b = detail::view_range("o_b", m.o_b.data, esize, sizes, m.o_b.stride.data(), 4);
+  const ViewSpan o_out = detail::view_range("o_out", m.o_out.data, esize, sizes, m.o_out.stride.data(), 4);
   detail::check_injective("o_out", sizes, m.o_out.stride.data(), 4);
-  const ByteRange lse_a = detail::view_range("lse_a", m.lse_a, 4, sizes, m.lse_a_stride.data(), 3);
-  const ByteRange lse_b = detail::view_range("lse_b", m.lse_b, 4, sizes, m.lse_b_stride.data(), 3);
+  const ViewSpan lse_a = detail::view_range("lse_a", m.lse_a, 4, sizes, m.lse_a_stride.data(), 3);
+  const ViewSpan lse_b = detail::view_range("lse_b", m.lse_b, 4, sizes, m.lse_b_stride.data(), 3);
   const auto same_o = [&](const InputView& in) {
     return same_view(m.o_out.data, m.o_out.stride.data(), in.data, in.stride.data(), sizes, 4);
   };
@@ -64,7 +64,7 @@ void merge_states(const MergeArgs& m) {
   check_apart("o_out", o_out, "lse_a", lse_a, false);
   check_apart("o_out", o_out, "lse_b", lse_b, false);
   if (m.lse_out) {
-    const ByteRange lse_out = detail::view_range("lse_out", m.lse_out, 4, sizes, m.lse_out_stride.data(), 3);
+    const ViewSpan lse_out = detail::view_range("lse_out", m.lse_out, 4, sizes, m.lse_out_stride.data(), 3);
     detail::check_injective("lse_out", sizes, m.lse_out_stride.data(), 3);
     const auto same_lse = [&](const float* in, const std::array<int64_t, 3>& stride) {
       return same_view(m.lse_out, m.lse_out_stride.data(), in, stride.data(), sizes, 3);

@@ -57,13 +57,13 @@ void validate(const BackwardArgs& b) {
   if (q_elements > 0 && (!a.q.data)) fail("q: data is null");
   if (k_elements > 0 && (!a.k.data || !a.v.data)) fail(!a.k.data ? "k: data is null" : "v: data is null");
 
-  const ByteRange q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
-  const ByteRange k = view_range("k", a.k.data, esize, k_sizes, a.k.stride.data(), 4);
-  const ByteRange v = view_range("v", a.v.data, esize, v_sizes, a.v.stride.data(), 4);
-  const ByteRange o = view_range("o", b.o.data, esize, o_sizes, b.o.stride.data(), 4);
-  const ByteRange d_o = view_range("d_o", b.d_o.data, esize, o_sizes, b.d_o.stride.data(), 4);
-  const ByteRange lse = view_range("lse", b.lse, 4, l_sizes, b.lse_stride.data(), 3);
-  ByteRange mask;
+  const ViewSpan q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
+  const ViewSpan k = view_range("k", a.k.data, esize, k_sizes, a.k.stride.data(), 4);
+  const ViewSpan v = view_range("v", a.v.data, esize, v_sizes, a.v.stride.data(), 4);
+  const ViewSpan o = view_range("o", b.o.data, esize, o_sizes, b.o.stride.data(), 4);
+  const ViewSpan d_o = view_range("d_o", b.d_o.data, esize, o_sizes, b.d_o.stride.data(), 4);
+  const ViewSpan lse = view_range("lse", b.lse, 4, l_sizes, b.lse_stride.data(), 3);
+  ViewSpan mask;
   if (a.mask.kind != MaskSpec::Kind::none) {
     int64_t max_nk = varlen_k ? 0 : s.seqlen_k;
     for (int64_t i = 0; varlen_k && i < s.batch; ++i)
@@ -72,9 +72,9 @@ void validate(const BackwardArgs& b) {
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
                       a.mask.stride.data(), 4);
   }
-  const ByteRange dq = view_range("dq", b.dq.data, esize, q_sizes, b.dq.stride.data(), 4);
-  const ByteRange dk = view_range("dk", b.dk.data, esize, k_sizes, b.dk.stride.data(), 4);
-  const ByteRange dv = view_range("dv", b.dv.data, esize, v_sizes, b.dv.stride.data(), 4);
+  const ViewSpan dq = view_range("dq", b.dq.data, esize, q_sizes, b.dq.stride.data(), 4);
+  const ViewSpan dk = view_range("dk", b.dk.data, esize, k_sizes, b.dk.stride.data(), 4);
+  const ViewSpan dv = view_range("dv", b.dv.data, esize, v_sizes, b.dv.stride.data(), 4);
   check_injective("dq", q_sizes, b.dq.stride.data(), 4);
   check_injective("dk", k_sizes, b.dk.stride.data(), 4);
   check_injective("dv", v_sizes, b.dv.stride.data(), 4);
@@ -83,26 +83,26 @@ void validate(const BackwardArgs& b) {
   if (b.d_sinks && !a.sinks) fail("d_sinks: given without forward.sinks (there is no sink to differentiate)");
   const int64_t h_sizes[1] = {s.heads};
   const int64_t unit_stride[1] = {1};
-  const ByteRange d_sinks = b.d_sinks ? view_range("d_sinks", b.d_sinks, 4, h_sizes, unit_stride, 1) : ByteRange{};
-  const ByteRange sinks = a.sinks ? view_range("sinks", a.sinks, 4, h_sizes, unit_stride, 1) : ByteRange{};
+  const ViewSpan d_sinks = b.d_sinks ? view_range("d_sinks", b.d_sinks, 4, h_sizes, unit_stride, 1) : ViewSpan{};
+  const ViewSpan sinks = a.sinks ? view_range("sinks", a.sinks, 4, h_sizes, unit_stride, 1) : ViewSpan{};
 
   struct Named {
     const char* name;
-    const ByteRange* range;
+    const ViewSpan* range;
   };
   const Named inputs[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"d_o", &d_o},
                           {"lse", &lse}, {"mask", &mask}, {"sinks", &sinks}};
   const Named outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"d_sinks", &d_sinks}};
   for (const Named& out : outputs) {
     for (const Named& in : inputs)
-      if (ranges_overlap(*out.range, *in.range))
+      if (views_overlap(*out.range, *in.range))
         fail(std::string(out.name) + ": output overlaps input " + in.name);
   }
-  if (ranges_overlap(dq, dk)) fail("dq: overlaps output dk");
-  if (ranges_overlap(dq, dv)) fail("dq: overlaps output dv");
-  if (ranges_overlap(dk, dv)) fail("dk: overlaps output dv");
+  if (views_overlap(dq, dk)) fail("dq: overlaps output dk");
+  if (views_overlap(dq, dv)) fail("dq: overlaps output dv");
+  if (views_overlap(dk, dv)) fail("dk: overlaps output dv");
   for (const Named& out : {Named{"dq", &dq}, Named{"dk", &dk}, Named{"dv", &dv}})
-    if (ranges_overlap(d_sinks, *out.range)) fail(std::string("d_sinks: overlaps output ") + out.name);
+    if (views_overlap(d_sinks, *out.range)) fail(std::string("d_sinks: overlaps output ") + out.name);
 }
 
 }  // namespace tileattn::detail

@@ -49,7 +49,7 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
   if (elements == 0) return;
   if (!probs) throw Error("probs: data is null");
   detail::check_injective("probs", sizes, stride.data(), 4);
-  const detail::ByteRange out = detail::view_range("probs", probs, 4, sizes, stride.data(), 4);
+  const detail::ViewSpan out = detail::view_range("probs", probs, 4, sizes, stride.data(), 4);
   const int64_t q_batches = args.cu_seqlens_q ? 1 : s.batch;
   const int64_t esize = int64_t(dtype_size(args.dtype));
   const int64_t q_sizes[4] = {q_batches, s.heads, s.seqlen_q, s.head_dim};
@@ -60,7 +60,7 @@ void attention_probabilities(const ForwardArgs& args, float* probs,
        {std::pair{"q", detail::view_range("q", args.q.data, esize, q_sizes, args.q.stride.data(), 4)},
         std::pair{"k", detail::view_range("k", args.k.data, esize, k_sizes, args.k.stride.data(), 4)},
         std::pair{"v", detail::view_range("v", args.v.data, esize, v_sizes, args.v.stride.data(), 4)}})
-    if (detail::ranges_overlap(out, range)) throw Error(std::string("probs: output overlaps input ") + name);
+    if (detail::views_overlap(out, range)) throw Error(std::string("probs: output overlaps input ") + name);
 
   const detail::Problem p = detail::describe(args);
   const detail::DropoutSpec dropout = detail::make_dropout(args.dropout_p, args.seed);

@@ -28,61 +28,96 @@ Case small() {
   return c;
 }
 
+// A small 4-D view for the listing below.
+struct SmallView {
+  const char* data;
+  int64_t e;  // element size in bytes
+  int64_t sizes[4], strides[4];
+  detail::ViewSpan span() const { return detail::view_range("x", data, e, sizes, strides, 4); }
+  template <class F>
+  void for_each_byte(F f) const {
+    for (int64_t i0 = 0; i0 < sizes[0]; ++i0)
+      for (int64_t i1 = 0; i1 < sizes[1]; ++i1)
+        for (int64_t i2 = 0; i2 < sizes[2]; ++i2)
+          for (int64_t i3 = 0; i3 < sizes[3]; ++i3) {
+            const int64_t off = (i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3]) * e;
+            for (int64_t x = 0; x < e; ++x) f(data + off + x);
+          }
+  }
+};
+
 // Whether two views share a byte, by listing every byte of both (small views only).
-bool overlap_by_listing(const char* a, const char* b, int64_t e, const int64_t* sizes, const int64_t* strides) {
+bool overlap_by_listing(const SmallView& a, const SmallView& b) {
   std::set<const char*> bytes;
-  for (int64_t i0 = 0; i0 < sizes[0]; ++i0)
-    for (int64_t i1 = 0; i1 < sizes[1]; ++i1)
-      for (int64_t i2 = 0; i2 < sizes[2]; ++i2)
-        for (int64_t i3 = 0; i3 < sizes[3]; ++i3) {
-          const int64_t off = (i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3]) * e;
-          for (int64_t x = 0; x < e; ++x) bytes.insert(a + off + x);
-        }
-  for (int64_t i0 = 0; i0 < sizes[0]; ++i0)
-    for (int64_t i1 = 0; i1 < sizes[1]; ++i1)
-      for (int64_t i2 = 0; i2 < sizes[2]; ++i2)
-        for (int64_t i3 = 0; i3 < sizes[3]; ++i3) {
-          const int64_t off = (i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3]) * e;
-          for (int64_t x = 0; x < e; ++x)
-            if (bytes.count(b + off + x)) return true;
-        }
-  return false;
+  a.for_each_byte([&](const char* p) { bytes.insert(p); });
+  bool shared = false;
+  b.for_each_byte([&](const char* p) { shared = shared || bytes.count(p) != 0; });
+  return shared;
 }
 
-// views_overlap is exact for two views of one shape and strides: K and V of a
-// fused cache [pages, 2, page, heads, D] interleave in overlapping byte ranges
-// without sharing an element (FlashInfer's layout; it was refused as "v_cache:
-// overlaps k_cache"), and random views agree with a byte-by-byte listing.
-TEST(Validate, ViewsOverlapIsExactForOneShapeAndStrides) {
+// views_overlap is exact: views of one buffer that interleave without
+// sharing an element are apart (K and V of a fused cache [pages, 2, page,
+// heads, D], FlashInfer's layout; q, k, v and out of one [B, N, 4, H, D]
+// buffer; GQA's q and k of one [N, H + 2 Hkv, D] projection; an fp32 LSE
+// interleaved with bf16 rows), and random views of any shapes, strides and
+// element sizes agree with a byte-by-byte listing.
+TEST(Validate, ViewsOverlapIsExact) {
   static char buffer[1 << 16];
   const int64_t pages = 3, page = 4, heads = 2, d = 8;
-  const int64_t sizes[4] = {pages, heads, page, d};                          // [P, Hkv, page, D] views
-  const int64_t strides[4] = {2 * page * heads * d, d, heads * d, 1};      // of [P, 2, page, Hkv, D]
-  const auto range = [&](const char* p) { return detail::view_range("x", p, 2, sizes, strides, 4); };
-  const char* k = buffer + 64;
-  const char* v = k + page * heads * d * 2;  // [:, 1]
-  EXPECT_TRUE(detail::ranges_overlap(range(k), range(v)));
-  EXPECT_FALSE(detail::views_overlap(range(k), range(v), k, v, 2, sizes, strides, sizes, strides, 4));
-  EXPECT_TRUE(detail::views_overlap(range(k), range(k + 2), k, k + 2, 2, sizes, strides, sizes, strides, 4));
-  EXPECT_TRUE(detail::views_overlap(range(k), range(v + 1), k, v + 1, 2, sizes, strides, sizes, strides, 4))
-      << "half an element apart";
-  const int64_t other[4] = {strides[0], strides[1], strides[2], 2};  // other strides: byte ranges decide
-  EXPECT_TRUE(detail::views_overlap(range(k), range(v), k, v, 2, sizes, strides, sizes, other, 4));
+  // [P, Hkv, page, D] views of [P, 2, page, Hkv, D]
+  const SmallView k{buffer + 64, 2, {pages, heads, page, d}, {2 * page * heads * d, d, heads * d, 1}};
+  SmallView v = k;
+  v.data = k.data + page * heads * d * 2;  // [:, 1]
+  EXPECT_FALSE(detail::views_overlap(k.span(), v.span()));
+  EXPECT_FALSE(overlap_by_listing(k, v));
+  SmallView shifted = k;
+  shifted.data = k.data + 2;
+  EXPECT_TRUE(detail::views_overlap(k.span(), shifted.span()));
+  shifted.data = v.data + 1;
+  EXPECT_TRUE(detail::views_overlap(k.span(), shifted.span())) << "half an element apart";
+
+  // q, k, v, o: [B, H, N, D] views of one [B, N, 4, H, D] buffer.
+  const int64_t b = 2, n = 5, h = 3;
+  const SmallView q4{buffer + 4096, 4, {b, h, n, d}, {n * 4 * h * d, d, 4 * h * d, 1}};
+  for (int part = 1; part < 4; ++part) {
+    SmallView other = q4;
+    other.data = q4.data + part * h * d * 4;
+    EXPECT_FALSE(detail::views_overlap(q4.span(), other.span())) << part;
+    EXPECT_FALSE(detail::views_overlap(other.span(), q4.span())) << part;
+  }
+  // GQA: q [1, 4, n, d] and k [1, 2, n, d] of [n, 4 + 2 + 2, d].
+  const SmallView gq{buffer + 20000, 4, {1, 4, n, d}, {0, d, 8 * d, 1}};
+  SmallView gk{gq.data + 4 * d * 4, 4, {1, 2, n, d}, {0, d, 8 * d, 1}};
+  EXPECT_FALSE(detail::views_overlap(gq.span(), gk.span()));
+  gk.data -= 4;
+  EXPECT_TRUE(detail::views_overlap(gq.span(), gk.span()));
+  // An fp32 [B, H, N] LSE in the gaps of bf16 rows of d elements.
+  const SmallView rows{buffer + 30000, 2, {1, h, n, d}, {0, n * (d + 2), d + 2, 1}};
+  SmallView lse{rows.data + 2 * d, 4, {1, h, n, 1}, {0, n * (d + 2) / 2, (d + 2) / 2, 1}};
+  EXPECT_FALSE(detail::views_overlap(rows.span(), lse.span()));
+  lse.data -= 2;
+  EXPECT_TRUE(detail::views_overlap(rows.span(), lse.span()));
 
   std::mt19937 rng(11);
-  for (int trial = 0; trial < 400; ++trial) {
-    int64_t sz[4], st[4];
+  const auto random_view = [&](const char* base) {
+    SmallView x{base, 1 + int64_t(rng() % 4), {}, {}};
     for (int i = 0; i < 4; ++i) {
-      sz[i] = 1 + int64_t(rng() % 4);
-      st[i] = int64_t(rng() % 24) - 6;
+      x.sizes[i] = 1 + int64_t(rng() % 4);
+      x.strides[i] = int64_t(rng() % 24) - 6;
     }
-    const int64_t e = 1 + int64_t(rng() % 4);
-    const char* a = buffer + 20000;
-    const char* b = a + int64_t(rng() % 400) - 200;
-    const detail::ByteRange ra = detail::view_range("a", a, e, sz, st, 4), rb = detail::view_range("b", b, e, sz, st, 4);
-    EXPECT_EQ(detail::views_overlap(ra, rb, a, b, e, sz, st, sz, st, 4), overlap_by_listing(a, b, e, sz, st))
-        << "trial " << trial;
+    return x;
+  };
+  int same = 0, apart = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const SmallView a = random_view(buffer + 20000);
+    SmallView c = trial % 2 ? random_view(a.data + int64_t(rng() % 400) - 200) : a;  // even trials: one geometry
+    if (trial % 2 == 0) c.data = a.data + int64_t(rng() % 400) - 200;
+    const bool listed = overlap_by_listing(a, c);
+    EXPECT_EQ(detail::views_overlap(a.span(), c.span()), listed) << "trial " << trial;
+    (listed ? same : apart)++;
   }
+  EXPECT_GT(apart, 200);
+  EXPECT_GT(same, 200);
 }
 
 TEST(Validate, HeadsNotDivisible) {

@@ -156,9 +156,11 @@ TEST(KvCacheBadInput, RotaryTables) {
   expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_dim = 15; }, "rotary_dim");
   expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_dim = 66; }, "rotary_dim");
   expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_sin = nullptr; }, "rotary_sin");
-  // A rotary size without either table would rotate nothing, silently (it did).
-  expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_cos = a.rotary_sin = nullptr; },
-                  "rotary_dim / rotary_positions: set (16, ");
+  // A rotary size without either table would rotate nothing, silently: refused by the attention and by
+  // the append alone.
+  for (bool append_only : {false, true})
+    expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.rotary_cos = a.rotary_sin = nullptr; },
+                    "rotary_dim / rotary_positions: set (16, ", append_only);
   // More queries than tokens: the first query would sit before position 0.
   expect_rejected(spec, [](KvCacheArgs& a, DecodeRun& r) {
     a.seqlen_q = 2;

@@ -122,12 +122,22 @@ def test_kvcache_bad_out_leaves_the_cache_unchanged(framework):
     lengths = np.array([11, 17]) if framework == "numpy" else torch.tensor([11, 17])
     with pytest.raises(ValueError, match=r"out: expected shape \(2, 4, 1, 16\)"):
         tileattn.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lengths, out=kc[:, :, :1])
-    # An out inside the cache itself (the first 128 elements of k_cache, then of v_cache): the
-    # library's forward view calls the cache "k" / "v", the caller passed k_cache / v_cache.
+    # An out inside the cache itself (the first 128 elements of k_cache, then of v_cache), or
+    # over the new keys / values: named as the caller named them.
     for cache, name in ((kc, "k_cache"), (vc, "v_cache")):
         view = cache.reshape(-1)[: 2 * 4 * 16].reshape(2, 4, 1, 16)
         with pytest.raises(ValueError, match=f"^out: output overlaps input {name}$"):
             tileattn.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lengths, out=view)
+    for name in ("k", "v"):
+        shared = np.zeros(2 * 4 * 16, np.float32)
+        if framework == "torch":
+            shared = torch.from_numpy(shared)
+        new = shared[: 2 * 2 * 16].reshape(2, 2, 1, 16)
+        new[...] = kn if name == "k" else vn
+        args = (new, vn) if name == "k" else (kn, new)
+        with pytest.raises(ValueError, match=f"^out: output overlaps input {name}$"):
+            tileattn.attention_with_kvcache(q, kc, vc, *args, cache_seqlens=lengths,
+                                            out=shared.reshape(2, 4, 1, 16))
     np.testing.assert_array_equal(as_numpy(kc), before[0])
     np.testing.assert_array_equal(as_numpy(vc), before[1])
     if framework == "torch":
@@ -136,3 +146,44 @@ def test_kvcache_bad_out_leaves_the_cache_unchanged(framework):
             tileattn.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lengths,
                                             out=torch.zeros(2, 4, 1, 16))
         np.testing.assert_array_equal(kc.numpy(), before[0])
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_views_of_one_buffer_that_share_no_element_are_accepted(framework):
+    """q, k, v and out of one [B, N, 4, H, D] array (a fused QKV projection with its output
+    beside it), and an int8 cache's k_scale / v_scale interleaved as [B, Hkv, cap, 2]: no element
+    is shared, so they are accepted and give the separate arrays' result bit for bit; an out on
+    top of k is refused."""
+    g = torch.Generator().manual_seed(3)
+    b, n, h, d = 2, 9, 3, 16
+    buf = torch.randn(b, n, 4, h, d, generator=g)
+    buf[:, :, 3] = float("nan")
+    if framework == "numpy":
+        buf = buf.numpy()
+    q, k, v, out = (buf[:, :, i] for i in range(4))
+    copies = [x.copy() if framework == "numpy" else x.clone() for x in (q, k, v)]
+    want = tileattn.flash_attention(*copies, is_causal=True, layout="bshd")
+    got = tileattn.flash_attention(q, k, v, is_causal=True, layout="bshd", out=out)
+    assert got is out
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    with pytest.raises(ValueError, match="out: output overlaps input k"):
+        tileattn.flash_attention(q, k, v, layout="bshd", out=k)
+
+    rng = np.random.default_rng(4)
+    hk, cap, nk = 2, 32, 20
+    kn = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
+    vn = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
+    qd = rng.standard_normal((b, 4, 1, d)).astype(np.float32)
+    results = []
+    for fused in (True, False):
+        kc, vc = np.zeros((b, hk, cap, d), np.int8), np.zeros((b, hk, cap, d), np.int8)
+        scales = np.zeros((b, hk, cap, 2), np.float32)
+        ks, vs = (scales[..., 0], scales[..., 1]) if fused else (scales[..., 0].copy(), scales[..., 1].copy())
+        if framework == "torch":
+            kc, vc, ks, vs = (torch.from_numpy(x) for x in (kc, vc, ks, vs))
+        results.append(np.asarray(tileattn.attention_with_kvcache(
+            qd if framework == "numpy" else torch.from_numpy(qd), kc, vc,
+            kn if framework == "numpy" else torch.from_numpy(kn),
+            vn if framework == "numpy" else torch.from_numpy(vn),
+            cache_seqlens=0, k_scale=ks, v_scale=vs)))
+    np.testing.assert_array_equal(results[0], results[1])

@@ -84,6 +84,40 @@ TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
   }
 }
 
+// Gradients packed as FlashAttention's qkvpacked backward writes them, dq,
+// dk and dv interleaved in one [B, N, 3, H, D] buffer (and dk, dv in one [B,
+// N, 2, H, D]), share no element: accepted, equal to separate buffers bit
+// for bit, every element written.
+TEST(BackwardValidation, AcceptsPackedGradients) {
+  BackwardCase bc = plain_case();
+  bc.c.batch = 2;
+  bc.c.kv_heads = bc.c.heads;
+  bc.c.seqlen_k = bc.c.seqlen_q;
+  BackwardData data(bc, best_isa());
+  attention_backward(data.args);
+  const int64_t b = bc.c.batch, h = bc.c.heads, n = bc.c.seqlen_q, d = bc.c.head_dim;
+  const auto separate = [&](const Buffer& g, const std::array<int64_t, 4>& stride) {
+    return dense(g.f32.data(), DType::f32, stride, b, h, n, d);
+  };
+  for (int parts : {3, 2}) {
+    std::vector<float> packed(size_t(b * n * parts * h * d), std::numeric_limits<float>::quiet_NaN());
+    const std::array<int64_t, 4> stride{n * parts * h * d, d, parts * h * d, 1};
+    BackwardArgs a = data.args;
+    int part = 0;
+    if (parts == 3) a.dq = OutputView{packed.data() + h * d * part++, stride};
+    a.dk = OutputView{packed.data() + h * d * part++, stride};
+    a.dv = OutputView{packed.data() + h * d * part++, stride};
+    std::vector<float> dq_alone(data.dq.f32.size());
+    if (parts == 2) a.dq = OutputView{dq_alone.data(), data.args.dq.stride};
+    attention_backward(a);
+    EXPECT_EQ(dense(a.dq.data, DType::f32, a.dq.stride, b, h, n, d), separate(data.dq, data.args.dq.stride));
+    EXPECT_EQ(dense(a.dk.data, DType::f32, a.dk.stride, b, h, n, d), separate(data.dk, data.args.dk.stride));
+    EXPECT_EQ(dense(a.dv.data, DType::f32, a.dv.stride, b, h, n, d), separate(data.dv, data.args.dv.stride));
+    if (parts == 3)
+      for (float x : packed) ASSERT_FALSE(std::isnan(x)) << "an element left unwritten";
+  }
+}
+
 TEST(BackwardValidation, RejectsBadSinkArgumentsAndWritesNothing) {
   BackwardCase bc = plain_case();
   bc.c.sinks = true;
