@@ -102,7 +102,7 @@ TEST(CApiMachine, DenseStrides) {
 }
 
 // A save that cannot land (the path is a directory; no path) fails and leaves
-// no temporary file beside the target (it once left "<path>.tmp").
+// no temporary file ("<path>.tmp") beside the target.
 TEST(CApiTuneConfig, FailedSaveLeavesNoTemporaryFile) {
   tileattn_tune_config* config = nullptr;
   ASSERT_EQ(tileattn_tune_config_create(&config), TILEATTN_OK);

@@ -42,7 +42,7 @@ TEST(Peak, AmxPathIsBuiltWhereTheCpuHasAmx) {
 }
 
 // A value outside the Isa enum is a bad argument (Error), not a path this CPU
-// lacks (NotSupported, which is not an Error): it was reported as the latter.
+// lacks (NotSupported, which is not an Error).
 TEST(ResolveIsa, ValueOutsideTheEnumIsAnError) {
   EXPECT_THROW(resolve_isa(static_cast<Isa>(99)), Error);
   EXPECT_THROW(resolve_isa(static_cast<Isa>(-1)), Error);

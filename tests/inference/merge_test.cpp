@@ -119,7 +119,7 @@ TEST(MergeStates, EmptySideIsExact) {
     EXPECT_EQ(h.o_out.bytes(), h.o_b.bytes()) << dtype_name(dtype) << " empty side first";
     EXPECT_EQ(h.lse_out, h.lse_b);
 
-    // FlashAttention-2 writes +inf for "no key": the same as -inf here (it gave NaN once).
+    // FlashAttention-2 writes +inf for "no key": the same as -inf here, not NaN.
     h.lse_a.assign(h.lse_a.size(), std::numeric_limits<float>::infinity());
     merge_states(h.merge_args());
     EXPECT_EQ(h.o_out.bytes(), h.o_b.bytes()) << dtype_name(dtype) << " +inf side";
@@ -241,7 +241,7 @@ TEST(MergeStates, RejectsBadArguments) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rows must be >= 0"), std::string::npos) << e.what();
   }
-  // A dtype that is no output type: refused, nothing written (o_out was once written as 1-byte elements).
+  // A dtype that is no output type (i8, f8, a value outside the enum): refused, nothing written.
   for (DType bad : {DType::i8, DType::f8_e4m3, static_cast<DType>(9)}) {
     m = h.merge_args();
     m.dtype = bad;

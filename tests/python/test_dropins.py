@@ -87,7 +87,7 @@ def test_sdpa_top_left_causal_differs_from_bottom_right():
 @pytest.mark.parametrize("nq, nk", [(4, 11), (11, 4), (7, 7)])
 def test_sdpa_takes_torch_causal_bias_masks(variant, nq, nk):
     """torch.nn.attention.bias's masks are tensor subclasses whose storage holds no mask: they
-    must be read for the causal mask they name (their storage once gave garbage outputs)."""
+    must be read for the causal mask they name, not as an array."""
     from torch.nn.attention import bias
     q, k, v = sdpa_inputs(torch.float32, nq=nq, nk=nk)
     i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
@@ -115,7 +115,7 @@ def test_sdpa_takes_torch_causal_bias_masks(variant, nq, nk):
 @pytest.mark.parametrize("shape", [(9, 13), (2, 1, 9, 13), (1, 4, 1, 13), (1, 4, 9, 1)])
 def test_sdpa_float_mask_gets_its_gradient(dtype, shape):
     """A float mask that requires grad (a learned bias) gets d(loss)/d(mask): dS summed over the
-    dims it broadcasts along, as torch's SDPA gives it; it once silently got none."""
+    dims it broadcasts along, as torch's SDPA gives it."""
     q, k, v = sdpa_inputs(dtype, nk=13)
     mask = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(dtype)
     g = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -156,7 +156,7 @@ def test_sdpa_under_autocast_runs_in_the_autocast_dtype():
 
 def test_sdpa_causal_without_keys_is_zeros():
     """is_causal with S = 0: every row sees no key, zeros as torch gives (the empty top-left
-    mask was refused once: its data pointer is null)."""
+    mask's data pointer may be null)."""
     q, k, v = sdpa_inputs(torch.float32, nq=4, nk=0)
     for causal in (True, False):
         o = tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -477,8 +477,7 @@ def test_flash_attn_with_kvcache_matches_fa2_model(dtype, case):
 
 def test_flash_attn_with_kvcache_out_is_contiguous_on_the_op_path():
     """The op path (q requires grad, tracing, torch.compile) returns FlashAttention-2's contiguous
-    [B, Nq, H, D] as the direct call does (it once returned a transposed view, which .view()
-    refused)."""
+    [B, Nq, H, D] as the direct call does (a transposed view would make .view() fail)."""
     gen = torch.Generator().manual_seed(6)
     q = torch.randn(1, 2, 4, 64, generator=gen)
     kc, vc = torch.randn(1, 16, 2, 64, generator=gen), torch.randn(1, 16, 2, 64, generator=gen)

@@ -102,8 +102,8 @@ def test_int8_torch_paged_equals_contiguous():
 
 def test_an_append_bumps_the_versions_of_what_it_writes():
     """An int8 append writes the scales too: their version counters move with the caches', so
-    autograd refuses a backward through a scale the append overwrote (it once used the new
-    value silently). fp8 scales are read only and keep their versions."""
+    autograd refuses a backward through a scale the append overwrote instead of using the new
+    value silently. fp8 scales are read only and keep their versions."""
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 2, 1, 64, generator=gen)
     k, v = torch.randn(1, 1, 1, 64, generator=gen), torch.randn(1, 1, 1, 64, generator=gen)

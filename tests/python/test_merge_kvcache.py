@@ -297,7 +297,7 @@ def test_kvcache_negative_bit_tensors_are_refused_by_name():
 def test_fused_kv_cache_and_interleaved_out_are_not_overlaps():
     """K and V of one fused cache [B, 2, Hkv, cap, D] (FlashInfer's pages [P, 2, page, Hkv, D] too)
     interleave in overlapping byte ranges without sharing an element: accepted, and the same as
-    two separate caches (they were refused as "v_cache: overlaps k_cache"); likewise an out= that
+    two separate caches; likewise an out= that
     interleaves with q. A view that does share elements is still refused."""
     rng = np.random.default_rng(0)
     b, h, hk, cap, d = 2, 4, 2, 16, 8

@@ -128,8 +128,7 @@ def test_load_huggingface_weights_returns_the_written_tensors(tmp_path, sharded)
 
 def test_sharded_checkpoint_reads_every_shard_of_the_layer(tmp_path):
     """A bias or a tensor this layer does not build (Qwen3's q_norm) in a shard of its own is seen:
-    the loader once opened only the shards of the four projection weights, dropping the bias and
-    loading a q_norm checkpoint without a word."""
+    the bias is loaded and the q_norm raises KeyError, whichever shard holds them."""
     tensors = {f"model.layers.0.self_attn.{p}.weight": torch.randn(8, 8) for p in ("q_proj", "k_proj", "v_proj",
                                                                                  "o_proj")}
     bias = {"model.layers.0.self_attn.q_proj.bias": torch.randn(8)}
@@ -149,7 +148,7 @@ def test_sharded_checkpoint_reads_every_shard_of_the_layer(tmp_path):
 
 def test_a_layer_first_run_under_inference_mode_runs_outside_it():
     """Cache buffers made under torch.inference_mode() are inference tensors; a new sequence
-    outside it gets new buffers (it once raised on writing the old ones)."""
+    outside it gets new buffers instead of writing the inference tensors."""
     m = tileattn.FlashAttention(tileattn.AttentionConfig(hidden_size=64, num_attention_heads=4,
                                                          max_position_embeddings=32))
     x = torch.randn(1, 6, 64)
