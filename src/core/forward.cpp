@@ -402,6 +402,10 @@ void attention_forward(const ForwardArgs& args) {
   if (args.dropout_p > 0.0f && resolve_isa(args.isa) == Isa::reference)
     throw NotSupported("dropout: the float64 reference path (isa reference) has no dropout");
   const Isa isa = resolve_isa(args.isa);
+  // No query row (sizes whose product is 0, however large the others): no
+  // element of O or LSE to write, and no per-(sequence, head) walk.
+  const AttentionShape& s = args.shape;
+  if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;
   if (isa == Isa::reference) {
     detail::write_reference(args);
     return;

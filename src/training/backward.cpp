@@ -275,6 +275,13 @@ void attention_backward(const BackwardArgs& args) { detail::run_backward(args, t
 void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   detail::validate(args);
   const Isa isa = resolve_isa(args.forward.isa);
+  // No query and no key row (sizes whose product is 0, however large the
+  // others): dQ, dK and dV have no element; d_sinks, a sum over no rows, is 0.
+  const AttentionShape& s = args.forward.shape;
+  if (s.batch == 0 || s.heads == 0 || (s.seqlen_q == 0 && s.seqlen_k == 0)) {
+    if (args.d_sinks) std::fill(args.d_sinks, args.d_sinks + s.heads, 0.0f);
+    return;
+  }
   if (isa == Isa::reference) {
     detail::write_reference_backward(args);
     return;

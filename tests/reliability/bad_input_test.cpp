@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "reliability/bad_input_support.hpp"
+#include "tileattn/backward.hpp"
 #include "tileattn/reference.hpp"
 
 namespace tileattn::reliability {
@@ -247,6 +248,55 @@ TEST(BadInput, EmptyBatchAllocatesNothingOnAnyPath) {
   }
   EXPECT_TRUE(outputs_unchanged(data, before)) << "an empty batch wrote an output";
   EXPECT_TRUE(reference_forward(data.args).o.empty());
+}
+
+// Sizes whose product is 0 with a huge batch or head count (a 128-byte .npy
+// of shape (2^40, 1, 0, 16) is one): nothing to write, and the forward and
+// backward return at once instead of walking 2^40 (sequence, head) pairs.
+TEST(BadInput, EmptyViewsWithHugeBatchOrHeadsReturnAtOnce) {
+  CaseData data(small_case());
+  const ForwardArgs good = data.args;
+  float sinks_grad[4] = {7, 7, 7, 7};
+  for (int which = 0; which < 2; ++which) {
+    data.args = good;
+    AttentionShape& s = data.args.shape;
+    s.seqlen_q = s.seqlen_k = 0;
+    if (which == 0) s.batch = int64_t(1) << 40;
+    else s.heads = s.kv_heads = int64_t(1) << 40;
+    const OutputSnapshot before = poison_outputs(data);
+    for (Isa isa : {Isa::automatic, Isa::generic, Isa::reference}) {
+      data.args.isa = isa;
+      EXPECT_NO_THROW(attention_forward(data.args)) << isa_name(isa);
+      BackwardArgs b;
+      b.forward = data.args;
+      b.o = InputView{data.args.o.data, data.args.o.stride};
+      b.d_o = InputView{data.args.o.data, data.args.o.stride};
+      b.lse = data.args.lse;
+      b.lse_stride = data.args.lse_stride;
+      b.dq = data.args.o;
+      b.dk = data.args.o;
+      b.dv = data.args.o;
+      EXPECT_NO_THROW(attention_backward(b)) << isa_name(isa);
+    }
+    EXPECT_TRUE(outputs_unchanged(data, before)) << "an empty call wrote an output";
+  }
+  // d_sinks, a sum over no rows, is 0.
+  data.args = good;
+  data.args.shape.seqlen_q = data.args.shape.seqlen_k = 0;
+  data.args.shape.batch = int64_t(1) << 40;
+  std::vector<float> sinks(size_t(data.args.shape.heads), 0.5f);
+  data.args.sinks = sinks.data();
+  BackwardArgs b;
+  b.forward = data.args;
+  b.o = InputView{data.args.o.data, data.args.o.stride};
+  b.d_o = b.o;
+  b.lse = data.args.lse;
+  b.lse_stride = data.args.lse_stride;
+  b.dq = b.dk = b.dv = data.args.o;
+  b.d_sinks = sinks_grad;
+  ASSERT_LE(data.args.shape.heads, 4);
+  attention_backward(b);
+  for (int64_t h = 0; h < data.args.shape.heads; ++h) EXPECT_EQ(sinks_grad[h], 0.0f) << h;
 }
 
 // Input views may use any strides: negative, zero (broadcast) and overlapping
