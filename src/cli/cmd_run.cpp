@@ -34,8 +34,10 @@ const char* const kHelp =
     "     all float32 or all float16.\n"
     "  --dim-v DV: V's head dim, read from V.npy; when given it must match.\n"
     "  --dtype: the precision computed in (default: that of the inputs). Inputs are\n"
-    "     converted to it, rounding to nearest even. .npy has no bfloat16, so O is written\n"
-    "     as float16 for --dtype fp16 and as float32 otherwise (bf16 results widened exactly).\n"
+    "     converted to it, rounding to nearest even; a finite value that would round to inf\n"
+    "     (fp16: |x| >= 65520) is an error (inf and NaN in an input stay as they are). .npy has\n"
+    "     no bfloat16, so O is written as float16 for --dtype fp16 and as float32 otherwise\n"
+    "     (bf16 results widened exactly).\n"
     "  --causal: bottom-right aligned when Nq != Nk (as FlashAttention-2).\n"
     "  --window L,R: key j is visible to query i when i+Nk-Nq-L <= j <= i+Nk-Nq+R; -1 = unbounded.\n"
     "  --mask: [Nq, Nk] (broadcast) or [B, Hq, Nq, Nk]; bool (True = keep) or float32/float16\n"
@@ -194,9 +196,11 @@ int cmd_run(int argc, char** argv) {
 
   const DType input_dtype = q_file.type == io::NpyType::f16 ? DType::f16 : DType::f32;
   const DType dtype = args.has("--dtype") ? parse_dtype(args.text("--dtype")) : input_dtype;
-  const TypedBuffer q_data = convert_to(q_file, dtype, q_path);
-  const TypedBuffer k_data = convert_to(k_file, dtype, k_path);
-  const TypedBuffer v_data = convert_to(v_file, dtype, v_path);
+  const TypedBuffer q_data = convert_to(q_file, dtype, "--q", q_path);
+  const TypedBuffer k_data = convert_to(k_file, dtype, "--k", k_path);
+  const TypedBuffer v_data = convert_to(v_file, dtype, "--v", v_path);
+  // Converted before the forward runs, so that a bad dO fails at once.
+  const TypedBuffer do_data = backward ? convert_to(do_file, dtype, "--dout", do_path) : TypedBuffer{};
   TypedBuffer o_data = zeros(dtype, q.batch * q.heads * q.rows * v.dim);
 
   ForwardArgs fa;
@@ -234,7 +238,6 @@ int cmd_run(int argc, char** argv) {
 
   io::StagedFiles outputs;
   if (backward) {
-    const TypedBuffer do_data = convert_to(do_file, dtype, do_path);
     TypedBuffer dq = zeros(dtype, q_file.elements()), dk = zeros(dtype, k_file.elements()),
                 dv = zeros(dtype, v_file.elements());
     BackwardArgs ba;

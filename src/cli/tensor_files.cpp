@@ -1,5 +1,8 @@
 #include "cli/tensor_files.hpp"
 
+#include <cmath>
+#include <cstdio>
+
 #include "core/half.hpp"
 
 namespace tileattn::cli {
@@ -18,7 +21,7 @@ TypedBuffer zeros(DType dtype, int64_t elements) {
   return b;
 }
 
-TypedBuffer convert_to(const io::NpyArray& array, DType to, const std::string& name) {
+TypedBuffer convert_to(const io::NpyArray& array, DType to, const std::string& flag, const std::string& name) {
   if (array.type == io::NpyType::boolean)
     throw Error(name + ": dtype bool is not a valid attention input (expected float32 or float16)");
   const int64_t n = array.elements();
@@ -38,8 +41,22 @@ TypedBuffer convert_to(const io::NpyArray& array, DType to, const std::string& n
     for (int64_t i = 0; i < n; ++i) out.bits16[size_t(i)] = array.f16()[i];
     return out;
   }
-  for (int64_t i = 0; i < n; ++i)
-    out.bits16[size_t(i)] = to == DType::f16 ? detail::float_to_f16(value(i)) : detail::float_to_bf16(value(i));
+  const bool half = to == DType::f16;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = value(i);
+    const uint16_t bits = half ? detail::float_to_f16(x) : detail::float_to_bf16(x);
+    // A finite value that rounds to inf would silently become inf (and the
+    // outputs NaN); inf and NaN already in the input keep their meaning.
+    const float back = half ? detail::f16_to_float(bits) : detail::bf16_to_float(bits);
+    if (std::isfinite(x) && !std::isfinite(back)) {
+      char message[160];
+      std::snprintf(message, sizeof message, " holds %g (element %lld), outside %s's range (%g); ", double(x),
+                    (long long)i, half ? "fp16" : "bf16", half ? 65504.0 : double(detail::bf16_to_float(0x7f7f)));
+      throw Error(flag + ": " + name + message + "scale the input or compute in " +
+                  (half ? "bf16 or fp32" : "fp32") + " (--dtype)");
+    }
+    out.bits16[size_t(i)] = bits;
+  }
   return out;
 }
 

@@ -24,8 +24,10 @@ struct TypedBuffer {
 
 std::string shape_text(const std::vector<int64_t>& shape);  // "(1, 8, 128, 64)"
 
-// Converts a float32/float16 array to `to`, rounding to nearest even.
-TypedBuffer convert_to(const io::NpyArray& array, DType to, const std::string& name);
+// Converts a float32/float16 array to `to`, rounding to nearest even. A
+// finite value that would round to inf (fp16: |x| >= 65520) is an Error
+// naming `flag`, the file `name`, the value and its element index.
+TypedBuffer convert_to(const io::NpyArray& array, DType to, const std::string& flag, const std::string& name);
 // A zeroed buffer of `elements` elements of `dtype`.
 TypedBuffer zeros(DType dtype, int64_t elements);
 

@@ -288,6 +288,51 @@ TEST_F(cliRunErrors, BackwardFlags) {
   expect_failure(inputs() + " --dropout 0.1 --seed -4", "--seed");
 }
 
+// Converting an input to --dtype must not turn a finite value into inf (fp16
+// holds |x| <= 65504; 65520 and up round to inf): exit 2 naming the flag, the
+// file and the value, nothing written. Values that round to 65504 still run,
+// and an inf already in the input keeps its documented meaning (the rows that
+// see it give NaN).
+TEST_F(cliRunErrors, ConversionOverflowIsRefused) {
+  std::vector<float> x(1 * 2 * 7 * 8, 0.25f);
+  x[17] = 3.9e6f;
+  io::write_npy(dir / "big.npy", io::NpyType::f32, {1, 2, 7, 8}, x.data());
+  std::vector<float> qx(1 * 2 * 5 * 8, 0.5f);
+  qx[3] = -65520.0f;
+  io::write_npy(dir / "qbig.npy", io::NpyType::f32, {1, 2, 5, 8}, qx.data());
+  expect_failure(inputs("qbig.npy") + " --dtype fp16",
+                 "--q: " + (dir / "qbig.npy") + " holds -65520 (element 3), outside fp16's range (65504)");
+  expect_failure(inputs("q.npy", "big.npy") + " --dtype fp16",
+                 "--k: " + (dir / "big.npy") + " holds 3.9e+06 (element 17), outside fp16's range");
+  expect_failure(inputs("q.npy", "k.npy", "big.npy") + " --dtype fp16", "--v: " + (dir / "big.npy") + " holds 3.9e+06");
+  std::vector<float> dout(1 * 2 * 5 * 8, 0.5f);
+  dout[39] = 1e5f;
+  io::write_npy(dir / "dobig.npy", io::NpyType::f32, {1, 2, 5, 8}, dout.data());
+  expect_failure("run --q '" + (dir / "q.npy") + "' --k '" + (dir / "k.npy") + "' --v '" + (dir / "v.npy") +
+                     "' --out '" + (dir / "o.npy") + "' --dout '" + (dir / "dobig.npy") + "' --dq '" +
+                     (dir / "dq.npy") + "' --dk '" + (dir / "dk.npy") + "' --dv '" + (dir / "dv.npy") +
+                     "' --dtype fp16",
+                 "--dout: " + (dir / "dobig.npy") + " holds 100000 (element 39)");
+  // bf16 has fp32's exponent: only values within half a bf16 step of FLT_MAX overflow.
+  x[17] = std::numeric_limits<float>::max();
+  io::write_npy(dir / "huge.npy", io::NpyType::f32, {1, 2, 7, 8}, x.data());
+  expect_failure(inputs("q.npy", "huge.npy") + " --dtype bf16", "--k: " + (dir / "huge.npy") + " holds 3.40282e+38");
+  expect_failure(inputs("q.npy", "huge.npy") + " --dtype bf16", "outside bf16's range");
+  // Runs: 65519 rounds to 65504 in fp16, 3.9e6 is within bf16's range, and inf stays inf.
+  x[17] = 65519.0f;
+  io::write_npy(dir / "edge.npy", io::NpyType::f32, {1, 2, 7, 8}, x.data());
+  x[17] = std::numeric_limits<float>::infinity();
+  io::write_npy(dir / "inf.npy", io::NpyType::f32, {1, 2, 7, 8}, x.data());
+  for (const std::string& ok : {inputs("q.npy", "k.npy", "edge.npy") + " --dtype fp16",
+                                inputs("q.npy", "big.npy") + " --dtype bf16",
+                                inputs("q.npy", "k.npy", "inf.npy") + " --dtype fp16"}) {
+    const Result r = run_cli(ok, dir);
+    EXPECT_EQ(r.status, 0) << ok << ": " << r.err;
+    std::remove((dir / "o.npy").c_str());
+    std::remove((dir / "lse.npy").c_str());
+  }
+}
+
 // V with its own head dim: --dim-v must match V.npy's, V's head dim is at
 // most 512; dO is O's shape (V's head dim), dV comes back V's shape.
 TEST_F(cliRunErrors, ValueHeadDim) {
