@@ -67,6 +67,8 @@ const char* const kHelp =
     "--sweep runs every combination of the listed values, each (implementation, case) in a\n"
     "fresh process so that peak_rss_mb is that case's own, and writes one row per\n"
     "(implementation, case) to --out (JSON or CSV by extension; columns in docs/benchmarks.md).\n"
+    "Sweep head dims are 1..512 (each case's V has Q/K's head dim); --softcap, --alibi, --sinks,\n"
+    "--bf16-probabilities, --dim-v and --bf16-peak-gflops are one-case options, refused with --sweep.\n"
     "Sweep defaults: seqs 512,1024,2048,4096,8192,16384, dims 64,128, masks none,causal,window,\n"
     "dtypes fp32, passes forward, impls tileattn,openblas, H=4, window 256,0, R adaptive\n"
     "(fewer at large N), naive baseline skipped where its N x N matrices exceed 4096 MB.\n"

@@ -206,9 +206,19 @@ SweepPlan parse_sweep_plan(const Args& args) {
                            "--no-baseline"})
     if (args.has(flag))
       throw UsageError(std::string(flag) + ": not with --sweep (use --seqs, --dims, --dtypes, --masks, --passes, --impls)");
+  // One-case options that the sweep's cases, rows and FLOP counts do not carry.
+  for (const char* flag : {"--softcap", "--alibi", "--sinks", "--bf16-probabilities", "--dim-v", "--bf16-peak-gflops"})
+    if (args.has(flag))
+      throw UsageError(std::string(flag) + ": not with --sweep (its cases run without it; time it with a one-case bench)");
   SweepPlan p;
   p.seqs = checked_numbers(args, "--seqs", p.seqs, 1, kMaxSeq);
-  p.dims = checked_numbers(args, "--dims", p.dims, 1, 256);
+  // Each case's V has Q/K's head dim, so D stops at V's limit (512), below Q/K's (576).
+  p.dims = checked_numbers(args, "--dims", p.dims, 1, INT64_MAX);
+  for (int64_t d : p.dims)
+    if (d > kMaxValueHeadDim)
+      throw UsageError("--dims: must be in 1.." + std::to_string(kMaxValueHeadDim) +
+                       " in a sweep (its cases give V Q/K's head dim; bench --dim D --dim-v DV times D up to " +
+                       std::to_string(kMaxHeadDim) + "), got " + std::to_string(d));
   p.masks = checked_words(args, "--masks", p.masks, {"none", "causal", "window"});
   p.dtypes = checked_words(args, "--dtypes", p.dtypes, {"fp32", "fp16", "bf16"});
   p.passes = checked_words(args, "--passes", p.passes, {"forward", "backward", "decode"});

@@ -68,7 +68,7 @@ TEST(cliSweep, BadFlagsNameTheFlagAndWriteNothing) {
   for (const Bad& b : std::vector<Bad>{{"--seqs 0", "--seqs"},
                                        {"--seqs 64,x", "--seqs"},
                                        {"--seqs 64,64", "--seqs"},
-                                       {"--dims 300", "--dims"},
+                                       {"--dims 513", "--dims: must be in 1..512 in a sweep"},
                                        {"--masks none,diagonal", "--masks"},
                                        {"--dtypes fp64", "--dtypes"},
                                        {"--passes forward,forward", "--passes"},
@@ -76,6 +76,13 @@ TEST(cliSweep, BadFlagsNameTheFlagAndWriteNothing) {
                                        {"--heads 6 --kv-heads 4", "--kv-heads"},
                                        {"--seq 64", "--seq"},
                                        {"--causal", "--causal"},
+                                       // One-case options the sweep's cases do not run with.
+                                       {"--softcap 30", "--softcap: not with --sweep"},
+                                       {"--alibi", "--alibi: not with --sweep"},
+                                       {"--sinks /nonexistent.npy", "--sinks: not with --sweep"},
+                                       {"--bf16-probabilities", "--bf16-probabilities: not with --sweep"},
+                                       {"--dim-v 32", "--dim-v: not with --sweep"},
+                                       {"--bf16-peak-gflops 10", "--bf16-peak-gflops: not with --sweep"},
                                        {"--max-naive-mb -1", "--max-naive-mb"}}) {
     const Result r = run_cli("bench --sweep " + b.args + " --out '" + out + "'", dir);
     EXPECT_EQ(r.status, 2) << b.args;
@@ -143,6 +150,21 @@ TEST(cliSweep, CsvHasOneRowPerImplementationAndCaseWithExactFlops) {
   }
   EXPECT_EQ(tileattn_rows, 8);
   EXPECT_EQ(naive_rows, 8);
+}
+
+// Head dims past 256 up to V's limit of 512 (the sweep runs V at Q/K's head dim).
+TEST(cliSweep, HeadDimsUpTo512) {
+  TempDir dir;
+  const Result r = run_cli("bench --sweep --seqs 16 --dims 320,512 --masks none --impls tileattn,openblas --heads 1 "
+                           "--threads 1 --reps 1 --peak-gflops 10 --json",
+                           dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json doc = parse_or_fail(r.out);
+  ASSERT_EQ(doc.get("rows")->items.size(), 4u);
+  for (const Json& row : doc.get("rows")->items) {
+    EXPECT_EQ(row.get("status")->str, "ok") << row.get("reason")->str;
+    EXPECT_EQ(row.get("flops")->num, 4.0 * row.get("dim")->num * 16 * 16);
+  }
 }
 
 TEST(cliSweep, JsonDocumentSkippedBaselineAndPerProcessMemory) {
