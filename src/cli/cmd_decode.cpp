@@ -532,8 +532,11 @@ int cmd_decode(int argc, char** argv) {
                      std::to_string(rotary_dim));
   const int64_t capacity = s.prompt + s.steps;
   if (capacity > std::numeric_limits<int32_t>::max()) throw UsageError("--prompt: too long");
+  // Rows a sequence's cache allocates: a paged cache holds whole pages (the
+  // contiguous one timed beside it, capacity rows, is no larger).
+  const int64_t cache_rows = paged ? (capacity + page_size - 1) / page_size * page_size : capacity;
   int64_t kv_elems = 0;
-  if (__builtin_mul_overflow(s.batch * s.kv_heads, capacity * std::max(s.dim, s.dim_v), &kv_elems) ||
+  if (__builtin_mul_overflow(s.batch * s.kv_heads, cache_rows * std::max(s.dim, s.dim_v), &kv_elems) ||
       kv_elems > (int64_t{1} << 34))
     throw UsageError("decode: the cache would be too large");
 

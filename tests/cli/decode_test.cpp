@@ -178,6 +178,17 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
   }
 }
 
+// The cache-size limit counts what a paged cache allocates, whole pages: 18
+// tokens in one page of 2^31 rows is 2^31 x 8 KV heads x 128 dims per K, far
+// past the limit (it once passed, counting 18 rows, and tried to allocate it).
+TEST(cliDecode, PagedCacheLimitCountsWholePages) {
+  TempDir dir;
+  const Result r = run_cli("decode --paged --page-size 2147483648 --prompt 16 --steps 2 --json", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "tileattn: decode: the cache would be too large\n");
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // One step: the recompute loop defaults to min(2, --steps) steps, since each
 // appends one of the generated tokens to a cache of prompt + steps; more
 // recompute steps than steps is an error naming the flag.
