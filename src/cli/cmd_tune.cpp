@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -45,9 +46,18 @@ int cmd_tune(int argc, char** argv) {
   Args args(argc, argv, {{"--dims", true}, {"--dtypes", true}, {"--threads", true}, {"--out", true}, {"--json", false}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
+  // A key listed twice would be timed twice and written as two entries.
   const std::vector<int64_t> dims = args.integer_list("--dims", {64, 128}, 1, kMaxHeadDim);
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    if (std::find(dims.begin(), dims.begin() + i, dims[i]) != dims.begin() + i)
+      throw UsageError("--dims: " + std::to_string(dims[i]) + " given twice");
   std::vector<DType> dtypes;
-  for (const std::string& name : args.text_list("--dtypes", {"fp32"})) dtypes.push_back(parse_dtype(name));
+  for (const std::string& name : args.text_list("--dtypes", {"fp32"})) {
+    const DType dtype = parse_dtype(name);
+    if (std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end())
+      throw UsageError(std::string("--dtypes: ") + dtype_name(dtype) + " given twice");
+    dtypes.push_back(dtype);
+  }
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const std::string out = args.text("--out", tune_file_path());
   // The common reasons the file cannot go there are said before minutes of

@@ -438,6 +438,22 @@ TEST(cliTune, RefusesADirectoryBeforeTiming) {
   EXPECT_NE(big.err.find("576"), std::string::npos) << big.err;
 }
 
+// A head dim or dtype listed twice would be timed twice and written as two
+// entries for one key: refused before any timing, naming the flag.
+TEST(cliTune, RefusesDuplicates) {
+  TempDir dir;
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--dims 16,32,16", "--dims: 16 given twice"},
+           {"--dims 16 --dtypes fp32,bf16,fp32", "--dtypes: fp32 given twice"},
+           {"--dims 16 --dtypes fp16,half", "--dtypes: fp16 given twice"}}) {
+    const Result r = run_cli("tune " + flags + " --out '" + (dir / "t.conf") + "' --json", dir);
+    EXPECT_EQ(r.status, 2) << flags;
+    EXPECT_EQ(r.err, "tileattn: " + message + "\n") << flags;
+    EXPECT_TRUE(r.out.empty()) << flags;
+    EXPECT_TRUE(dir.files().empty()) << flags;
+  }
+}
+
 TEST(cliTune, WritesTheWinnersThatInfoThenUses) {
   TempDir dir;
   const Result r = run_cli("tune --dims 16 --dtypes fp32 --out '" + (dir / "tune.conf") + "' --json", dir);
