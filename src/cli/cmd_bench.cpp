@@ -51,7 +51,8 @@ const char* const kHelp =
     "--backward times attention_backward instead (6*D+4*DV flops per visible pair; the baseline\n"
     "is the same sgemm formulation of dQ, dK, dV).\n"
     "--decode times one new query token per (batch, head) against a KV cache holding M keys\n"
-    "(attention_with_kvcache; the baseline is the naive attention of that one row).\n"
+    "(attention_with_kvcache; the baseline is the naive attention of that one row); --kv-seq\n"
+    "sets M (default 1024) and --seq is refused. block_q, block_kv and tile_reason are the step's.\n"
     "--impl tileattn (same as --no-baseline) or openblas times only that one.\n"
     "--peak-gflops uses G as the FMA peak instead of measuring it (a sweep measures once);\n"
     "--bf16-peak-gflops G likewise for the AMX / vdpbf16ps peak of bf16 inputs.\n"
@@ -114,14 +115,15 @@ int cmd_bench(int argc, char** argv) {
   const bool backward = args.has("--backward");
   const bool decode = args.has("--decode");
   if (backward && decode) throw UsageError("--decode: cannot be combined with --backward");
+  if (decode && args.has("--seq"))
+    throw UsageError("--seq: not with --decode (a decode step has one query token; --kv-seq sets the cached keys)");
   const bool bf16_probabilities = args.has("--bf16-probabilities");
   const int64_t batch = args.integer("--batch", 1, 1, kMaxSize);
   const int64_t heads = args.integer("--heads", 8, 1, kMaxSize);
   const int64_t kv_heads = args.integer("--kv-heads", heads, 1, kMaxSize);
-  const int64_t seq_flag = args.integer("--seq", 1024, 1, kMaxSize);
-  const int64_t kv_seq = args.integer("--kv-seq", seq_flag, 1, kMaxSize);
   // Decode: one new query token per sequence, attending to a cache of kv_seq keys.
-  const int64_t seq = decode ? 1 : seq_flag;
+  const int64_t seq = decode ? 1 : args.integer("--seq", 1024, 1, kMaxSize);
+  const int64_t kv_seq = args.integer("--kv-seq", decode ? 1024 : seq, 1, kMaxSize);
   const int64_t dim = args.integer("--dim", 128, 1, kMaxHeadDim);
   const int64_t dim_v = args.integer("--dim-v", dim, 1, kMaxValueHeadDim);
   if (dim_v > kMaxValueHeadDim)
@@ -228,7 +230,8 @@ int cmd_bench(int argc, char** argv) {
   const double flops_per_pair = backward ? 6.0 * double(dim) + 4.0 * double(dim_v) : 2.0 * double(dim + dim_v);
   const double flops = flops_per_pair * double(detail::band_pairs(band, seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
-  const TileShape tiles = decode ? choose_tiles(isa, dim, dtype, dim_v) : forward_tiles(fa);
+  // The tiles the timed call plans: the decode step's (one query row, its key tile) for --decode.
+  const TileShape tiles = decode ? forward_tiles(kvcache_forward_args(ca, cache_seqlens.data())) : forward_tiles(fa);
   // The peak is measured right before and right after the timed work, and the
   // larger taken: a neighbour that loads the machine during one of them
   // otherwise gives a fraction of peak above 1.

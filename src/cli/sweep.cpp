@@ -75,7 +75,8 @@ std::vector<std::string> child_command(const std::string& exe, const SweepPlan& 
                                        const std::string& impl, int reps, double peak) {
   std::vector<std::string> a = {exe, "bench", "--json", "--impl", impl,
                                 "--batch", std::to_string(plan.batch), "--heads", std::to_string(plan.heads),
-                                "--kv-heads", std::to_string(plan.kv_heads), "--seq", std::to_string(c.seq),
+                                "--kv-heads", std::to_string(plan.kv_heads),
+                                c.pass == "decode" ? "--kv-seq" : "--seq", std::to_string(c.seq),
                                 "--dim", std::to_string(c.dim), "--dtype", c.dtype,
                                 "--threads", std::to_string(plan.threads), "--reps", std::to_string(reps),
                                 "--peak-gflops", json_number(peak)};

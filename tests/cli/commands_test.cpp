@@ -230,8 +230,8 @@ TEST(cliBench, BadFlagsAndBackward) {
 // --softcap reaches the JSON, forward, backward and decode; a bad value is refused.
 TEST(cliBench, Softcap) {
   TempDir dir;
-  for (const char* pass : {"", " --backward", " --decode"}) {
-    const Result r = run_cli(std::string("bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline "
+  for (const char* pass : {" --seq 64", " --seq 64 --backward", " --kv-seq 64 --decode"}) {
+    const Result r = run_cli(std::string("bench --heads 2 --dim 32 --reps 1 --threads 1 --no-baseline "
                                          "--causal --softcap 30 --json") + pass, dir);
     ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
     const Json j = parse_or_fail(r.out);
@@ -250,19 +250,19 @@ TEST(cliBench, Softcap) {
 // in the JSON; with another dtype it is refused (exit 2, naming it).
 TEST(cliBench, Bf16Probabilities) {
   TempDir dir;
-  const std::string base = "bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --json ";
-  Result r = run_cli(base + "--dtype bf16 --bf16-probabilities", dir);
+  const std::string base = "bench --heads 2 --dim 32 --reps 1 --threads 1 --no-baseline --json ";
+  Result r = run_cli(base + "--seq 64 --dtype bf16 --bf16-probabilities", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(parse_or_fail(r.out).get("bf16_probabilities")->flag);
-  r = run_cli(base + "--dtype bf16", dir);
+  r = run_cli(base + "--seq 64 --dtype bf16", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_FALSE(parse_or_fail(r.out).get("bf16_probabilities")->flag);
-  for (const char* pass : {"--backward", "--decode"}) {
+  for (const char* pass : {"--seq 64 --backward", "--kv-seq 64 --decode"}) {
     r = run_cli(base + "--dtype bf16 " + pass + " --bf16-probabilities", dir);
     ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
     EXPECT_TRUE(parse_or_fail(r.out).get("bf16_probabilities")->flag) << pass;
   }
-  for (const char* bad : {"--dtype fp32", "--dtype fp16 --decode"}) {
+  for (const char* bad : {"--seq 64 --dtype fp32", "--kv-seq 64 --dtype fp16 --decode"}) {
     r = run_cli(base + bad + " --bf16-probabilities", dir);
     EXPECT_EQ(r.status, 2) << bad;
     EXPECT_NE(r.err.find("--bf16-probabilities"), std::string::npos) << bad << ": " << r.err;
@@ -277,8 +277,8 @@ TEST(cliBench, Sinks) {
   io::write_npy(dir / "s.npy", io::NpyType::f32, {2}, sinks.data());
   io::write_npy(dir / "s3.npy", io::NpyType::f32, {3}, three.data());
   io::write_npy(dir / "bad.npy", io::NpyType::f32, {2}, bad.data());
-  const std::string base = "bench --heads 2 --seq 64 --dim 32 --reps 1 --threads 1 --no-baseline --causal ";
-  for (const char* pass : {"", " --backward", " --decode"}) {
+  const std::string base = "bench --heads 2 --dim 32 --reps 1 --threads 1 --no-baseline --causal ";
+  for (const char* pass : {" --seq 64", " --seq 64 --backward", " --kv-seq 64 --decode"}) {
     Result r = run_cli(base + "--json --sinks '" + (dir / "s.npy") + "'" + pass, dir);
     ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
     EXPECT_TRUE(parse_or_fail(r.out).get("sinks")->flag) << pass;
@@ -286,10 +286,10 @@ TEST(cliBench, Sinks) {
     ASSERT_EQ(r.status, 0) << pass << ": " << r.err;
     EXPECT_FALSE(parse_or_fail(r.out).get("sinks")->flag) << pass;
   }
-  Result r = run_cli(base + "--sinks '" + (dir / "s3.npy") + "'", dir);
+  Result r = run_cli(base + "--seq 64 --sinks '" + (dir / "s3.npy") + "'", dir);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--sinks"), std::string::npos) << r.err;
-  r = run_cli(base + "--sinks '" + (dir / "bad.npy") + "'", dir);
+  r = run_cli(base + "--seq 64 --sinks '" + (dir / "bad.npy") + "'", dir);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("sinks[1] must be finite"), std::string::npos) << r.err;
 }

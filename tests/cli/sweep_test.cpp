@@ -10,6 +10,8 @@
 
 #include "cli/cli_support.hpp"
 #include "core/band.hpp"
+#include "tileattn/kv_cache.hpp"
+#include "tileattn/machine.hpp"
 
 namespace tileattn::cli_test {
 namespace {
@@ -244,7 +246,7 @@ TEST(cliBenchOneCase, ImplAndDecodeAndGivenPeak) {
   ASSERT_NE(j.get("baseline_ms"), nullptr);
   EXPECT_EQ(j.get("baseline_ms")->type, Json::number);
 
-  r = run_cli("bench --heads 4 --kv-heads 2 --seq 300 --dim 32 --reps 2 --threads 1 --decode --window 50,0 --json", dir);
+  r = run_cli("bench --heads 4 --kv-heads 2 --kv-seq 300 --dim 32 --reps 2 --threads 1 --decode --window 50,0 --json", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   j = parse_or_fail(r.out);
   EXPECT_TRUE(j.get("decode")->flag);
@@ -253,6 +255,36 @@ TEST(cliBenchOneCase, ImplAndDecodeAndGivenPeak) {
   EXPECT_EQ(j.get("flops")->num, 4.0 * 32 * 51 * 4);  // the query sees keys 249..299
   EXPECT_EQ(j.get("ms")->type, Json::number);
   EXPECT_EQ(j.get("baseline_ms")->type, Json::number);
+  // The tiles reported are the decode call's own: one query row, and the key
+  // tile the library plans for that very call (not the prefill's 256x64).
+  EXPECT_EQ(j.get("block_q")->num, 1);
+  EXPECT_NE(j.get("tile_reason")->str.find("this call"), std::string::npos) << j.get("tile_reason")->str;
+  {
+    int32_t lengths[1] = {300};
+    KvCacheArgs ca;
+    ca.batch = 1;
+    ca.heads = 4;
+    ca.kv_heads = 2;
+    ca.head_dim = 32;
+    ca.dtype = DType::f32;
+    ca.seqlen_q = 1;
+    std::vector<float> q32(4 * 32), o32(4 * 32), k32(2 * 300 * 32), v32(2 * 300 * 32);
+    ca.q = {q32.data(), dense_strides(Layout::bhsd, 1, 4, 1, 32)};
+    ca.o = {o32.data(), dense_strides(Layout::bhsd, 1, 4, 1, 32)};
+    ca.k_cache = {k32.data(), dense_strides(Layout::bhsd, 1, 2, 300, 32)};
+    ca.v_cache = {v32.data(), dense_strides(Layout::bhsd, 1, 2, 300, 32)};
+    ca.capacity = 300;
+    ca.cache_seqlens = lengths;
+    ca.window_left = 50;
+    ca.window_right = 0;
+    ca.threads = 1;
+    EXPECT_EQ(j.get("block_kv")->num, forward_tiles(kvcache_forward_args(ca, lengths)).block_kv);
+  }
+  // --seq has no meaning for one query token: refused, naming both flags.
+  r = run_cli("bench --decode --seq 5 --kv-seq 64 --reps 1 --no-baseline --json", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--seq: not with --decode"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
 }  // namespace
