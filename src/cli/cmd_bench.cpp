@@ -305,22 +305,34 @@ int cmd_bench(int argc, char** argv) {
     rep.number("fraction_of_peak", gflops / peak);
     // bf16 inputs on a bf16 rung multiply on the matrix hardware (forward and
     // backward; decode keeps the FMA products): the yardstick of that unit too.
-    double unit_peak = peak;
+    // A rate above the peak of the unit that did the products is impossible
+    // and warned about; bf16 products may well pass the FMA peak.
     if (!decode && detail::tile_product(isa, dtype) == detail::TileProduct::bf16_dot) {
-      unit_peak = given_bf16_peak > 0 ? given_bf16_peak
-                  : isa == Isa::amx   ? measure_amx_bf16_peak_gflops(threads)
-                                      : measure_bf16_dot_peak_gflops(threads);
+      const double unit_peak = given_bf16_peak > 0 ? given_bf16_peak
+                               : isa == Isa::amx   ? measure_amx_bf16_peak_gflops(threads)
+                                                   : measure_bf16_dot_peak_gflops(threads);
       rep.number("bf16_peak_gflops", unit_peak);
       rep.number("fraction_of_bf16_peak", gflops / unit_peak);
+      if (gflops > unit_peak)
+        std::fprintf(stderr,
+                     "tileattn: warning: %.1f GFLOP/s is above the bf16 peak %.1f GFLOP/s (%s): "
+                     "fraction_of_bf16_peak is not meaningful\n",
+                     gflops, unit_peak,
+                     given_bf16_peak > 0 ? "given by --bf16-peak-gflops" : "the machine's load changed while measuring");
     } else {
       rep.null("bf16_peak_gflops");
       rep.null("fraction_of_bf16_peak");
+      if (gflops > peak && given_peak > 0)
+        std::fprintf(stderr,
+                     "tileattn: warning: %.1f GFLOP/s is above the peak %.1f GFLOP/s given by --peak-gflops: "
+                     "fraction_of_peak is not meaningful\n",
+                     gflops, peak);
+      else if (gflops > peak)
+        std::fprintf(stderr,
+                     "tileattn: warning: %.1f GFLOP/s is above the peak %.1f GFLOP/s (%.1f before the run): "
+                     "the machine's load changed while measuring; fraction_of_peak is not meaningful\n",
+                     gflops, peak, peak_before);
     }
-    if (gflops > std::max(peak, unit_peak))
-      std::fprintf(stderr,
-                   "tileattn: warning: %.1f GFLOP/s is above the peak %.1f GFLOP/s (%.1f before the run): "
-                   "the machine's load changed while measuring; fraction_of_peak is not meaningful\n",
-                   gflops, peak, peak_before);
     rep.number("peak_rss_mb", peak_rss_mb());
   }
 

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli_support.hpp"
+#include "tileattn/machine.hpp"
 
 namespace tileattn::cli_test {
 namespace {
@@ -410,6 +411,32 @@ TEST(cliBench, GivenBf16PeakIsTheOneReported) {
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.err.find("--bf16-peak-gflops"), std::string::npos) << bad.err;
   EXPECT_TRUE(bad.out.empty()) << bad.out;
+}
+
+// Each fraction is checked against its own yardstick: on a bf16 rung a rate
+// above the bf16 peak warns (it once compared with max(FMA peak, bf16 peak)
+// and said nothing at fraction_of_bf16_peak 2.4), and a rate above the FMA
+// peak does not (the bf16 products do not run on the FMAs).
+TEST(cliBench, WarnsWhenTheFractionOfTheBf16PeakIsAboveOne) {
+  const char* rung = isa_available(Isa::amx) ? "amx" : isa_available(Isa::avx512bf16) ? "avx512bf16" : nullptr;
+  if (!rung) GTEST_SKIP() << "no bf16 rung on this CPU";
+  ASSERT_EQ(setenv("TILEATTN_ISA", rung, 1), 0);
+  struct Unset {
+    ~Unset() { unsetenv("TILEATTN_ISA"); }
+  } unset_at_exit;
+  TempDir dir;
+  const std::string bench = "bench --heads 2 --seq 64 --dim 32 --dtype bf16 --reps 1 --threads 1 --no-baseline --json ";
+  Result r = run_cli(bench + "--peak-gflops 1000000 --bf16-peak-gflops 0.001", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = parse_or_fail(r.out);
+  EXPECT_GT(j.get("fraction_of_bf16_peak")->num, 1);
+  EXPECT_NE(r.err.find("warning: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("fraction_of_bf16_peak is not meaningful"), std::string::npos) << r.err;
+  r = run_cli(bench + "--peak-gflops 0.001 --bf16-peak-gflops 1000000", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  j = parse_or_fail(r.out);
+  EXPECT_GT(j.get("fraction_of_peak")->num, 1);
+  EXPECT_EQ(r.err, "");
 }
 
 // The help names the candidates the command times (6 block_q x 4 block_kv).
