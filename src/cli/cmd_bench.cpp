@@ -336,20 +336,21 @@ int cmd_bench(int argc, char** argv) {
     rep.number("peak_rss_mb", peak_rss_mb());
   }
 
-  if (impl == Impl::tileattn) {
+  // Without the baseline (not asked for, or OpenBLAS missing) its fields are
+  // null, so that a script reads the same keys from every run.
+  auto print_without_baseline = [&](const std::string& error) {
+    for (const char* key : {"baseline_ms", "baseline_gflops", "speedup_vs_baseline", "baseline_core",
+                            "baseline_peak_rss_mb", "baseline_reps"})
+      rep.null(key);
+    if (error.empty()) rep.null("baseline_error");
+    else rep.text("baseline_error", error);
     rep.boolean("baseline", false);
     rep.print(json);
     return 0;
-  }
+  };
+  if (impl == Impl::tileattn) return print_without_baseline("");
   const OpenBlas& blas = load_openblas();
-  if (!blas.loaded) {
-    for (const char* key : {"baseline_ms", "baseline_gflops", "speedup_vs_baseline", "baseline_core",
-                            "baseline_peak_rss_mb"})
-      rep.null(key);
-    rep.text("baseline_error", blas.error);
-    rep.print(json);
-    return 0;
-  }
+  if (!blas.loaded) return print_without_baseline(blas.error);
   blas.set_num_threads(threads);
   const std::vector<float> q32 = to_f32(q), k32 = to_f32(k), v32 = to_f32(v);
   std::vector<float> o32(static_cast<size_t>(o_elems));
@@ -381,9 +382,12 @@ int cmd_bench(int argc, char** argv) {
   rep.number("baseline_ms", baseline_ms);
   rep.number("baseline_gflops", flops / (baseline_ms * 1e-3) * 1e-9);
   if (impl == Impl::both) rep.number("speedup_vs_baseline", baseline_ms / ms);
+  else rep.null("speedup_vs_baseline");
   rep.text("baseline_core", blas.core);
   rep.number("baseline_peak_rss_mb", peak_rss_mb());
   rep.integer("baseline_reps", baseline_reps);
+  rep.null("baseline_error");
+  rep.boolean("baseline", true);
   rep.print(json);
   return 0;
 }

@@ -616,6 +616,9 @@ int cmd_decode(int argc, char** argv) {
     const LoopResult& contiguous = loops[1];
     rep.number("contiguous_ms_per_token", contiguous.ms_per_token);
     rep.number("paged_vs_contiguous", paired_ratio(contiguous, main));
+  } else {
+    rep.null("contiguous_ms_per_token");
+    rep.null("paged_vs_contiguous");
   }
   if (quantized) {
     const LoopResult& unquantized = loops.back();
@@ -633,6 +636,9 @@ int cmd_decode(int argc, char** argv) {
     // thread_speedup has wherever one thread already streams at full speed.
     rep.number("read1_gb_per_s", main.read1_gb_per_s);
     rep.number("read_thread_speedup", main.read_thread_speedup);
+  } else {
+    for (const char* key : {"threads1_ms_per_token", "thread_speedup", "read1_gb_per_s", "read_thread_speedup"})
+      rep.null(key);
   }
   if (recompute_steps > 0) {
     const double recompute_ms = time_recompute(s, t, threads, rope, recompute_steps);

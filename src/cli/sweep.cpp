@@ -157,7 +157,7 @@ void measure(SweepRow& row, const std::vector<std::string>& command, const std::
     row.text("status", "ok");
     return;
   }
-  if (fields.count("baseline_error")) {
+  if (!field_text(fields, "baseline_error").empty() && field_text(fields, "baseline_error") != "null") {
     row.text("status", "missing");
     row.text("reason", "OpenBLAS not loadable: " + field_text(fields, "baseline_error"));
     return;

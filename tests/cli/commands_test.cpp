@@ -2,6 +2,8 @@
 // contracts of DESIGN.md (one object on stdout, every documented field).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -150,7 +152,9 @@ TEST(cliBench, JsonHasEveryDesignField) {
                 Json::number);
   expect_fields(j, {"isa", "dtype", "baseline_core"}, Json::string);
   expect_fields(j, {"rep_ms"}, Json::array);
-  expect_fields(j, {"causal"}, Json::boolean);
+  expect_fields(j, {"causal", "baseline"}, Json::boolean);
+  EXPECT_TRUE(j.get("baseline") && j.get("baseline")->flag);
+  expect_fields(j, {"baseline_error"}, Json::null);
   EXPECT_EQ(j.get("rep_ms")->items.size(), 1u);
   // Causal, bottom-right aligned: query i sees keys 0..i+36, so 64*37 + 63*64/2 pairs.
   EXPECT_EQ(j.get("flops")->num, 4.0 * 32 * (64 * 37 + 2016) * 4);
@@ -213,7 +217,42 @@ TEST(cliBench, NoBaselineStaysWithinInputsPlusOutputs) {
   ASSERT_EQ(r.status, 0) << r.err;
   const Json j = parse_or_fail(r.out);
   EXPECT_LT(j.get("peak_rss_mb")->num, 32 + 64);
-  EXPECT_EQ(j.get("baseline_ms"), nullptr);
+  // The baseline's fields are there, null, as when OpenBLAS is missing.
+  expect_fields(j, {"baseline_ms", "speedup_vs_baseline", "baseline_gflops", "baseline_core", "baseline_reps",
+                    "baseline_peak_rss_mb", "baseline_error"},
+                Json::null);
+  ASSERT_NE(j.get("baseline"), nullptr);
+  EXPECT_FALSE(j.get("baseline")->flag);
+}
+
+// Without a loadable OpenBLAS (here an empty file named libopenblas.so.0
+// found first) the baseline's fields are null, baseline_error says why, and a
+// sweep's baseline row says "missing".
+TEST(cliBench, MissingOpenBlasGivesNullBaselineFields) {
+  TempDir dir;
+  std::ofstream(dir / "libopenblas.so.0").close();
+  const char* old_path = std::getenv("LD_LIBRARY_PATH");
+  const std::string saved = old_path ? old_path : "";
+  ASSERT_EQ(setenv("LD_LIBRARY_PATH", dir.path().c_str(), 1), 0);
+  const Result r = run_cli("bench --heads 1 --seq 16 --dim 16 --reps 1 --threads 1 --peak-gflops 10 --json", dir);
+  const Result sweep = run_cli("bench --sweep --seqs 16 --dims 16 --masks none --heads 1 --threads 1 --reps 1 "
+                               "--peak-gflops 10 --json",
+                               dir);
+  if (old_path) setenv("LD_LIBRARY_PATH", saved.c_str(), 1);
+  else unsetenv("LD_LIBRARY_PATH");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = parse_or_fail(r.out);
+  expect_fields(j, {"baseline_ms", "speedup_vs_baseline", "baseline_gflops", "baseline_core", "baseline_reps",
+                    "baseline_peak_rss_mb"},
+                Json::null);
+  expect_fields(j, {"baseline_error"}, Json::string);
+  EXPECT_NE(j.get("baseline_error")->str.find("libopenblas.so.0"), std::string::npos);
+  EXPECT_TRUE(j.get("baseline") && !j.get("baseline")->flag);
+  ASSERT_EQ(sweep.status, 0) << sweep.err;
+  const Json doc = parse_or_fail(sweep.out);
+  ASSERT_NE(doc.get("rows"), nullptr);
+  for (const Json& row : doc.get("rows")->items)
+    EXPECT_EQ(row.get("status")->str, row.get("impl")->str == "tileattn" ? "ok" : "missing");
 }
 
 TEST(cliBench, BadFlagsAndBackward) {
