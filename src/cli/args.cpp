@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace tileattn::cli {
@@ -17,6 +18,14 @@ std::vector<std::string> split_commas(const std::string& text) {
     if (comma == std::string::npos) return parts;
     start = comma + 1;
   }
+}
+
+// A limit as people write it: "1e+30", "0.001", not std::to_string's
+// 31-digit expansion.
+std::string short_number(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", value);
+  return buf;
 }
 
 }  // namespace
@@ -97,9 +106,20 @@ double Args::number(const std::string& flag, double fallback, double min, double
   if (text.empty() || *end != '\0') throw UsageError(flag + ": expected a number, got '" + text + "'");
   if (!std::isfinite(value)) throw UsageError(flag + ": must be a finite number, got '" + text + "'");
   if (value < min || value > max)
-    throw UsageError(flag + ": must be in [" + std::to_string(min) + ", " + std::to_string(max) +
-                     "], got " + text);
+    throw UsageError(flag + ": must be in [" + short_number(min) + ", " + short_number(max) + "], got " + text);
   return value;
+}
+
+DType Args::dtype(const std::string& flag, const std::string& fallback) const {
+  return parse_dtype_flag(flag, text(flag, fallback));
+}
+
+DType parse_dtype_flag(const std::string& flag, const std::string& text) {
+  try {
+    return parse_dtype(text);  // its message says "dtype: ...", not which flag
+  } catch (const Error&) {
+    throw UsageError(flag + ": expected fp32, fp16 or bf16, got '" + text + "'");
+  }
 }
 
 std::pair<int64_t, int64_t> Args::window(const std::string& flag) const {

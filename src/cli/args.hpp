@@ -39,6 +39,8 @@ class Args {
   int64_t integer(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const;
   // Finite number in [min, max].
   double number(const std::string& flag, double fallback, double min, double max) const;
+  // fp32, fp16 or bf16 (and parse_dtype's other spellings).
+  DType dtype(const std::string& flag, const std::string& fallback) const;
   // "L,R" with each side >= -1 (-1: unbounded). Absent: {-1, -1}.
   std::pair<int64_t, int64_t> window(const std::string& flag) const;
   // Comma-separated whole numbers, each in [min, max].
@@ -57,6 +59,8 @@ class Args {
 
 // Parses a whole number; throws UsageError naming `what` otherwise.
 int64_t parse_integer(const std::string& what, const std::string& text, int64_t min, int64_t max);
+// parse_dtype, with a UsageError naming `flag` for a name it does not know.
+DType parse_dtype_flag(const std::string& flag, const std::string& text);
 
 // The standard ALiBi slopes of `heads` heads (Press et al., as
 // FlashAttention-2's tests and Hugging Face's models build them): for a

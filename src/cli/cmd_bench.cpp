@@ -129,7 +129,7 @@ int cmd_bench(int argc, char** argv) {
   if (dim_v > kMaxValueHeadDim)
     throw UsageError("--dim-v: V's head dim defaults to --dim (" + std::to_string(dim) + ") and must be in 1.." +
                      std::to_string(kMaxValueHeadDim) + "; give --dim-v");
-  const DType dtype = parse_dtype(args.text("--dtype", "fp32"));
+  const DType dtype = args.dtype("--dtype", "fp32");
   if (bf16_probabilities && dtype != DType::bf16) throw UsageError("--bf16-probabilities: only with --dtype bf16");
   const bool causal = args.has("--causal");
   const auto [window_left, window_right] = args.window("--window");

@@ -66,7 +66,12 @@ std::vector<Isa> isas_to_check(const std::string& choice) {
     throw UsageError("--isa: expected all, auto, generic, avx2, avx512, avx512bf16 or amx, got '" + choice + "'");
   }
   if (isa == Isa::reference) throw UsageError("--isa: reference is what the paths are checked against");
-  return {resolve_isa(isa)};
+  try {
+    return {resolve_isa(isa)};
+  } catch (const NotSupported& e) {  // "isa: amx is not supported by this CPU ...": name the flag
+    const std::string message = e.what();
+    throw NotSupported("--isa: " + (message.rfind("isa: ", 0) == 0 ? message.substr(5) : message));
+  }
 }
 
 }  // namespace

@@ -487,7 +487,7 @@ int cmd_decode(int argc, char** argv) {
   if (s.dim_v > kMaxValueHeadDim)
     throw UsageError("--dim-v: V's head dim defaults to --dim (" + std::to_string(s.dim) + ") and must be in 1.." +
                      std::to_string(kMaxValueHeadDim) + "; give --dim-v");
-  s.dtype = parse_dtype(args.text("--dtype", "bf16"));
+  s.dtype = args.dtype("--dtype", "bf16");
   // --kv-dtype: int8 / fp8_e4m3 quantize the cache; a float type is the
   // cache's (and so the queries') dtype: an unquantized cache holds q's dtype.
   const std::string kv_dtype = args.text("--kv-dtype", "");

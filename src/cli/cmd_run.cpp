@@ -133,7 +133,10 @@ int cmd_run(int argc, char** argv) {
     if (!args.has(required)) throw UsageError(std::string("run: ") + required + " is required");
   const std::string q_path = args.text("--q"), k_path = args.text("--k"), v_path = args.text("--v");
   const std::string out_path = args.text("--out"), lse_path = args.text("--lse");
-  const Layout layout = parse_layout(args.text("--layout", "bhsd"));
+  const std::string layout_text = args.text("--layout", "bhsd");
+  if (layout_text != "bhsd" && layout_text != "bshd")
+    throw UsageError("--layout: expected bhsd or bshd, got '" + layout_text + "'");
+  const Layout layout = parse_layout(layout_text);
   const auto [window_left, window_right] = args.window("--window");
   const float scale = float(args.number("--scale", std::numeric_limits<double>::quiet_NaN(), -1e30, 1e30));
   const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
@@ -169,6 +172,9 @@ int cmd_run(int argc, char** argv) {
   const Operands q = operands_of(q_file, layout, q_path);
   const Operands k = operands_of(k_file, layout, k_path);
   const Operands v = operands_of(v_file, layout, v_path);
+  // Q's own counts, named with its file (the library would say "heads must be >= 1").
+  if (q.heads < 1) throw Error(q_path + ": 0 query heads, shape " + shape_text(q_file.shape));
+  if (q.dim < 1) throw Error(q_path + ": head dim must be >= 1, got shape " + shape_text(q_file.shape));
   // V: K's shape but for its head dim (the last dimension in both layouts),
   // which is at least 1 (v_head_dim 0 would mean "Q/K's head dim").
   if (v.dim < 1) throw Error(v_path + ": head dim must be >= 1, got shape " + shape_text(v_file.shape));
@@ -195,7 +201,7 @@ int cmd_run(int argc, char** argv) {
                 std::to_string(q.heads) + " query heads of " + q_path);
 
   const DType input_dtype = q_file.type == io::NpyType::f16 ? DType::f16 : DType::f32;
-  const DType dtype = args.has("--dtype") ? parse_dtype(args.text("--dtype")) : input_dtype;
+  const DType dtype = args.has("--dtype") ? args.dtype("--dtype", "") : input_dtype;
   const TypedBuffer q_data = convert_to(q_file, dtype, "--q", q_path);
   const TypedBuffer k_data = convert_to(k_file, dtype, "--k", k_path);
   const TypedBuffer v_data = convert_to(v_file, dtype, "--v", v_path);

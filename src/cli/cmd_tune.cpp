@@ -53,7 +53,7 @@ int cmd_tune(int argc, char** argv) {
       throw UsageError("--dims: " + std::to_string(dims[i]) + " given twice");
   std::vector<DType> dtypes;
   for (const std::string& name : args.text_list("--dtypes", {"fp32"})) {
-    const DType dtype = parse_dtype(name);
+    const DType dtype = parse_dtype_flag("--dtypes", name);
     if (std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end())
       throw UsageError(std::string("--dtypes: ") + dtype_name(dtype) + " given twice");
     dtypes.push_back(dtype);

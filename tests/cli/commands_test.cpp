@@ -54,6 +54,28 @@ TEST(cliUsage, HelpAndUnknownCommands) {
   EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
 }
 
+// Bad values name the flag they came in ("--dtype: ...", not "dtype: ..."),
+// and range limits print as short numbers.
+TEST(cliUsage, ValueErrorsNameTheFlag) {
+  TempDir dir;
+  Isa missing = Isa::automatic;
+  for (Isa isa : {Isa::amx, Isa::avx512bf16, Isa::avx512, Isa::avx2})
+    if (!isa_available(isa)) missing = isa;
+  const std::string missing_isa = missing == Isa::automatic ? "" : isa_name(missing);
+  for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
+           {"bench --dtype fp8 --no-baseline", "--dtype: expected fp32, fp16 or bf16, got 'fp8'"},
+           {"decode --dtype fp8", "--dtype: expected fp32, fp16 or bf16, got 'fp8'"},
+           {"tune --dtypes fp32,fp8", "--dtypes: expected fp32, fp16 or bf16, got 'fp8'"},
+           {"bench --peak-gflops 2e9", "--peak-gflops: must be in [0.001, 1e+09], got 2e9"},
+           {"check --isa " + missing_isa, "--isa: " + missing_isa + " is not supported by this CPU"}}) {
+    if (command == "check --isa ") continue;  // this CPU has every path
+    const Result r = run_cli(command, dir);
+    EXPECT_EQ(r.status, 2) << command;
+    EXPECT_EQ(r.err.rfind("tileattn: " + message, 0), 0u) << command << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << command;
+  }
+}
+
 TEST(cliInfo, JsonHasTheMachineAndPeak) {
   TempDir dir;
   const Result r = run_cli("info --json", dir);

@@ -87,6 +87,12 @@ TEST_F(cliRunErrors, ShapeMismatches) {
   expect_failure(inputs("q.npy", "k3.npy", "k3.npy"), "must divide");
   io::write_npy(dir / "q3d.npy", io::NpyType::f32, {2, 5, 8}, x.data());
   expect_failure(inputs("q3d.npy"), "expected 4 dimensions");
+  // No query heads, or a head dim of 0: the message names the file.
+  io::write_npy(dir / "q0.npy", io::NpyType::f32, {1, 0, 5, 8}, x.data());
+  expect_failure(inputs("q0.npy"), (dir / "q0.npy") + ": 0 query heads, shape (1, 0, 5, 8)");
+  io::write_npy(dir / "qd0.npy", io::NpyType::f32, {1, 2, 5, 0}, x.data());
+  io::write_npy(dir / "kd0.npy", io::NpyType::f32, {1, 2, 7, 0}, x.data());
+  expect_failure(inputs("qd0.npy", "kd0.npy"), (dir / "qd0.npy") + ": head dim must be >= 1, got shape (1, 2, 5, 0)");
   io::write_npy(dir / "mask.npy", io::NpyType::boolean, {5, 6}, x.data());
   expect_failure(inputs() + " --mask '" + (dir / "mask.npy") + "'", "mask shape (5, 6)");
 }
@@ -111,8 +117,10 @@ TEST_F(cliRunErrors, BadFlagsAndNumbers) {
   expect_failure(inputs() + " --threads 0", "--threads");
   expect_failure(inputs() + " --window 5", "--window");
   expect_failure(inputs() + " --window 3,-2", "--window");
-  expect_failure(inputs() + " --layout hsdb", "layout");
-  expect_failure(inputs() + " --dtype fp64", "dtype");
+  expect_failure(inputs() + " --layout hsdb", "--layout: expected bhsd or bshd, got 'hsdb'");
+  expect_failure(inputs() + " --dtype fp64", "--dtype: expected fp32, fp16 or bf16, got 'fp64'");
+  // Range limits print as numbers people read, not 31-digit expansions of 1e30.
+  expect_failure(inputs() + " --scale 2e30", "--scale: must be in [-1e+30, 1e+30], got 2e30");
   expect_failure(inputs() + " --frobnicate", "unknown flag '--frobnicate'");
   expect_failure(inputs() + " --causal=yes", "--causal: takes no value");
   expect_failure(inputs() + " --scale", "--scale: missing value");
