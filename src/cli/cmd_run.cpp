@@ -52,7 +52,8 @@ const char* const kHelp =
     "     DS.npy writes their float32 [Hq] gradient.\n"
     "  --threads: default every hardware thread.\n"
     "  --dropout P --seed N: drop attention probabilities with probability P (counter-based\n"
-    "     generator: the same seed gives the same mask in the forward and the backward).\n"
+    "     generator: the same seed gives the same mask in the forward and the backward). The\n"
+    "     seed defaults to 0; --seed without --dropout is an error.\n"
     "  --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy: the backward pass; dO is shaped like\n"
     "     O, gradients come back in the layout (and output dtype) of the inputs.\n"
     "Outputs are written only when everything succeeded; errors exit with status 2. Two\n"
@@ -142,6 +143,8 @@ int cmd_run(int argc, char** argv) {
   const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
   const double dropout = args.number("--dropout", 0.0, 0.0, 0.999999);
   const uint64_t seed = uint64_t(args.integer("--seed", 0, 0, INT64_MAX));
+  // A seed would be silently ignored without dropout.
+  if (args.has("--seed") && !args.has("--dropout")) throw UsageError("--seed: only with --dropout");
   const int threads = int(args.integer("--threads", 0, 1, 4096));
   const bool backward = args.has("--dout") || args.has("--dq") || args.has("--dk") || args.has("--dv");
   if (backward)

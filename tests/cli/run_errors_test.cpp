@@ -294,6 +294,18 @@ TEST_F(cliRunErrors, BackwardFlags) {
   expect_failure(inputs() + " --dout '" + (dir / "nope.npy") + "'" + grads, "nope.npy: cannot open");
   expect_failure(inputs() + " --dropout 1.5", "--dropout");
   expect_failure(inputs() + " --dropout 0.1 --seed -4", "--seed");
+  // A seed without dropout would be ignored: refused. Dropout without a seed
+  // takes seed 0 (the help says so): the same mask as --seed 0.
+  expect_failure(inputs() + " --seed 3", "--seed: only with --dropout");
+  Result r = run_cli(inputs() + " --dropout 0.5", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string unseeded = slurp(dir / "o.npy");
+  r = run_cli(inputs() + " --dropout 0.5 --seed 0", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(dir / "o.npy"), unseeded);
+  r = run_cli(inputs() + " --dropout 0.5 --seed 1", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(slurp(dir / "o.npy"), unseeded) << "seed 1 drew the same mask as seed 0";
 }
 
 // Converting an input to --dtype must not turn a finite value into inf (fp16
