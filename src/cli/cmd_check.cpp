@@ -110,7 +110,7 @@ int cmd_check(int argc, char** argv) {
                       ", \"lse_error\": " + json_number(cmp.lse_error) +
                       ", \"lse_tolerance\": " + json_number(cmp.lse_tolerance) +
                       ", \"ok\": " + (ok ? "true" : "false") +
-                      (error.empty() ? "" : ", \"error\": " + json_quote(error)) + "}";
+                      ", \"error\": " + (error.empty() ? std::string("null") : json_quote(error)) + "}";
       } else {
         std::printf("%-4s %-7s %-48s %s\n", ok ? "ok" : "FAIL", isa_name(isa), c.name().c_str(),
                     error.empty() ? cmp.describe().c_str() : ("error: " + error).c_str());

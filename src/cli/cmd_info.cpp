@@ -152,6 +152,7 @@ int cmd_info(int argc, char** argv) {
   const OpenBlas& blas = load_openblas();
   if (blas.loaded) {
     r.text("openblas_core", blas.core);
+    r.null("openblas_error");
   } else {
     r.null("openblas_core");
     r.text("openblas_error", blas.error);
