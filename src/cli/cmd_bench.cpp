@@ -265,9 +265,14 @@ int cmd_bench(int argc, char** argv) {
   rep.integer("threads", threads);
 
   double ms = NAN;
-  if (impl == Impl::openblas) {
+  if (impl == Impl::openblas) {  // the kernel is not timed: its fields are null
+    for (const char* key : {"block_q", "block_kv", "tile_reason", "tune_file", "reps", "rep_ms"}) rep.null(key);
     rep.number("flops", flops);
+    rep.null("ms");
+    rep.null("gflops");
     rep.number("peak_gflops", peak);
+    for (const char* key : {"fraction_of_peak", "bf16_peak_gflops", "fraction_of_bf16_peak", "peak_rss_mb"})
+      rep.null(key);
   } else {
     auto run_kernel = [&] {
       if (decode) attention_with_kvcache(ca);
