@@ -7,7 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include "core/problem.hpp"
+#include "io/npy.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn {
@@ -47,6 +50,9 @@ std::string tune_file_path() {
 
 std::vector<TuneEntry> read_tune_file(const std::string& path) {
   std::vector<TuneEntry> entries;
+  // Only a regular file (or a link to one): opening a FIFO would wait for a writer.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return entries;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
@@ -63,26 +69,20 @@ std::vector<TuneEntry> read_tune_file(const std::string& path) {
 
 void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entries) {
   if (path.empty()) throw Error("tune file: empty path");
-  // Written beside the target and renamed over it; on any failure the
-  // temporary file goes and the target stays as it was.
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error("tune file: cannot write '" + tmp + "'");
-    out << "# tileattn tune file: isa head_dim dtype block_qxblock_kv (written by `tileattn tune`)\n";
-    for (const TuneEntry& e : entries)
-      out << e.isa << ' ' << e.head_dim << ' ' << e.dtype << ' ' << e.block_q << 'x' << e.block_kv
-          << '\n';
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error("tune file: write to '" + tmp + "' failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw Error("tune file: cannot write '" + path + "' (" + reason + ")");
+  std::ostringstream text;
+  text << "# tileattn tune file: isa head_dim dtype block_qxblock_kv (written by `tileattn tune`)\n";
+  for (const TuneEntry& e : entries)
+    text << e.isa << ' ' << e.head_dim << ' ' << e.dtype << ' ' << e.block_q << 'x' << e.block_kv << '\n';
+  const std::string bytes = text.str();
+  // As every output of the library: written beside the target and renamed
+  // over it (a link written through, a device or FIFO in place); on a failure
+  // the target stays as it was and no temporary file is left.
+  try {
+    io::StagedFiles files;
+    files.stage(path, std::vector<unsigned char>(bytes.begin(), bytes.end()));
+    files.commit();
+  } catch (const Error& e) {
+    throw Error(std::string("tune file: ") + e.what());
   }
 }
 

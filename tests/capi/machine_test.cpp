@@ -1,17 +1,33 @@
 // Version, CPU and tile queries, and the tuning-configuration handle, through C.
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tileattn/machine.hpp"
 #include "tileattn/tileattn.h"
 
 namespace tileattn {
 namespace {
+
+// The names in directory `dir` (not . and ..), sorted.
+std::vector<std::string> entries_of(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 TEST(CApiVersion, MatchesTheHeaderAndTheProject) {
   int32_t major = -1, minor = -1, patch = -1;
@@ -101,19 +117,67 @@ TEST(CApiMachine, DenseStrides) {
             TILEATTN_INVALID_ARGUMENT);
 }
 
-// A save that cannot land (the path is a directory; no path) fails and leaves
-// no temporary file ("<path>.tmp") beside the target.
+// A save that cannot land (the path is a directory) fails and leaves no
+// temporary file in the target's directory.
 TEST(CApiTuneConfig, FailedSaveLeavesNoTemporaryFile) {
   tileattn_tune_config* config = nullptr;
   ASSERT_EQ(tileattn_tune_config_create(&config), TILEATTN_OK);
   ASSERT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AVX2, 128, TILEATTN_BF16, 64, 32), TILEATTN_OK);
-  std::string dir = ::testing::TempDir() + "tileattn_capi_tune_XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::string base = ::testing::TempDir() + "tileattn_capi_tune_XXXXXX";
+  ASSERT_NE(mkdtemp(base.data()), nullptr);
+  const std::string dir = base + "/sub";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   EXPECT_NE(tileattn_tune_config_save(config, dir.c_str()), TILEATTN_OK);
   EXPECT_NE(std::string(tileattn_last_error()).find(dir), std::string::npos) << tileattn_last_error();
-  struct stat st;
-  EXPECT_NE(stat((dir + ".tmp").c_str(), &st), 0) << "a temporary file was left";
+  EXPECT_EQ(entries_of(base), std::vector<std::string>{"sub"}) << "a temporary file was left";
   EXPECT_EQ(rmdir(dir.c_str()), 0);
+  EXPECT_EQ(rmdir(base.c_str()), 0);
+  ASSERT_EQ(tileattn_tune_config_destroy(config), TILEATTN_OK);
+}
+
+// A save through a symbolic link replaces the file it names and keeps the
+// link; a FIFO is written in place (read by a reader), and loading a FIFO
+// does not wait for a writer (a tune file is a regular file or nothing).
+TEST(CApiTuneConfig, SaveWritesThroughLinksAndIntoFifos) {
+  tileattn_tune_config* config = nullptr;
+  ASSERT_EQ(tileattn_tune_config_create(&config), TILEATTN_OK);
+  ASSERT_EQ(tileattn_tune_config_set(config, TILEATTN_ISA_AVX2, 64, TILEATTN_F32, 64, 32), TILEATTN_OK);
+  std::string base = ::testing::TempDir() + "tileattn_capi_tune_XXXXXX";
+  ASSERT_NE(mkdtemp(base.data()), nullptr);
+  const std::string real = base + "/real.conf", link = base + "/link.conf", fifo = base + "/fifo.conf";
+  ASSERT_EQ(symlink("real.conf", link.c_str()), 0);
+  ASSERT_EQ(tileattn_tune_config_save(config, link.c_str()), TILEATTN_OK) << tileattn_last_error();
+  struct stat st;
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode)) << "the link was replaced by a file";
+  tileattn_tune_config* loaded = nullptr;
+  ASSERT_EQ(tileattn_tune_config_load(real.c_str(), &loaded), TILEATTN_OK) << tileattn_last_error();
+  int64_t count = 0;
+  ASSERT_EQ(tileattn_tune_config_count(loaded, &count), TILEATTN_OK);
+  EXPECT_EQ(count, 1);
+  ASSERT_EQ(tileattn_tune_config_destroy(loaded), TILEATTN_OK);
+
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(tileattn_tune_config_load(fifo.c_str(), &loaded), TILEATTN_OK) << tileattn_last_error();
+  ASSERT_EQ(tileattn_tune_config_count(loaded, &count), TILEATTN_OK);
+  EXPECT_EQ(count, 0);
+  ASSERT_EQ(tileattn_tune_config_destroy(loaded), TILEATTN_OK);
+  std::string read;
+  std::thread reader([&] {
+    if (std::FILE* f = std::fopen(fifo.c_str(), "rb")) {
+      char buf[256];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) read.append(buf, n);
+      std::fclose(f);
+    }
+  });
+  EXPECT_EQ(tileattn_tune_config_save(config, fifo.c_str()), TILEATTN_OK) << tileattn_last_error();
+  reader.join();
+  EXPECT_NE(read.find("avx2 64 fp32 64x32"), std::string::npos) << read;
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced by a file";
+  EXPECT_EQ(entries_of(base), (std::vector<std::string>{"fifo.conf", "link.conf", "real.conf"}));
+  for (const std::string& p : {real, link, fifo}) std::remove(p.c_str());
+  EXPECT_EQ(rmdir(base.c_str()), 0);
   ASSERT_EQ(tileattn_tune_config_destroy(config), TILEATTN_OK);
 }
 
