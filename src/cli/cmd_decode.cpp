@@ -377,6 +377,8 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
   }
   TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim_v);
   const size_t n = variants.size();
+  std::vector<int64_t> bytes_per_token;  // the cache's bytes per token of each variant
+  for (const Variant& v : variants) bytes_per_token.push_back(token_bytes(variant_shape(s, v)));
   std::vector<LoopResult> r(n);
   std::vector<double> gb_per_s, read_gb, fraction, read1_gb, read_ratio, memory_gb, memory_fraction;
   for (int64_t i = 0; i < s.steps; ++i) {
@@ -389,7 +391,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
         if (variant.on_main_cache) loop.attend(t.q, o, i, variant.threads);
         else loop.step(t.q, t.k, t.v, o, i);
       });
-      r[v].kv_bytes_last = token_bytes(variant_shape(s, variant)) * loop.length();
+      r[v].kv_bytes_last = bytes_per_token[v] * loop.length();
       r[v].step_ms.push_back(ms);
       if (v != 0) {
         if (reader && reader->evict_bytes() == 0) reader->pass();
@@ -570,12 +572,17 @@ int cmd_decode(int argc, char** argv) {
   reader.evict();  // page the eviction buffer in
   reader.pass();  // page the buffer in
   // Variant 0 is the loop asked for; then contiguous (with --paged), one thread (T > 1) and
-  // the cache in --dtype (a quantized --kv-dtype): loops[1] / loops[paged ? 2 : 1] / back().
+  // the cache in --dtype (a quantized --kv-dtype), each at the index `add` returns (-1: none).
   std::vector<Variant> variants = {{paged ? page_size : 0, threads}};
-  if (paged) variants.push_back({0, threads});
-  if (threads > 1) variants.push_back({paged ? page_size : 0, 1, true});
+  const auto add = [&](bool wanted, Variant v) {
+    if (!wanted) return -1;
+    variants.push_back(v);
+    return int(variants.size()) - 1;
+  };
   const bool quantized = s.kv_quant != KvQuant::none;
-  if (quantized) variants.push_back({paged ? page_size : 0, threads, false, true});
+  const int contiguous_at = add(paged, {0, threads});
+  const int one_thread_at = add(threads > 1, {paged ? page_size : 0, 1, true});
+  const int unquantized_at = add(quantized, {paged ? page_size : 0, threads, false, true});
   const std::vector<LoopResult> loops = time_decode(s, t, variants, rope, &reader);
   const LoopResult& main = loops[0];
   const double read_gb = main.read_gb_per_s;
@@ -612,24 +619,24 @@ int cmd_decode(int argc, char** argv) {
     rep.null("kv_vs_memory_read");
   }
   rep.integer("evict_bytes", reader.evict_bytes());
-  if (paged) {
-    const LoopResult& contiguous = loops[1];
+  if (contiguous_at >= 0) {
+    const LoopResult& contiguous = loops[size_t(contiguous_at)];
     rep.number("contiguous_ms_per_token", contiguous.ms_per_token);
     rep.number("paged_vs_contiguous", paired_ratio(contiguous, main));
   } else {
     rep.null("contiguous_ms_per_token");
     rep.null("paged_vs_contiguous");
   }
-  if (quantized) {
-    const LoopResult& unquantized = loops.back();
+  if (unquantized_at >= 0) {
+    const LoopResult& unquantized = loops[size_t(unquantized_at)];
     rep.number("unquantized_ms_per_token", unquantized.ms_per_token);
     rep.number("ms_vs_unquantized", paired_ratio(main, unquantized));
   } else {
     rep.null("unquantized_ms_per_token");
     rep.null("ms_vs_unquantized");
   }
-  if (threads > 1) {
-    const LoopResult& one = loops[paged ? 2 : 1];
+  if (one_thread_at >= 0) {
+    const LoopResult& one = loops[size_t(one_thread_at)];
     rep.number("threads1_ms_per_token", one.ms_per_token);
     rep.number("thread_speedup", paired_ratio(one, main));
     // What the memory itself gives T threads over one: the ceiling
