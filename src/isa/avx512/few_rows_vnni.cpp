@@ -110,21 +110,25 @@ static inline __m512 high_columns(__m512 low, __m512 high) {
 
 // The K rows of `ahead` a chunk's column pass asks for, a key pair at a
 // time: key first + 2 pair + j for each j whose bit is set in `keys` (and
-// below the table's count), all ahead.k_row_bytes of it. Its own line loop,
-// not prefetch_rows, which walks both tables with their bounds at every
-// call: per key pair that took 1.05-1.10x the time of a hot step (int8,
-// bf16_probabilities, 512 tokens, one thread, Intel Xeon model 207).
+// below the table's count), all ahead.k_row_bytes of it. Its own line loop
+// with the table's bounds taken once per pass (docs/inference.md: walking
+// both tables through prefetch_rows per key pair costs a hot step 5-10%).
 struct PairPrefetch {
-  const RowsToPrefetch& ahead;
+  const void* const* rows;
+  int64_t count, row_bytes;
+  bool to_l2;
   int64_t first;
   unsigned keys;
+  PairPrefetch(const RowsToPrefetch& ahead, int64_t first_key, unsigned key_bits)
+      : rows(ahead.k_rows), count(ahead.k_count), row_bytes(ahead.k_row_bytes), to_l2(ahead.to_l2),
+        first(first_key), keys(key_bits) {}
   inline void operator()(int64_t pair) const {
     for (int j = 0; j < 2; ++j) {
       const int64_t i = first + 2 * pair + j;
-      if (!(keys >> j & 1u) || i >= ahead.k_count) continue;
-      const char* row = static_cast<const char*>(ahead.k_rows[i]);
-      for (int64_t off = 0; off < ahead.k_row_bytes; off += 64) {
-        if (ahead.to_l2) prefetch_line<false>(row + off);
+      if (!(keys >> j & 1u) || i >= count) continue;
+      const char* row = static_cast<const char*>(rows[i]);
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        if (to_l2) prefetch_line<false>(row + off);
         else prefetch_line<true>(row + off);
       }
     }
