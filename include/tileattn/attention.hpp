@@ -26,10 +26,11 @@ struct OutputView {
 };
 
 enum class Layout : int { bhsd = 0, bshd = 1 };
-const char* layout_name(Layout layout);
+const char* layout_name(Layout layout);  // "unknown" for a value outside the enum
 Layout parse_layout(const std::string& name);  // "bhsd" | "bshd"; throws Error
 // Strides, in [batch, head, row, dim] order, of a contiguous tensor in `layout`.
-// Throws Error when heads x rows x dim overflows int64.
+// Throws Error for a layout outside the enum, a negative size, or heads x rows
+// x dim overflowing int64.
 std::array<int64_t, 4> dense_strides(Layout layout, int64_t batch, int64_t heads, int64_t rows,
                                      int64_t dim);
 

@@ -62,7 +62,8 @@ struct TileShape {
 // cache model: the per-thread working set stays within L2, the K/V tiles
 // within half of it. `v_head_dim` is V's head dim (0: head_dim); the tune
 // file's entries are measured with V's head dim equal to Q/K's and apply
-// only to such calls, others take the cache model.
+// only to such calls, others take the cache model. Throws Error for a
+// head_dim outside 1..kMaxHeadDim.
 TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype, int64_t v_head_dim = 0);
 // The tiles attention_forward(args) runs with: choose_tiles' for its path,
 // head_dim and dtype, with the per-call adjustments (128-key tiles for bf16

@@ -18,6 +18,8 @@ enum class DType : int { f32 = 0, f16 = 1, bf16 = 2, i8 = 3, f8_e4m3 = 4 };
 inline constexpr int64_t kMaxHeadDim = 576;
 inline constexpr int64_t kMaxValueHeadDim = 512;
 
+// dtype_name gives "unknown" for a value outside the enum; dtype_size throws
+// Error for one.
 const char* dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);
 // Parses "fp32"/"f32"/"float32", "fp16"/..., "bf16"/...; throws Error otherwise

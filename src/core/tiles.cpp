@@ -87,6 +87,8 @@ void write_tune_file(const std::string& path, const std::vector<TuneEntry>& entr
 }
 
 TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype, int64_t v_head_dim) {
+  if (head_dim < 1 || head_dim > kMaxHeadDim)
+    throw Error("head_dim must be in 1.." + std::to_string(kMaxHeadDim) + ", got " + std::to_string(head_dim));
   if (v_head_dim <= 0) v_head_dim = head_dim;
   const auto working_set_bytes = [&](int64_t block_q, int64_t block_kv) {
     return detail::tile_working_set_bytes(block_q, block_kv, head_dim, v_head_dim);

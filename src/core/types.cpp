@@ -19,10 +19,12 @@ const char* dtype_name(DType dtype) {
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
     case DType::i8:
     case DType::f8_e4m3: return 1;
-    default: return 2;
   }
+  throw Error("dtype: unknown value " + std::to_string(int(dtype)));
 }
 
 DType parse_dtype(const std::string& name) {
@@ -73,7 +75,13 @@ Isa parse_isa(const std::string& name) {
   throw Error("isa: expected auto, generic, avx2, avx512, avx512bf16, amx or reference, got '" + name + "'");
 }
 
-const char* layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::bhsd: return "bhsd";
+    case Layout::bshd: return "bshd";
+  }
+  return "unknown";
+}
 
 Layout parse_layout(const std::string& name) {
   if (name == "bhsd") return Layout::bhsd;
@@ -83,7 +91,11 @@ Layout parse_layout(const std::string& name) {
 
 std::array<int64_t, 4> dense_strides(Layout layout, int64_t batch, int64_t heads, int64_t rows,
                                      int64_t dim) {
-  (void)batch;
+  if (layout != Layout::bhsd && layout != Layout::bshd)
+    throw Error("dense_strides: layout: unknown value " + std::to_string(int(layout)));
+  if (batch < 0 || heads < 0 || rows < 0 || dim < 0)
+    throw Error("dense_strides: sizes must be >= 0, got batch " + std::to_string(batch) + ", heads " +
+                std::to_string(heads) + ", rows " + std::to_string(rows) + ", dim " + std::to_string(dim));
   // Sizes no tensor can have would overflow the products (undefined behaviour).
   int64_t row_stride = 0, outer_stride = 0;
   const int64_t inner = layout == Layout::bhsd ? rows : heads;

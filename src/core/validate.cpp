@@ -346,6 +346,9 @@ void validate(const ForwardArgs& a) {
   if (a.mask.kind != MaskSpec::Kind::none) {
     if (a.mask.kind != MaskSpec::Kind::boolean && a.mask.kind != MaskSpec::Kind::additive)
       fail("mask: unknown kind");
+  } else if (a.mask.data) {
+    // A mask given without its kind would be ignored, silently.
+    fail("mask: data given with kind none (boolean or additive says how to read it)");
   }
   // Without keys a mask has no element to read (an empty [Nq, 0] array may have null data).
   if (a.mask.kind != MaskSpec::Kind::none && keys_needed) {

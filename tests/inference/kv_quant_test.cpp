@@ -196,10 +196,10 @@ TEST(KvQuant, QuantizedBf16ProbabilitiesOnTheDotProducts) {
         double lse_diff = 0;
         for (size_t i = 0; i < exact.lse.size(); ++i)
           lse_diff = std::max(lse_diff, std::abs(double(rounded.lse[i]) - double(exact.lse[i])));
-        if (dot) EXPECT_GT(e.max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing in P V";
-        if (vnni) EXPECT_GT(lse_diff, 0.0) << isa_name(isa) << ": the int8 scores did not take VNNI";
-        if (!dot && !vnni) EXPECT_EQ(e.max_diff, 0.0) << isa_name(isa) << ": no dot-product P V or VNNI scores here";
-        if (!vnni) EXPECT_EQ(lse_diff, 0.0) << isa_name(isa) << ": the scores changed";
+        if (dot) { EXPECT_GT(e.max_diff, 0.0) << isa_name(isa) << ": bf16_probabilities changed nothing in P V"; }
+        if (vnni) { EXPECT_GT(lse_diff, 0.0) << isa_name(isa) << ": the int8 scores did not take VNNI"; }
+        if (!dot && !vnni) { EXPECT_EQ(e.max_diff, 0.0) << isa_name(isa) << ": no dot-product P V or VNNI scores here"; }
+        if (!vnni) { EXPECT_EQ(lse_diff, 0.0) << isa_name(isa) << ": the scores changed"; }
         EXPECT_LE(lse_diff, std::ldexp(1.0, -12)) << isa_name(isa);  // Q's rounding: ~2^-17 of a score
         EXPECT_LE(e.max_diff, std::ldexp(e.max_v * 1.0625, -8) + std::ldexp(e.max_o, -7)) << isa_name(isa);
         if (s.page_size == 0) continue;

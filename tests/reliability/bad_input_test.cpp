@@ -5,6 +5,7 @@
 
 #include "reliability/bad_input_support.hpp"
 #include "tileattn/backward.hpp"
+#include "tileattn/machine.hpp"
 #include "tileattn/reference.hpp"
 
 namespace tileattn::reliability {
@@ -200,6 +201,25 @@ TEST(BadInput, NullPointers) {
   data.args.mask.kind = static_cast<MaskSpec::Kind>(9);
   data.args.mask.data = data.args.q.data;
   expect_forward_refused(data, {"mask", "unknown kind"});
+  // Mask data without its kind would be ignored, silently.
+  data.args = good;
+  data.args.mask.data = data.args.q.data;
+  expect_forward_refused(data, {"mask: data given with kind none"});
+}
+
+// The vocabulary functions on values outside their enums and on negative
+// sizes: an Error (or "unknown" for the names), not a size or strides made up.
+TEST(BadInput, EnumValuesOutsideTheEnumsAndNegativeSizes) {
+  EXPECT_THROW(dtype_size(static_cast<DType>(9)), Error);
+  EXPECT_STREQ(dtype_name(static_cast<DType>(9)), "unknown");
+  EXPECT_STREQ(layout_name(static_cast<Layout>(5)), "unknown");
+  EXPECT_THROW(dense_strides(static_cast<Layout>(5), 1, 2, 3, 4), Error);
+  EXPECT_THROW(dense_strides(Layout::bhsd, 1, -2, 3, 4), Error);
+  EXPECT_THROW(dense_strides(Layout::bshd, 1, 2, 3, -4), Error);
+  EXPECT_EQ(dense_strides(Layout::bshd, 1, 2, 3, 4), (std::array<int64_t, 4>{24, 4, 8, 1}));
+  EXPECT_THROW(choose_tiles(Isa::generic, 0, DType::f32), Error);
+  EXPECT_THROW(choose_tiles(Isa::generic, kMaxHeadDim + 1, DType::f32), Error);
+  EXPECT_GT(choose_tiles(Isa::generic, kMaxHeadDim, DType::f32).block_q, 0);
 }
 
 TEST(BadInput, OutputAliasingAnInput) {

@@ -113,8 +113,9 @@ TEST(BackwardValidation, AcceptsPackedGradients) {
     EXPECT_EQ(dense(a.dq.data, DType::f32, a.dq.stride, b, h, n, d), separate(data.dq, data.args.dq.stride));
     EXPECT_EQ(dense(a.dk.data, DType::f32, a.dk.stride, b, h, n, d), separate(data.dk, data.args.dk.stride));
     EXPECT_EQ(dense(a.dv.data, DType::f32, a.dv.stride, b, h, n, d), separate(data.dv, data.args.dv.stride));
-    if (parts == 3)
+    if (parts == 3) {
       for (float x : packed) ASSERT_FALSE(std::isnan(x)) << "an element left unwritten";
+    }
   }
 }
 
