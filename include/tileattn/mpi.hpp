@@ -95,10 +95,15 @@ struct RingStats {
 };
 
 // Collective over args.comm: every rank calls it with its own slices and the
-// same shape, mask, layout and dtype. Arguments are checked on every rank
-// before any data moves; when any rank's are bad, every rank throws Error
-// (the bad rank's message names the argument), so none is left waiting.
-// MPI errors abort, as MPI's default error handler does.
+// same shape, mask, layout and dtype. Arguments are checked, the path
+// (`isa`, TILEATTN_ISA) resolved and every buffer allocated on every rank
+// before any data moves; when any rank fails, every rank throws, so none is
+// left waiting: the failing rank its own exception (Error naming the
+// argument, NotSupported for a path or feature it lacks, std::bad_alloc),
+// the others the same kind with "rank R: " and its message. An exception
+// during the compute is held until the ring ends and then thrown the same
+// way on every rank. Nothing is written when it throws. MPI errors abort,
+// as MPI's default error handler does.
 RingStats ring_attention_forward(const RingArgs& args);
 
 // The backward of ring_attention_forward: dQ, dK and dV of this rank's rows,

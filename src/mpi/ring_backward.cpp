@@ -15,6 +15,7 @@
 // So each accumulator makes P-1 hops (owner's right neighbour first, owner
 // last), and only the very last hop is not hidden behind compute.
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -50,35 +51,44 @@ BackwardArgs local_backward_args(const RingBackwardArgs& a, int64_t rows) {
 RingStats ring_attention_backward(const RingBackwardArgs& args) {
   const double start = MPI_Wtime();
   const RingArgs& a = args.forward;
-  const detail::RingSetup ring = detail::set_up_ring(
-      a, [&](int64_t rows) { validate(local_backward_args(args, rows)); }, "ring_attention_backward");
-  const int rank = ring.rank, ranks = ring.ranks;
-  const ShardPlan& plan = ring.plan;
-
   const AttentionShape& s = a.shape;
   const int64_t esize = int64_t(dtype_size(a.dtype));
   const int64_t kv_row_bytes = s.head_dim * esize, gradient_row_bytes = s.head_dim * int64_t(sizeof(float));
   // Elements of one K (or V, dK, dV) slice of `rows` rows, packed [batch, kv_heads, rows, head_dim].
   auto slice_elements = [&](int64_t rows) { return s.batch * s.kv_heads * rows * s.head_dim; };
+
+  // Every allocation of the call happens inside the collective check, so that
+  // running out of memory fails on every rank before any message is posted:
+  // two K/V buffers and the fp32 (dK, dV) of one slice four times (this
+  // rank's share of its own slice, the share being computed, the accumulator
+  // coming in and the one going out), and the fp32 copies of RingGradients.
+  std::vector<unsigned char> kv_buffers[2];
+  std::vector<float> own, share, incoming, outgoing;
+  std::optional<detail::RingGradients> gradients;
+  double widen_s = 0;  // the fp32 copies of Q, O, dO
+  const detail::RingSetup ring = detail::set_up_ring(
+      a, [&](int64_t rows) { validate(local_backward_args(args, rows)); },
+      [&](const detail::RingSetup& setup) {
+        const int64_t max_rows = setup.plan.max_rows();
+        for (auto& b : kv_buffers) b.resize(size_t(2 * slice_elements(max_rows) * esize));
+        own.resize(size_t(2 * slice_elements(setup.plan.rows(setup.rank))));
+        for (auto* g : {&share, &incoming, &outgoing}) g->resize(size_t(2 * slice_elements(max_rows)));
+        const double widen_start = MPI_Wtime();
+        gradients.emplace(detail::block_problem(a, setup.isa), a.q, args.o, args.d_o, args.lse, args.lse_stride,
+                          setup.plan.segments(setup.rank));
+        gradients->reserve(max_rows);
+        widen_s = MPI_Wtime() - widen_start;
+      },
+      "ring_attention_backward");
+  const int rank = ring.rank, ranks = ring.ranks;
+  const ShardPlan& plan = ring.plan;
   // Rows of one message (K then V, or dK then dV) of `holder`'s slice.
   auto message_rows = [&](int holder) { return int(2 * s.batch * s.kv_heads * plan.rows(holder)); };
 
-  std::vector<unsigned char> kv_buffers[2];
-  for (auto& b : kv_buffers) b.resize(size_t(2 * slice_elements(plan.max_rows()) * esize));
   const int64_t own_rows = plan.rows(rank);
   detail::pack_rows(a.k, s, s.kv_heads, own_rows, size_t(esize), kv_buffers[0].data());
   detail::pack_rows(a.v, s, s.kv_heads, own_rows, size_t(esize),
                     kv_buffers[0].data() + slice_elements(own_rows) * esize);
-
-  // fp32 (dK, dV) of one slice: this rank's share of its own slice, the share
-  // being computed, the accumulator coming in and the one going out.
-  const size_t gradient_elements = size_t(2 * slice_elements(plan.max_rows()));
-  std::vector<float> own(size_t(2 * slice_elements(own_rows))), share(gradient_elements),
-      incoming(gradient_elements), outgoing(gradient_elements);
-
-  const double widen_start = MPI_Wtime();
-  detail::RingGradients gradients(detail::block_problem(a), a.q, args.o, args.d_o, args.lse, args.lse_stride,
-                                  plan.segments(rank));
 
   MPI_Datatype kv_row, gradient_row;
   MPI_Type_contiguous(int(kv_row_bytes), MPI_BYTE, &kv_row);
@@ -88,7 +98,12 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
 
   RingStats stats;
   stats.steps = ranks;
-  stats.compute_s = MPI_Wtime() - widen_start;  // the fp32 copies of Q, O, dO
+  stats.compute_s = widen_s;
+  // An exception from this rank's compute is kept, not thrown: the rank stops
+  // computing but keeps passing the slices and accumulators until the ring
+  // ends, so that no neighbour waits for a message that never comes and no
+  // request is left pending on a freed buffer; then every rank throws together.
+  std::exception_ptr failure;
   const int left = (rank - 1 + ranks) % ranks, right = (rank + 1) % ranks;
   // [0] K/V receive, [1] K/V send, [2] accumulator receive, [3] accumulator send.
   MPI_Request requests[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
@@ -113,13 +128,16 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
     const std::array<int64_t, 4> packed{s.kv_heads * n * s.head_dim, n * s.head_dim, s.head_dim, 1};
     float* target = step == 0 ? own.data() : share.data();
     std::fill(target, target + 2 * slice_elements(n), 0.0f);
-    gradients.absorb({current, packed}, {current + slice_elements(n) * esize, packed}, plan.segments(holder),
-                     target, target + slice_elements(n), [&] {
-                       // Without an asynchronous progress thread MPI moves
-                       // large messages only inside MPI calls.
-                       int done = 0;
-                       MPI_Testall(4, requests, &done, MPI_STATUSES_IGNORE);
-                     });
+    if (!failure)
+      failure = detail::capture([&] {
+        gradients->absorb({current, packed}, {current + slice_elements(n) * esize, packed}, plan.segments(holder),
+                          target, target + slice_elements(n), [&] {
+                            // Without an asynchronous progress thread MPI moves
+                            // large messages only inside MPI calls.
+                            int done = 0;
+                            MPI_Testall(4, requests, &done, MPI_STATUSES_IGNORE);
+                          });
+      });
     double wait_start = MPI_Wtime();
     stats.compute_s += wait_start - compute_start;
     if (step >= 1) {
@@ -151,17 +169,18 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
   stats.wait_s += write_start - final_start;
   MPI_Type_free(&kv_row);
   MPI_Type_free(&gradient_row);
+  detail::agree_on_outcome(a.comm, failure, "ring_attention_backward");
 
   if (ranks > 1)
     for (size_t e = 0; e < own.size(); ++e) own[e] += incoming[e];
-  gradients.write_dq(args.dq);
+  gradients->write_dq(args.dq);
   detail::write_rounded(own.data(), s.batch, s.kv_heads, own_rows, s.head_dim, a.dtype, args.dk);
   detail::write_rounded(own.data() + slice_elements(own_rows), s.batch, s.kv_heads, own_rows, s.head_dim, a.dtype,
                         args.dv);
   stats.compute_s += MPI_Wtime() - write_start;
-  stats.blocks_computed = gradients.blocks_computed();
-  stats.blocks_skipped = gradients.blocks_skipped();
-  stats.visible_pairs = gradients.visible_pairs();
+  stats.blocks_computed = gradients->blocks_computed();
+  stats.blocks_skipped = gradients->blocks_skipped();
+  stats.visible_pairs = gradients->visible_pairs();
   stats.total_s = MPI_Wtime() - start;
   return stats;
 }

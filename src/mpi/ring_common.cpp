@@ -1,10 +1,15 @@
 #include "mpi/ring_common.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "tileattn/machine.hpp"
 
 namespace tileattn::mpi::detail {
 
@@ -19,6 +24,24 @@ void fingerprint(const RingArgs& a, long long* out) {
       a.shape.batch, a.shape.heads, a.shape.kv_heads, a.shape.seqlen_q, a.shape.head_dim,
       int(a.dtype), a.causal, a.window_left, a.window_right, int(a.layout)};
   std::memcpy(out, values, sizeof values);
+}
+
+// What agree_on_outcome tells the ranks that did not fail.
+enum FailureKind : int { kError = 1, kNotSupported = 2, kOutOfMemory = 3, kOther = 4 };
+std::pair<int, std::string> describe(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    return {kError, e.what()};
+  } catch (const NotSupported& e) {
+    return {kNotSupported, e.what()};
+  } catch (const std::bad_alloc&) {
+    return {kOutOfMemory, "out of memory"};
+  } catch (const std::exception& e) {
+    return {kOther, e.what()};
+  } catch (...) {
+    return {kOther, "unknown exception"};
+  }
 }
 
 }  // namespace
@@ -50,18 +73,47 @@ ForwardArgs local_args(const RingArgs& a, int64_t rows) {
   return f;
 }
 
-void agree_on_arguments(const RingArgs& a, const std::function<void()>& check_this_rank, const char* who) {
-  std::string error;
+std::exception_ptr capture(const std::function<void()>& work) {
   try {
-    check_this_rank();
-  } catch (const Error& e) {
-    error = e.what();
+    work();
+  } catch (...) {
+    return std::current_exception();
   }
-  const int ok = error.empty() ? 1 : 0;
-  int all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, a.comm);
-  if (!ok) throw Error(error);
-  if (!all_ok) throw Error(std::string(who) + ": invalid arguments on another rank");
+  return nullptr;
+}
+
+void agree_on_outcome(MPI_Comm comm, std::exception_ptr failure, const char* who) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const int mine = failure ? rank : INT_MAX;
+  int first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return;
+  // The lowest failing rank's kind and message, for the ranks that did not fail.
+  int header[2] = {0, 0};
+  std::string message;
+  if (rank == first) {
+    std::pair<int, std::string> d = describe(failure);
+    header[0] = d.first;
+    message = std::move(d.second);
+    header[1] = int(std::min<size_t>(message.size(), 4096));
+  }
+  MPI_Bcast(header, 2, MPI_INT, first, comm);
+  message.resize(size_t(header[1]));
+  MPI_Bcast(&message[0], header[1], MPI_CHAR, first, comm);
+  if (failure) std::rethrow_exception(failure);
+  const std::string text =
+      (who && *who ? std::string(who) + ": " : std::string()) + "rank " + std::to_string(first) + ": " + message;
+  switch (header[0]) {
+    case kError: throw Error(text);
+    case kNotSupported: throw NotSupported(text);
+    case kOutOfMemory: throw std::bad_alloc();
+    default: throw std::runtime_error(text);
+  }
+}
+
+void agree_on_arguments(const RingArgs& a, const std::function<void()>& check_this_rank, const char* who) {
+  agree_on_outcome(a.comm, capture(check_this_rank), who);
   long long mine[kFingerprint], lo[kFingerprint], hi[kFingerprint];
   fingerprint(a, mine);
   MPI_Allreduce(mine, lo, kFingerprint, MPI_LONG_LONG, MPI_MIN, a.comm);
@@ -71,18 +123,23 @@ void agree_on_arguments(const RingArgs& a, const std::function<void()>& check_th
 }
 
 RingSetup set_up_ring(const RingArgs& a, const std::function<void(int64_t rows)>& validate_local,
-                      const char* who) {
+                      const std::function<void(const RingSetup&)>& allocate, const char* who) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(a.comm, &rank);
   MPI_Comm_size(a.comm, &ranks);
-  std::optional<ShardPlan> plan;
+  std::optional<RingSetup> setup;
   agree_on_arguments(a, [&] {
     check_global(a);
-    plan.emplace(a.shape.seqlen_q, ranks, a.layout);
-    validate_local(plan->rows(rank));
-    check_message_size(a, plan->max_rows());
+    ShardPlan plan(a.shape.seqlen_q, ranks, a.layout);
+    validate_local(plan.rows(rank));
+    check_message_size(a, plan.max_rows());
+    // Resolved here, not in the attention calls: an unavailable path (or a
+    // bad TILEATTN_ISA) fails in the collective check, on every rank.
+    const Isa isa = resolve_isa(a.isa);
+    setup.emplace(RingSetup{rank, ranks, std::move(plan), isa});
+    allocate(*setup);
   }, who);
-  return {rank, ranks, std::move(*plan)};
+  return std::move(*setup);
 }
 
 void check_message_size(const RingArgs& a, int64_t max_rows) {
@@ -112,7 +169,7 @@ void pack_rows(const InputView& src, const AttentionShape& s, int64_t heads, int
       }
 }
 
-RingAccumulator::Problem block_problem(const RingArgs& a) {
+RingAccumulator::Problem block_problem(const RingArgs& a, Isa isa) {
   RingAccumulator::Problem p;
   p.batch = a.shape.batch;
   p.heads = a.shape.heads;
@@ -121,7 +178,7 @@ RingAccumulator::Problem block_problem(const RingArgs& a) {
   p.dtype = a.dtype;
   p.scale = a.scale;
   p.threads = a.threads;
-  p.isa = a.isa;
+  p.isa = isa;
   p.band = make_band(a.causal, a.window_left, a.window_right);
   return p;
 }

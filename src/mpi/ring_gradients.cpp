@@ -78,6 +78,19 @@ RingGradients::RingGradients(const Problem& problem, InputView q, InputView o, I
   part_dq_.resize(size_t(group * rows_ * p.head_dim));
 }
 
+void RingGradients::reserve(int64_t max_kv_rows) {
+  const Problem& p = problem_;
+  const size_t rows_d = size_t(max_kv_rows * p.head_dim);
+  if (part_dk_.size() < rows_d) {
+    part_dk_.resize(rows_d);
+    part_dv_.resize(rows_d);
+  }
+  if (p.dtype != DType::f32) {  // the widened slice; fp32 slices are read in place
+    k_.reserve(size_t(p.batch * p.kv_heads) * rows_d);
+    v_.reserve(k_.capacity());
+  }
+}
+
 void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments, float* dk,
                            float* dv, const std::function<void()>& between) {
   const Problem& p = problem_;

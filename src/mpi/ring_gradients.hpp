@@ -27,6 +27,11 @@ class RingGradients {
   RingGradients(const Problem& problem, InputView q, InputView o, InputView d_o, const float* lse,
                 std::array<int64_t, 3> lse_stride, std::vector<Segment> q_segments);
 
+  // Sizes the scratch of absorb for K/V slices of up to max_kv_rows rows up
+  // front (absorb grows it otherwise), so that a ring allocates before its
+  // first message.
+  void reserve(int64_t max_kv_rows);
+
   // Adds this rank's queries' contribution for one K/V slice: to the local
   // dQ, and to `dk` and `dv`, fp32 [batch, kv_heads, slice rows, head_dim]
   // dense (+=). k and v: [batch, kv_heads, slice rows, head_dim], rows laid

@@ -87,3 +87,18 @@ add_test(NAME mpi_ring_repeated_flag
 set_tests_properties(mpi_ring_repeated_flag PROPERTIES
   ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60
   PASS_REGULAR_EXPRESSION "error: --seq: given more than once[^\n]*\n(.|\n)*exit status 2")
+
+# The C++ API's collective rules under mpirun -np 3 (tests/mpi/ring_api_tests.cpp):
+# one rank's bad arguments, unavailable path or disagreeing options make every
+# rank throw the same kind, none hangs (TIMEOUT), nothing is written.
+add_executable(mpi_ring_api_tests ${CMAKE_CURRENT_LIST_DIR}/ring_api_tests.cpp)
+target_include_directories(mpi_ring_api_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(mpi_ring_api_tests PRIVATE tileattn_mpi)
+foreach(api_case good_arguments good_backward isa_unavailable_on_one_rank backward_isa_unavailable_on_one_rank
+        isa_env_bad_on_one_rank isa_out_of_enum_on_one_rank out_of_memory_on_one_rank other_exception_on_one_rank)
+  add_test(NAME mpi_ring_api_${api_case}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:mpi_ring_api_tests> ${api_case})
+  set_tests_properties(mpi_ring_api_${api_case} PROPERTIES
+    ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 30 PROCESSORS 3 SKIP_RETURN_CODE 77
+    PASS_REGULAR_EXPRESSION "\nPASS\n" FAIL_REGULAR_EXPRESSION "FAIL|UNEXPECTED")
+endforeach()
