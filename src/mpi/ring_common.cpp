@@ -50,6 +50,11 @@ void check_global(const RingArgs& a) {
   if (a.shape.seqlen_q != a.shape.seqlen_k)
     throw Error("shape.seqlen_k (" + str(a.shape.seqlen_k) + ") must equal shape.seqlen_q (" +
                 str(a.shape.seqlen_q) + "): ring attention is self-attention");
+  // V and O rows as wide as K's: the slices travel as rows of head_dim.
+  if (value_head_dim(a.shape) != a.shape.head_dim)
+    throw NotSupported("shape.v_head_dim (" + str(a.shape.v_head_dim) +
+                       "): ring attention needs V's head dim equal to head_dim (" + str(a.shape.head_dim) +
+                       ") or 0");
   if (a.window_left < -1) throw Error("window_left must be >= -1, got " + str(a.window_left));
   if (a.window_right < -1) throw Error("window_right must be >= -1, got " + str(a.window_right));
   if (a.layout != ShardLayout::contiguous && a.layout != ShardLayout::zigzag)

@@ -15,7 +15,8 @@
 
 namespace tileattn::mpi::detail {
 
-// Self-attention, windows >= -1, a known layout (throws Error).
+// Self-attention, windows >= -1, a known layout (throws Error); V's head dim
+// equal to head_dim (throws NotSupported).
 void check_global(const RingArgs& args);
 
 // This rank's slices as a single-process forward problem of `rows` rows.

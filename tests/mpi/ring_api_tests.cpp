@@ -202,6 +202,20 @@ std::map<std::string, Case> cases() {
         if (rank == 2) a.isa = Isa(42);
       },
       {kError, "isa: unknown value 42"});
+  // V's head dim must equal head_dim (0 says so too): refused with
+  // NotSupported on every rank, whichever rank gives another (it was
+  // accepted and ignored: O written with head_dim's row length).
+  c["v_head_dim_on_one_rank"] = forward_case(
+      [](int rank, RingArgs& a) {
+        if (rank == 1) a.shape.v_head_dim = a.shape.head_dim + 8;
+      },
+      {kNotSupported, "v_head_dim (32)"});
+  c["v_head_dim_everywhere"] = forward_case([](int, RingArgs& a) { a.shape.v_head_dim = 16; },
+                                            {kNotSupported, "v_head_dim (16)"});
+  c["backward_v_head_dim_everywhere"] = backward_case(
+      [](int, RingBackwardArgs& b) { b.forward.shape.v_head_dim = 16; }, {kNotSupported, "v_head_dim (16)"});
+  c["v_head_dim_equal_to_head_dim"] = forward_case([](int, RingArgs& a) { a.shape.v_head_dim = a.shape.head_dim; },
+                                                   {kNone, "", false});
   // The agreement itself, for the kinds no argument check throws (the ring
   // loops use it for anything thrown during their compute).
   c["out_of_memory_on_one_rank"] = {[](int rank, int, bool& unwritten) {
