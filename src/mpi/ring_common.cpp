@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -17,13 +19,38 @@ namespace {
 
 std::string str(int64_t x) { return std::to_string(x); }
 
-// Everything that must agree across ranks, compared with one MIN and one MAX reduction.
-constexpr int kFingerprint = 10;
+// Everything that must agree across ranks, compared with one MIN and one MAX
+// reduction: the shape, the dtype, the mask, the layout, the scale as the
+// kernels take it (NaN: 1/sqrt(head_dim)) and the path asked for. `threads`
+// is per rank; the resolved path may differ between machines (automatic picks
+// each one's best), which changes only the rounding.
+constexpr int kFingerprint = 14;
+constexpr const char* kFingerprintNames[kFingerprint] = {
+    "shape.batch", "shape.heads", "shape.kv_heads", "shape.seqlen_q", "shape.seqlen_k", "shape.head_dim",
+    "shape.v_head_dim", "dtype", "causal", "window_left", "window_right", "layout", "scale", "isa"};
 void fingerprint(const RingArgs& a, long long* out) {
+  const float scale = std::isnan(a.scale) ? 1.0f / std::sqrt(float(a.shape.head_dim)) : a.scale;
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &scale, sizeof scale_bits);
   const long long values[kFingerprint] = {
-      a.shape.batch, a.shape.heads, a.shape.kv_heads, a.shape.seqlen_q, a.shape.head_dim,
-      int(a.dtype), a.causal, a.window_left, a.window_right, int(a.layout)};
+      a.shape.batch, a.shape.heads, a.shape.kv_heads, a.shape.seqlen_q, a.shape.seqlen_k, a.shape.head_dim,
+      value_head_dim(a.shape), int(a.dtype), a.causal, a.window_left, a.window_right, int(a.layout),
+      scale_bits, int(a.isa)};
   std::memcpy(out, values, sizeof values);
+}
+
+// This rank's value of fingerprint field `field`, for the message.
+std::string fingerprint_value(const RingArgs& a, int field, long long value) {
+  if (field == 7) return dtype_name(a.dtype);
+  if (field == 11) return shard_layout_name(a.layout);
+  if (field == 12) {
+    if (std::isnan(a.scale)) return "NaN (1/sqrt(head_dim))";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", double(a.scale));
+    return text;
+  }
+  if (field == 13) return isa_name(a.isa);
+  return std::to_string(value);
 }
 
 // What agree_on_outcome tells the ranks that did not fail.
@@ -123,8 +150,10 @@ void agree_on_arguments(const RingArgs& a, const std::function<void()>& check_th
   fingerprint(a, mine);
   MPI_Allreduce(mine, lo, kFingerprint, MPI_LONG_LONG, MPI_MIN, a.comm);
   MPI_Allreduce(mine, hi, kFingerprint, MPI_LONG_LONG, MPI_MAX, a.comm);
-  if (std::memcmp(lo, hi, sizeof lo) != 0)
-    throw Error(std::string(who) + ": ranks disagree on shape, dtype, mask or layout");
+  for (int field = 0; field < kFingerprint; ++field)
+    if (lo[field] != hi[field])
+      throw Error(std::string(who) + ": ranks disagree on " + kFingerprintNames[field] +
+                  " (this rank: " + fingerprint_value(a, field, mine[field]) + ")");
 }
 
 RingSetup set_up_ring(const RingArgs& a, const std::function<void(int64_t rows)>& validate_local,

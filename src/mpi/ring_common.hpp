@@ -36,8 +36,9 @@ void agree_on_outcome(MPI_Comm comm, std::exception_ptr failure, const char* who
 
 // Collective over args.comm: runs `check_this_rank` (which throws on bad
 // arguments or a missing feature), then agrees across ranks: every rank
-// throws when any rank's check threw (agree_on_outcome), or Error when the
-// ranks disagree on shape, dtype, mask or layout. `who` prefixes the messages.
+// throws when any rank's check threw (agree_on_outcome), or Error naming the
+// field when the ranks disagree on the shape, dtype, mask, layout, scale or
+// requested isa. `who` prefixes the messages.
 void agree_on_arguments(const RingArgs& args, const std::function<void()>& check_this_rank,
                         const char* who);
 

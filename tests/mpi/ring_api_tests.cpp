@@ -216,6 +216,34 @@ std::map<std::string, Case> cases() {
       [](int, RingBackwardArgs& b) { b.forward.shape.v_head_dim = 16; }, {kNotSupported, "v_head_dim (16)"});
   c["v_head_dim_equal_to_head_dim"] = forward_case([](int, RingArgs& a) { a.shape.v_head_dim = a.shape.head_dim; },
                                                    {kNone, "", false});
+  // Options that must agree across ranks: Error naming the field on every
+  // rank (a differing scale was accepted and gave each rank's rows its own).
+  c["scale_disagrees"] = forward_case(
+      [](int rank, RingArgs& a) {
+        if (rank == 1) a.scale = 2.0f;
+      },
+      {kError, "ranks disagree on scale"});
+  c["backward_scale_disagrees"] = backward_case(
+      [](int rank, RingBackwardArgs& b) {
+        if (rank == 2) b.forward.scale = 0.5f;
+      },
+      {kError, "ranks disagree on scale"});
+  c["isa_disagrees"] = forward_case(
+      [](int rank, RingArgs& a) {
+        if (rank == 1) a.isa = Isa::generic;
+      },
+      {kError, "ranks disagree on isa"});
+  c["window_disagrees"] = forward_case(
+      [](int rank, RingArgs& a) {
+        if (rank == 2) a.window_left = 5;
+      },
+      {kError, "ranks disagree on window_left"});
+  // The default scale (NaN) and the same value given explicitly agree.
+  c["default_scale_given_explicitly"] = forward_case(
+      [](int rank, RingArgs& a) {
+        if (rank == 1) a.scale = 1.0f / std::sqrt(24.0f);
+      },
+      {kNone, "", false});
   // The agreement itself, for the kinds no argument check throws (the ring
   // loops use it for anything thrown during their compute).
   c["out_of_memory_on_one_rank"] = {[](int rank, int, bool& unwritten) {

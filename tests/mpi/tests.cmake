@@ -96,7 +96,8 @@ target_include_directories(mpi_ring_api_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(mpi_ring_api_tests PRIVATE tileattn_mpi)
 foreach(api_case good_arguments good_backward isa_unavailable_on_one_rank backward_isa_unavailable_on_one_rank
         isa_env_bad_on_one_rank isa_out_of_enum_on_one_rank out_of_memory_on_one_rank other_exception_on_one_rank
-        v_head_dim_on_one_rank v_head_dim_everywhere backward_v_head_dim_everywhere v_head_dim_equal_to_head_dim)
+        v_head_dim_on_one_rank v_head_dim_everywhere backward_v_head_dim_everywhere v_head_dim_equal_to_head_dim
+        scale_disagrees backward_scale_disagrees isa_disagrees window_disagrees default_scale_given_explicitly)
   add_test(NAME mpi_ring_api_${api_case}
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:mpi_ring_api_tests> ${api_case})
   set_tests_properties(mpi_ring_api_${api_case} PROPERTIES
