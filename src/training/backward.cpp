@@ -231,9 +231,12 @@ void write_sink_gradients(const BackwardProblem& p) {
   }
 }
 
-// Isa::reference: the float64 gradients, rounded to the output dtype.
-void write_reference_backward(const BackwardArgs& args) {
-  const training::BackwardReference ref = training::reference_backward(args);
+// Isa::reference: the float64 gradients, rounded to the output dtype. With
+// lse_of_these_keys false the given LSE (and O, for D) cover more keys than
+// args holds, so P comes from them, not from a softmax over these keys.
+void write_reference_backward(const BackwardArgs& args, bool lse_of_these_keys) {
+  const training::BackwardReference ref =
+      lse_of_these_keys ? training::reference_backward(args) : training::reference_backward_from_lse(args);
   const ForwardArgs& a = args.forward;
   const AttentionShape& s = a.shape;
   const Problem p = describe(a);
@@ -283,7 +286,7 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
     return;
   }
   if (isa == Isa::reference) {
-    detail::write_reference_backward(args);
+    detail::write_reference_backward(args, lse_of_these_keys);
     return;
   }
   detail::run_backward_passes(args, lse_of_these_keys, isa, detail::backward_item_fn(isa, args.forward.dtype),

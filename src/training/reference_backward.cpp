@@ -17,9 +17,11 @@ namespace {
 using detail::load_element;
 
 // `Real` arithmetic; `naive` rounds O and the gradients to the dtype, as a
-// same-precision implementation that stores them would.
+// same-precision implementation that stores them would. With `given`, each
+// row's LSE and O come from it (reference_backward_from_lse) instead of
+// from this softmax.
 template <class Real>
-BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
+BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive, const BackwardArgs* given = nullptr) {
   const detail::Problem p = detail::describe(a);
   const detail::DropoutSpec dropout = detail::make_dropout(a.dropout_p, a.seed);
   // The exact keep scale for the float64 reference; the float one otherwise.
@@ -112,10 +114,22 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
           if (a.sinks) out.lse[size_t(out_row)] = double(sink);
           continue;
         }
-        if (sink > max_score) max_score = sink;  // a NaN max stays NaN
-        Real sum = a.sinks ? std::exp(sink - max_score) : Real(0);
-        for (int64_t j = 0; j < nk; ++j)
-          if (visible[j]) sum += prob[j] = std::exp(prob[j] - max_score);
+        // The row's normalizer: exp(max_score) * sum = exp(LSE).
+        Real sum = 0;
+        if (given) {
+          const float lse = given->lse[seq.q_batch * given->lse_stride[0] + h * given->lse_stride[1] +
+                                       row * given->lse_stride[2]];
+          if (lse == -std::numeric_limits<float>::infinity()) continue;  // P = 0, as the kernels take it
+          max_score = Real(lse);
+          sum = Real(1);
+          for (int64_t j = 0; j < nk; ++j)
+            if (visible[j]) prob[j] = std::exp(prob[j] - max_score);
+        } else {
+          if (sink > max_score) max_score = sink;  // a NaN max stays NaN
+          sum = a.sinks ? std::exp(sink - max_score) : Real(0);
+          for (int64_t j = 0; j < nk; ++j)
+            if (visible[j]) sum += prob[j] = std::exp(prob[j] - max_score);
+        }
         zeta.assign(size_t(nk), Real(1));
         for (int64_t j = 0; j < nk; ++j) {
           if (!visible[j]) continue;
@@ -124,14 +138,21 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
             zeta[j] = detail::dropout_factor(dropout, b, h, i, j) != 0.0f ? keep_scale : Real(0);
         }
         o.assign(size_t(dv_dim), Real(0));
-        for (int64_t j = 0; j < nk; ++j)
-          if (visible[j])
-            for (int64_t c = 0; c < dv_dim; ++c) o[c] += prob[j] * zeta[j] * vrows[size_t(j * dv_dim + c)];
-        for (int64_t c = 0; c < dv_dim; ++c) {
-          o[c] = round(o[c]);
-          out.o[size_t(out_row * dv_dim + c)] = double(o[c]);
+        if (given) {
+          const int64_t o_off =
+              seq.q_batch * given->o.stride[0] + h * given->o.stride[1] + row * given->o.stride[2];
+          for (int64_t c = 0; c < dv_dim; ++c)
+            o[c] = Real(load_element(given->o.data, dt, o_off + c * given->o.stride[3]));
+        } else {
+          for (int64_t j = 0; j < nk; ++j)
+            if (visible[j])
+              for (int64_t c = 0; c < dv_dim; ++c) o[c] += prob[j] * zeta[j] * vrows[size_t(j * dv_dim + c)];
+          for (int64_t c = 0; c < dv_dim; ++c) {
+            o[c] = round(o[c]);
+            out.o[size_t(out_row * dv_dim + c)] = double(o[c]);
+          }
+          out.lse[size_t(out_row)] = double(max_score) + std::log(double(sum));
         }
-        out.lse[size_t(out_row)] = double(max_score) + std::log(double(sum));
         if (!d_o) continue;
         const int64_t g_off = seq.q_batch * d_o->stride[0] + h * d_o->stride[1] + row * d_o->stride[2];
         g.assign(size_t(dv_dim), Real(0));
@@ -174,6 +195,14 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive) {
 BackwardReference reference_backward(const BackwardArgs& args) {
   detail::validate(args);
   return run<double>(args.forward, &args.d_o, false);
+}
+
+BackwardReference reference_backward_from_lse(const BackwardArgs& args) {
+  detail::validate(args);
+  BackwardReference out = run<double>(args.forward, &args.d_o, false, &args);
+  out.o.clear();
+  out.lse.clear();
+  return out;
 }
 
 BackwardReference naive_backward(const BackwardArgs& args) {

@@ -4,6 +4,11 @@
 //    alone (O, LSE and P recomputed exactly; args.o / args.lse are ignored):
 //    the analytic gradient of standard attention, with the same dropout mask
 //    as the fast path (the generator in core/dropout.hpp).
+//  - reference_backward_from_lse: the same float64 gradients, but with P =
+//    exp(score - args.lse) and D = rowsum(dO o args.o) taken from the
+//    arguments: the share of these keys when the given LSE and O cover more
+//    keys than args holds (a block of ring attention; detail::run_backward
+//    with lse_of_these_keys false). Its o and lse are left empty.
 //  - naive_backward: the same standard-attention formulas in the working
 //    precision: inputs in the dtype, P materialized row by row in fp32, O
 //    rounded to the dtype before D = rowsum(dO o O), gradients accumulated in
@@ -28,6 +33,7 @@ struct BackwardReference {
 };
 
 BackwardReference reference_backward(const BackwardArgs& args);
+BackwardReference reference_backward_from_lse(const BackwardArgs& args);
 BackwardReference naive_backward(const BackwardArgs& args);
 
 // Forward only (d_o may be null): O and LSE with dropout, float64.

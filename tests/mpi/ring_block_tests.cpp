@@ -280,7 +280,7 @@ PaddedRows pad_rows(const std::vector<unsigned char>& dense, int64_t batch, int6
 }
 
 void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout, Band band, int64_t pad = 0,
-                     std::vector<int64_t>* pairs_per_rank_step = nullptr) {
+                     std::vector<int64_t>* pairs_per_rank_step = nullptr, Isa isa = Isa::automatic) {
   const ForwardArgs& a = data.args.forward;
   const AttentionShape& s = a.shape;
   const DType dt = a.dtype;
@@ -299,6 +299,7 @@ void replay_backward(testing::BackwardData& data, int ranks, ShardLayout layout,
   p.dtype = dt;
   p.scale = a.scale;
   p.threads = 1;
+  p.isa = isa;
   p.band = band;
   auto slice_elements = [&](int holder) { return size_t(s.batch * s.kv_heads * plan.rows(holder) * s.head_dim); };
   // shares[h][r]: rank r's fp32 (dK, dV) share of slice h.
@@ -459,6 +460,31 @@ TEST(RingBackwardReplay, OneRankEqualsSingleProcessBackward) {
   for (size_t e = 0; e < dq.size(); ++e) ASSERT_NEAR(data.dq.f32[e], dq[e], 1e-6f) << "dq " << e;
   for (size_t e = 0; e < dk.size(); ++e) ASSERT_NEAR(data.dk.f32[e], dk[e], 1e-6f) << "dk " << e;
   for (size_t e = 0; e < dv.size(); ++e) ASSERT_NEAR(data.dv.f32[e], dv[e], 1e-6f) << "dv " << e;
+}
+
+// The float64 reference path (Isa::reference, TILEATTN_ISA=reference) in the
+// ring: each block call must take P from the global LSE it is given, not
+// from a softmax over the block's own keys, so the ring's gradients equal
+// the single-process backward's.
+TEST(RingBackwardReplay, ReferencePathEqualsSingleProcessBackward) {
+  for (int ranks : {1, 3})
+    for (bool causal : {false, true}) {
+      testing::BackwardCase bc;
+      bc.c.seqlen_q = bc.c.seqlen_k = 40;
+      bc.c.heads = 4;
+      bc.c.kv_heads = 2;
+      bc.c.head_dim = 24;
+      if (causal) bc.c.mask = testing::MaskCase::causal;
+      testing::BackwardData data(bc, Isa::automatic);
+      attention_backward(data.args);
+      const std::vector<float> dq = data.dq.f32, dk = data.dk.f32, dv = data.dv.f32;
+      replay_backward(data, ranks, ShardLayout::zigzag, make_band(causal, -1, -1), 0, nullptr, Isa::reference);
+      const std::string label = "reference path, " + std::to_string(ranks) + " ranks, " + bc.name();
+      testing::expect_gradients_match_reference(data, label);
+      for (size_t e = 0; e < dq.size(); ++e) ASSERT_NEAR(data.dq.f32[e], dq[e], 1e-5f) << label << " dq " << e;
+      for (size_t e = 0; e < dk.size(); ++e) ASSERT_NEAR(data.dk.f32[e], dk[e], 1e-5f) << label << " dk " << e;
+      for (size_t e = 0; e < dv.size(); ++e) ASSERT_NEAR(data.dv.f32[e], dv[e], 1e-5f) << label << " dv " << e;
+    }
 }
 
 }  // namespace

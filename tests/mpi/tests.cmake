@@ -64,6 +64,11 @@ tileattn_ring_backward_test(np2_backward_causal_fp16 2 --seq 300 --heads 2 --kv-
 tileattn_ring_backward_test(np3_backward_causal_bf16 3 --seq 300 --heads 2 --kv-heads 1 --dim 96 --causal --dtype bf16)
 tileattn_ring_backward_test(np3_backward_window_contiguous 3 --seq 500 --heads 2 --dim 96 --window 64,0 --layout contiguous)
 tileattn_ring_backward_test(np3_backward_rank_without_rows 3 --seq 2 --heads 2 --dim 32 --causal)
+# The float64 reference path (TILEATTN_ISA=reference): its block backward takes
+# P from the global LSE the ring gives it.
+tileattn_ring_backward_test(np3_backward_reference_isa 3 --seq 60 --heads 2 --kv-heads 1 --dim 16 --causal)
+set_tests_properties(mpi_ring_np3_backward_reference_isa PROPERTIES
+  ENVIRONMENT "${TILEATTN_MPIRUN_ENV};TILEATTN_ISA=reference")
 
 # Bad input: one line on stderr naming the argument, exit status 2 from every rank.
 add_test(NAME mpi_ring_bad_argument
