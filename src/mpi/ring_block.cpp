@@ -52,6 +52,46 @@ int64_t visible_pairs(const Block& block) {
   return pairs;
 }
 
+void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+           float* dst) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t in = b * src.stride[0] + h * src.stride[1] + r * src.stride[2];
+        float* out = dst + ((b * heads + h) * rows + r) * head_dim;
+        // The dtype switch once per row, not per element (this runs over
+        // every row of Q, O, dO and of each arriving K/V slice).
+        const int64_t step = src.stride[3];
+        if (dtype == DType::f32) {
+          const float* row = static_cast<const float*>(src.data) + in;
+          if (step == 1) std::memcpy(out, row, sizeof(float) * size_t(head_dim));
+          else for (int64_t c = 0; c < head_dim; ++c) out[c] = row[c * step];
+        } else {
+          const uint16_t* row = static_cast<const uint16_t*>(src.data) + in;
+          if (dtype == DType::f16)
+            for (int64_t c = 0; c < head_dim; ++c) out[c] = tileattn::detail::f16_to_float(row[c * step]);
+          else
+            for (int64_t c = 0; c < head_dim; ++c) out[c] = tileattn::detail::bf16_to_float(row[c * step]);
+        }
+      }
+}
+
+void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+                   DType dtype, OutputView out) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* in = dense + ((b * heads + h) * rows + r) * head_dim;
+        const int64_t at = b * out.stride[0] + h * out.stride[1] + r * out.stride[2];
+        for (int64_t c = 0; c < head_dim; ++c) {
+          const int64_t e = at + c * out.stride[3];
+          if (dtype == DType::f32) static_cast<float*>(out.data)[e] = in[c];
+          else if (dtype == DType::f16) static_cast<uint16_t*>(out.data)[e] = tileattn::detail::float_to_f16(in[c]);
+          else static_cast<uint16_t*>(out.data)[e] = tileattn::detail::float_to_bf16(in[c]);
+        }
+      }
+}
+
 ForwardArgs piece_args(const RingProblem& p, const Block& block, DType dtype) {
   ForwardArgs f;
   f.shape = {1, p.heads / p.kv_heads, 1, block.q.size(), block.k.size(), p.head_dim};
@@ -67,43 +107,54 @@ ForwardArgs piece_args(const RingProblem& p, const Block& block, DType dtype) {
 RingAccumulator::RingAccumulator(const Problem& problem, InputView q, std::vector<Segment> q_segments)
     : problem_(problem), q_(q), q_segments_(std::move(q_segments)) {
   for (const Segment& s : q_segments_) rows_ += s.size();
-  const int64_t group = problem_.heads / problem_.kv_heads;
+  const int64_t group = problem_.heads / problem_.kv_heads, d = problem_.head_dim;
   const size_t rows_all = size_t(problem_.batch * problem_.heads * rows_);
-  o_.assign(rows_all * size_t(problem_.head_dim), 0.0f);
+  if (problem_.dtype != DType::f32) {
+    q32_.resize(rows_all * size_t(d));
+    widen(q, problem_.dtype, problem_.batch, problem_.heads, rows_, d, q32_.data());
+    q_ = {q32_.data(), {problem_.heads * rows_ * d, rows_ * d, d, 1}};
+  }
+  o_.assign(rows_all * size_t(d), 0.0f);
   lse_.assign(rows_all, -std::numeric_limits<float>::infinity());
-  const size_t part = size_t(group * rows_ * problem_.head_dim);
-  part_storage_.resize(part * dtype_size(problem_.dtype));
-  if (problem_.dtype != DType::f32) part_o_.resize(part);
+  part_o_.resize(size_t(group * rows_ * d));
   part_lse_.resize(size_t(group * rows_));
+}
+
+void RingAccumulator::reserve(int64_t max_kv_rows) {
+  if (problem_.dtype == DType::f32) return;  // fp32 slices are read in place
+  k32_.reserve(size_t(problem_.batch * problem_.kv_heads * max_kv_rows * problem_.head_dim));
+  v32_.reserve(k32_.capacity());
 }
 
 void RingAccumulator::absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments,
                              const std::function<void()>& between) {
   const Problem& p = problem_;
   const int64_t group = p.heads / p.kv_heads, d = p.head_dim;
-  const int64_t esize = int64_t(dtype_size(p.dtype));
+  if (p.dtype != DType::f32) {
+    int64_t kv_rows = 0;
+    for (const Segment& s : kv_segments) kv_rows += s.size();
+    k32_.resize(size_t(p.batch * p.kv_heads * kv_rows * d));
+    v32_.resize(k32_.size());
+    widen(k, p.dtype, p.batch, p.kv_heads, kv_rows, d, k32_.data());
+    widen(v, p.dtype, p.batch, p.kv_heads, kv_rows, d, v32_.data());
+    const std::array<int64_t, 4> dense{p.kv_heads * kv_rows * d, kv_rows * d, d, 1};
+    k = {k32_.data(), dense};
+    v = {v32_.data(), dense};
+  }
+  constexpr int64_t esize = sizeof(float);
   for_each_block(p, q_segments_, kv_segments, counts_, between, [&](const PlacedBlock& placed, int64_t b, int64_t g) {
     const Block& block = placed.block;
     const int64_t q_row = placed.q_row, k_row = placed.k_row, nq = block.q.size();
-    ForwardArgs f = piece_args(p, block, p.dtype);
+    ForwardArgs f = piece_args(p, block, DType::f32);
     f.q = {advance(q_.data, b * q_.stride[0] + g * group * q_.stride[1] + q_row * q_.stride[2], esize), q_.stride};
     f.k = {advance(k.data, b * k.stride[0] + g * k.stride[1] + k_row * k.stride[2], esize), k.stride};
     f.v = {advance(v.data, b * v.stride[0] + g * v.stride[1] + k_row * v.stride[2], esize), v.stride};
     const std::array<int64_t, 4> part_stride{group * nq * d, nq * d, d, 1};
-    f.o = {part_storage_.data(), part_stride};
+    f.o = {part_o_.data(), part_stride};
     f.lse = part_lse_.data();
     f.lse_stride = {group * nq, nq, 1};
     attention_forward(f);
 
-    // Merge in fp32 whatever the storage type, so that only the final
-    // write rounds to fp16/bf16 (plus each piece's own rounding).
-    const float* part = reinterpret_cast<const float*>(part_storage_.data());
-    if (p.dtype != DType::f32) {
-      const int64_t n = group * nq * d;
-      for (int64_t i = 0; i < n; ++i)
-        part_o_[size_t(i)] = tileattn::detail::load_element(part_storage_.data(), int(p.dtype), i);
-      part = part_o_.data();
-    }
     const int64_t acc_row = (b * p.heads + g * group) * rows_ + q_row;
     MergeArgs m;
     m.batch = 1;
@@ -114,7 +165,7 @@ void RingAccumulator::absorb(InputView k, InputView v, const std::vector<Segment
     m.o_a = {o_.data() + acc_row * d, {p.heads * rows_ * d, rows_ * d, d, 1}};
     m.lse_a = lse_.data() + acc_row;
     m.lse_a_stride = {p.heads * rows_, rows_, 1};
-    m.o_b = {part, part_stride};
+    m.o_b = {part_o_.data(), part_stride};
     m.lse_b = part_lse_.data();
     m.lse_b_stride = {group * nq, nq, 1};
     m.o_out = {o_.data() + acc_row * d, m.o_a.stride};

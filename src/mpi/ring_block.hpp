@@ -46,6 +46,15 @@ struct RingProblem {
   Band band;
 };
 
+// Writes a dense fp32 [batch, heads, rows, head_dim] tensor into `out` in
+// `dtype` (the one rounding of a gradient).
+void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+                   DType dtype, OutputView out);
+
+// Converts a [batch, heads, rows, head_dim] view of `dtype` into dense fp32.
+void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
+           float* dst);
+
 // One piece's attention_forward arguments, tensors aside: the block's shape
 // for the heads sharing one K/V head, its band, and the problem's options,
 // with `dtype` the type the call reads (the backward's calls read fp32).
@@ -98,13 +107,21 @@ void for_each_block(const RingProblem& p, const std::vector<Segment>& q_segments
 }
 
 // The running result of one rank's queries: fp32 (O, LSE) over every key
-// slice absorbed so far.
+// slice absorbed so far. The piece calls run in fp32 whatever the storage
+// type, so that no partial O is rounded to fp16/bf16 before the merges: Q,
+// and each K/V slice as it is absorbed, are widened to fp32 (O(rows * D)
+// against a slice's O(rows^2 * D) attention); O is rounded once, in write.
 class RingAccumulator {
  public:
   using Problem = RingProblem;
   // q: this rank's queries [batch, heads, rows, head_dim] laid out as
   // q_segments one after another.
   RingAccumulator(const Problem& problem, InputView q, std::vector<Segment> q_segments);
+
+  // Sizes the scratch of absorb for K/V slices of up to max_kv_rows rows up
+  // front (absorb grows it otherwise), so that a ring allocates before its
+  // first message.
+  void reserve(int64_t max_kv_rows);
 
   // Attends the queries to one K/V slice ([batch, kv_heads, rows, head_dim],
   // rows laid out as kv_segments) and merges. Calls `between` after each
@@ -121,14 +138,15 @@ class RingAccumulator {
 
  private:
   Problem problem_;
-  InputView q_;
+  InputView q_;  // fp32: the caller's (fp32 storage) or q32_
   std::vector<Segment> q_segments_;
   int64_t rows_ = 0;
+  std::vector<float> q32_;        // (batch, heads, rows, head_dim), 16-bit storage only
+  std::vector<float> k32_, v32_;  // the slice being absorbed, 16-bit storage only
   std::vector<float> o_;    // (batch, heads, rows, head_dim)
   std::vector<float> lse_;  // (batch, heads, rows)
-  // One piece's partial result: (group, rows, head_dim) in the storage dtype,
-  // its fp32 copy and its LSE, group = heads / kv_heads.
-  std::vector<unsigned char> part_storage_;
+  // One piece's partial result: (group, rows, head_dim) and its LSE, group =
+  // heads / kv_heads.
   std::vector<float> part_o_;
   std::vector<float> part_lse_;
   BlockCounts counts_;

@@ -66,13 +66,4 @@ class RingGradients {
   BlockCounts counts_;
 };
 
-// Writes a dense fp32 [batch, heads, rows, head_dim] tensor into `out` in
-// `dtype` (the one rounding of a gradient).
-void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
-                   DType dtype, OutputView out);
-
-// Converts a [batch, heads, rows, head_dim] view of `dtype` into dense fp32.
-void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
-           float* dst);
-
 }  // namespace tileattn::mpi::detail

@@ -219,6 +219,34 @@ TEST(RingReplay, LowPrecisionMqaAndBatches) {
     }
 }
 
+// fp16/bf16 storage: the partial outputs stay fp32 through the merges and O
+// is rounded once, at the end, so the ring meets the accuracy rule (2 x the
+// naive same-precision error + floor) like the single-process operator. Many
+// seeds and small head dims, where one rounding more per partial shows.
+TEST(RingReplay, SixteenBitRoundsOnceAcrossSeeds) {
+  int failed = 0, checked = 0;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int ranks : {1, 3})
+      for (int64_t dim : {8, 16, 32})
+        for (bool causal : {false, true})
+          for (uint64_t seed = 1; seed <= 6; ++seed) {
+            RingCase rc;
+            rc.ranks = ranks;
+            rc.causal = causal;
+            rc.c.dtype = dtype;
+            rc.c.heads = rc.c.kv_heads = 2;
+            rc.c.seqlen_q = rc.c.seqlen_k = 64;
+            rc.c.head_dim = dim;
+            rc.c.seed = seed;
+            const testing::Comparison cmp = replay(rc);
+            ++checked;
+            if (!cmp.ok()) ++failed;
+            EXPECT_TRUE(cmp.ok()) << dtype_name(dtype) << " ranks " << ranks << " dim " << dim
+                                  << (causal ? " causal" : "") << " seed " << seed << ": " << cmp.describe();
+          }
+  EXPECT_EQ(failed, 0) << "of " << checked;
+}
+
 // Zig-zag gives every rank the same visible work at every step under a
 // causal mask; contiguous slices do not (the last rank does the most).
 TEST(RingReplay, ZigzagBalancesCausalWork) {
