@@ -7,7 +7,13 @@
 #include <cstring>
 #include <vector>
 
+#include "mpi/ring_common.hpp"
+
 namespace tileattn::mpi::cli {
+
+void together(const std::function<void()>& work) {
+  detail::agree_on_outcome(MPI_COMM_WORLD, detail::capture(work), "");
+}
 
 void copy_rows(const ShardPlan& plan, int rank, int64_t batch, int64_t heads, int64_t dim, size_t esize,
                const unsigned char* from, unsigned char* to, bool full_to_local) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "testing/problem_case.hpp"
 #include "tileattn/mpi.hpp"
@@ -19,6 +20,12 @@ struct Options {
   bool backward = false;
   bool help = false;  // --help: print the usage, run nothing
 };
+
+// Collective over MPI_COMM_WORLD: runs `work` on this rank, then every rank
+// throws when any rank's work threw (mpi/ring_common.hpp's
+// agree_on_outcome), so that no rank is left waiting in a later collective
+// call for one that failed.
+void together(const std::function<void()>& work);
 
 // Copies rows of a [batch, heads, rows, dim] tensor between a full view and a
 // rank's slice (dense bhsd both), in either direction.

@@ -34,18 +34,23 @@ std::vector<unsigned char> random_d_o(const testing::Case& c, int64_t elements) 
   return out;
 }
 
-// Rank 0 collects every rank's rows of a [batch, heads, rows, dim] tensor into `full`.
+// Rank 0 collects every rank's rows of a [batch, heads, rows, dim] tensor
+// into `full`, receiving through `scratch` (one rank's rows at most).
 void gather_rows(const ShardPlan& plan, int rank, int64_t batch, int64_t heads, int64_t dim, size_t esize,
-                 const std::vector<unsigned char>& mine, unsigned char* full, int tag) {
+                 const std::vector<unsigned char>& mine, unsigned char* full, std::vector<unsigned char>& scratch,
+                 int tag) {
   if (rank != 0) {
     MPI_Send(mine.data(), int(mine.size()), MPI_BYTE, 0, tag, MPI_COMM_WORLD);
     return;
   }
   for (int r = 0; r < plan.ranks(); ++r) {
-    std::vector<unsigned char> rows(size_t(batch * heads * plan.rows(r) * dim) * esize);
-    if (r == 0) rows = mine;
-    else MPI_Recv(rows.data(), int(rows.size()), MPI_BYTE, r, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    copy_rows(plan, r, batch, heads, dim, esize, rows.data(), full, false);
+    const unsigned char* rows = mine.data();
+    if (r != 0) {
+      MPI_Recv(scratch.data(), int(size_t(batch * heads * plan.rows(r) * dim) * esize), MPI_BYTE, r, tag,
+               MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      rows = scratch.data();
+    }
+    copy_rows(plan, r, batch, heads, dim, esize, rows, full, false);
   }
 }
 
@@ -60,11 +65,16 @@ bool run_backward(const Options& opt, testing::CaseData& full, const RingArgs& f
   const int64_t q_elements = s.batch * s.heads * s.seqlen_q * s.head_dim;
   const int64_t k_elements = s.batch * s.kv_heads * s.seqlen_q * s.head_dim;
 
-  const std::vector<unsigned char> d_o_full = random_d_o(opt.c, q_elements);
-  std::vector<unsigned char> d_o(size_t(s.batch * s.heads * rows * s.head_dim) * esize);
-  copy_rows(plan, rank, s.batch, s.heads, s.head_dim, esize, d_o_full.data(), d_o.data(), true);
-  std::vector<unsigned char> dq(d_o.size()), dk(size_t(s.batch * s.kv_heads * rows * s.head_dim) * esize),
-      dv(dk.size());
+  // Allocated together, so that a rank out of memory stops every rank.
+  std::vector<unsigned char> d_o_full, d_o, dq, dk, dv;
+  together([&] {
+    d_o_full = random_d_o(opt.c, q_elements);
+    d_o.resize(size_t(s.batch * s.heads * rows * s.head_dim) * esize);
+    copy_rows(plan, rank, s.batch, s.heads, s.head_dim, esize, d_o_full.data(), d_o.data(), true);
+    dq.resize(d_o.size());
+    dk.resize(size_t(s.batch * s.kv_heads * rows * s.head_dim) * esize);
+    dv.resize(dk.size());
+  });
 
   RingBackwardArgs b;
   b.forward = forward;
@@ -83,16 +93,25 @@ bool run_backward(const Options& opt, testing::CaseData& full, const RingArgs& f
   print_report(st, rows, rank, ranks, "backward ", 10.0 * double(s.head_dim));
   if (!opt.check) return true;
 
-  if (size_t(s.batch * s.heads * plan.max_rows() * s.head_dim) * esize > size_t(INT_MAX))
-    throw NotSupported("--check: a gradient slice over 2 GiB cannot be gathered");
-  std::vector<unsigned char> ring_dq(size_t(q_elements) * esize), ring_dk(size_t(k_elements) * esize),
-      ring_dv(ring_dk.size());
-  gather_rows(plan, rank, s.batch, s.heads, s.head_dim, esize, dq, ring_dq.data(), 3);
-  gather_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, dk, ring_dk.data(), 4);
-  gather_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, dv, ring_dv.data(), 5);
+  // Rank 0 gathers the ring's gradients (plain int-counted messages: a test tool).
+  std::vector<unsigned char> ring_dq, ring_dk, ring_dv, scratch;
+  together([&] {
+    if (size_t(s.batch * s.heads * plan.max_rows() * s.head_dim) * esize > size_t(INT_MAX))
+      throw NotSupported("--check: a gradient slice over 2 GiB cannot be gathered");
+    if (rank != 0) return;
+    ring_dq.resize(size_t(q_elements) * esize);
+    ring_dk.resize(size_t(k_elements) * esize);
+    ring_dv.resize(ring_dk.size());
+    scratch.resize(size_t(s.batch * s.heads * plan.max_rows() * s.head_dim) * esize);
+  });
+  gather_rows(plan, rank, s.batch, s.heads, s.head_dim, esize, dq, ring_dq.data(), scratch, 3);
+  gather_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, dk, ring_dk.data(), scratch, 4);
+  gather_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, dv, ring_dv.data(), scratch, 5);
 
+  // Rank 0's comparison, agreed on: no rank waits on a rank 0 that failed.
   int ok = 1;
-  if (rank == 0) {
+  together([&] {
+    if (rank != 0) return;
     // The single-process forward and backward on the same inputs (the
     // forward check, if any, left the ring's O in full's buffers).
     attention_forward(full.args);
@@ -143,7 +162,7 @@ bool run_backward(const Options& opt, testing::CaseData& full, const RingArgs& f
       nan_mismatch |= ring_check.nan_mismatch;
     }
     std::printf("backward %s%s\n", ok ? "PASS" : "FAIL", nan_mismatch ? " (NaN mismatch)" : "");
-  }
+  });
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   return ok != 0;
 }

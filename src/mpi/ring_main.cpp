@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,13 @@ using tileattn::mpi::ShardPlan;
 
 using tileattn::mpi::cli::copy_rows;
 using tileattn::mpi::cli::Options;
+using tileattn::mpi::cli::together;
+
+// Every rank generates Q, K, V and O whole (and --backward dO and the
+// gradients): at most this many elements of Q, K, V and O together, as
+// `tileattn decode` bounds its cache; beyond it the flags are refused before
+// anything is allocated.
+constexpr int64_t kMaxElements = int64_t{1} << 34;
 
 const char* kUsage =
     "usage: mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D [--batch B] [--causal]\n"
@@ -49,6 +58,22 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min)
   if (used == 0 || used != text.size()) throw Error(flag + ": expected an integer, got '" + text + "'");
   if (value < min) throw Error(flag + " must be >= " + std::to_string(min) + ", got " + text);
   return value;
+}
+
+// Throws Error naming the size flags when the tensors every rank generates
+// whole would overflow int64 or exceed kMaxElements.
+void check_sizes(const Options& o) {
+  const tileattn::testing::Case& c = o.c;
+  int64_t rows = 0, q = 0, kv = 0, q_and_kv = 0, total = 0;
+  const bool overflow = __builtin_mul_overflow(c.batch, c.seqlen_q, &rows) ||
+                        __builtin_mul_overflow(rows, c.head_dim, &rows) ||
+                        __builtin_mul_overflow(rows, c.heads, &q) || __builtin_mul_overflow(rows, c.kv_heads, &kv) ||
+                        __builtin_add_overflow(q, kv, &q_and_kv) || __builtin_mul_overflow(q_and_kv, 2, &total);
+  if (overflow || total > kMaxElements)
+    throw Error("--batch " + std::to_string(c.batch) + " --heads " + std::to_string(c.heads) + " --kv-heads " +
+                std::to_string(c.kv_heads) + " --seq " + std::to_string(c.seqlen_q) + " --dim " +
+                std::to_string(c.head_dim) + ": too large (every rank generates Q, K, V and O whole: " +
+                (overflow ? std::string("over 2^63") : std::to_string(total)) + " elements, at most 2^34)");
 }
 
 // The flags go through the parser `tileattn` uses (cli/args.hpp): --help,
@@ -88,26 +113,47 @@ Options parse(int argc, char** argv) {
   }
   if (o.c.heads % o.c.kv_heads != 0) throw Error("--kv-heads must divide --heads");
   if (o.c.head_dim > 256) throw Error("--dim must be in 1..256, got " + std::to_string(o.c.head_dim));
+  check_sizes(o);
   return o;
 }
 
 int run(const Options& opt, int rank, int ranks) {
   using namespace tileattn;
-  testing::CaseData full(opt.c);
+  const size_t esize = dtype_size(opt.c.dtype);
+  const ShardPlan plan(opt.c.seqlen_q, ranks, opt.layout);
+  const int64_t rows = plan.rows(rank);
+  // Every rank generates the full tensors and keeps its rows; with --check
+  // rank 0 also holds the buffers it gathers the other ranks' rows into.
+  // Allocated together, so that a rank out of memory stops every rank.
+  std::optional<testing::CaseData> full_data;
+  std::vector<unsigned char> q, k, v, o, gathered_o;
+  std::vector<float> lse, gathered_lse;
+  together([&] {
+    full_data.emplace(opt.c);
+    const AttentionShape& s = full_data->args.shape;
+    q.resize(size_t(s.batch * s.heads * rows * s.head_dim) * esize);
+    k.resize(size_t(s.batch * s.kv_heads * rows * s.head_dim) * esize);
+    v.resize(k.size());
+    o.resize(q.size());
+    lse.resize(size_t(s.batch * s.heads * rows));
+    if (opt.check) {
+      // Plain int-counted messages: a test tool.
+      const int64_t max_slice = s.batch * s.heads * plan.max_rows();
+      if (max_slice * s.head_dim * int64_t(esize) > INT_MAX)
+        throw NotSupported("--check: an output slice over 2 GiB cannot be gathered");
+      if (rank == 0) {
+        gathered_o.resize(size_t(max_slice * s.head_dim) * esize);
+        gathered_lse.resize(size_t(max_slice));
+      }
+    }
+  });
+  testing::CaseData& full = *full_data;
   full.args.mask.causal = opt.causal;
   full.args.mask.window_left = opt.window_left;
   full.args.mask.window_right = opt.window_right;
   full.args.threads = opt.threads;
   const AttentionShape& s = full.args.shape;
-  const size_t esize = dtype_size(opt.c.dtype);
-  const ShardPlan plan(s.seqlen_q, ranks, opt.layout);
-  const int64_t rows = plan.rows(rank);
-
   auto bytes_of = [](const void* p) { return static_cast<const unsigned char*>(p); };
-  std::vector<unsigned char> q(size_t(s.batch * s.heads * rows * s.head_dim) * esize);
-  std::vector<unsigned char> k(size_t(s.batch * s.kv_heads * rows * s.head_dim) * esize), v(k.size());
-  std::vector<unsigned char> o(q.size());
-  std::vector<float> lse(size_t(s.batch * s.heads * rows));
   copy_rows(plan, rank, s.batch, s.heads, s.head_dim, esize, bytes_of(full.args.q.data), q.data(), true);
   copy_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, bytes_of(full.args.k.data), k.data(), true);
   copy_rows(plan, rank, s.batch, s.kv_heads, s.head_dim, esize, bytes_of(full.args.v.data), v.data(), true);
@@ -138,34 +184,46 @@ int run(const Options& opt, int rank, int ranks) {
   mpi::cli::print_report(st, rows, rank, ranks, "", 4.0 * double(s.head_dim));
   int ok = 1;
   if (opt.check) {
-    // Gather O and LSE slices on rank 0 (plain int-counted messages: a test tool).
-    if (o.size() > size_t(INT_MAX)) throw NotSupported("--check: an output slice over 2 GiB cannot be gathered");
-    if (rank == 0) {
-      // The single-process operator first: it writes into full's output buffers.
+    // Rank 0 runs the single-process operator first (it writes into full's
+    // output buffers), then gathers the ring's O and LSE into them and
+    // compares; its work is agreed on, so that no rank waits on a rank 0
+    // that failed.
+    std::vector<float> single_o;
+    testing::Comparison single;
+    together([&] {
+      if (rank != 0) return;
       attention_forward(full.args);
-      const testing::Comparison single = testing::compare_with_reference(full);
-      std::vector<float> single_o(size_t(s.batch * s.heads * s.seqlen_q * s.head_dim));
+      single = testing::compare_with_reference(full);
+      single_o.resize(size_t(s.batch * s.heads * s.seqlen_q * s.head_dim));
       for (int64_t b = 0, i = 0; b < s.batch; ++b)
         for (int64_t h = 0; h < s.heads; ++h)
           for (int64_t r = 0; r < s.seqlen_q; ++r)
             for (int64_t c = 0; c < s.head_dim; ++c) single_o[size_t(i++)] = full.o_at(b, h, r, c);
-
+    });
+    if (rank == 0) {
       unsigned char* full_o = static_cast<unsigned char*>(full.args.o.data);
       for (int r = 0; r < ranks; ++r) {
         const int64_t n = plan.rows(r);
-        std::vector<unsigned char> o_r(size_t(s.batch * s.heads * n * s.head_dim) * esize);
-        std::vector<float> lse_r(size_t(s.batch * s.heads * n));
-        if (r == 0) {
-          o_r = o;
-          lse_r = lse;
-        } else {
-          MPI_Recv(o_r.data(), int(o_r.size()), MPI_BYTE, r, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-          MPI_Recv(lse_r.data(), int(lse_r.size()), MPI_FLOAT, r, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        const unsigned char* o_r = o.data();
+        const float* lse_r = lse.data();
+        if (r != 0) {
+          MPI_Recv(gathered_o.data(), int(size_t(s.batch * s.heads * n * s.head_dim) * esize), MPI_BYTE, r, 1,
+                   MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          MPI_Recv(gathered_lse.data(), int(s.batch * s.heads * n), MPI_FLOAT, r, 2, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+          o_r = gathered_o.data();
+          lse_r = gathered_lse.data();
         }
-        copy_rows(plan, r, s.batch, s.heads, s.head_dim, esize, o_r.data(), full_o, false);
-        copy_rows(plan, r, s.batch, s.heads, 1, sizeof(float), reinterpret_cast<unsigned char*>(lse_r.data()),
+        copy_rows(plan, r, s.batch, s.heads, s.head_dim, esize, o_r, full_o, false);
+        copy_rows(plan, r, s.batch, s.heads, 1, sizeof(float), reinterpret_cast<const unsigned char*>(lse_r),
                   reinterpret_cast<unsigned char*>(full.lse.data()), false);
       }
+    } else {
+      MPI_Send(o.data(), int(o.size()), MPI_BYTE, 0, 1, MPI_COMM_WORLD);
+      MPI_Send(lse.data(), int(lse.size()), MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
+    }
+    together([&] {
+      if (rank != 0) return;
       const testing::Comparison ring = testing::compare_with_reference(full);
       double diff = 0;
       for (int64_t b = 0, i = 0; b < s.batch; ++b)
@@ -178,10 +236,7 @@ int run(const Options& opt, int rank, int ranks) {
       std::printf("single_process_max_error %.3e\nmax_diff_vs_single_process %.3e\n", single.max_error, diff);
       ok = ring.ok() ? 1 : 0;
       std::printf("%s%s\n", ok ? "PASS" : "FAIL", ring.nan_mismatch ? " (NaN or -inf mismatch)" : "");
-    } else {
-      MPI_Send(o.data(), int(o.size()), MPI_BYTE, 0, 1, MPI_COMM_WORLD);
-      MPI_Send(lse.data(), int(lse.size()), MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
-    }
+    });
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   }
   if (opt.backward && !mpi::cli::run_backward(opt, full, a, rank, ranks)) ok = 0;
@@ -219,6 +274,10 @@ int main(int argc, char** argv) {
     status = 2;
   } catch (const tileattn::NotSupported& e) {
     if (rank == 0) std::fprintf(stderr, "tileattn-ring: not supported: %s\n", e.what());
+    status = 2;
+  } catch (const std::bad_alloc&) {
+    // Allocations are agreed on (cli::together): every rank is here.
+    if (rank == 0) std::fprintf(stderr, "tileattn-ring: out of memory\n");
     status = 2;
   }
   std::fflush(stdout);

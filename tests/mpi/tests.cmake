@@ -83,6 +83,29 @@ add_test(NAME mpi_ring_bad_argument
 set_tests_properties(mpi_ring_bad_argument PROPERTIES
   ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60 PASS_REGULAR_EXPRESSION "error: --seq must be >= 1[^\n]*\n(.|\n)*exit status 2")
 
+# Sizes: refused before anything is allocated, one line naming the flags and
+# exit status 2 (it crashed with std::length_error / bad_alloc, SIGABRT); a
+# size under the limit that does not fit in memory (here: under a 3 GB
+# address-space limit) says "out of memory", exit status 2.
+add_test(NAME mpi_ring_too_large_batch
+  COMMAND sh -c "\"$0\" -n 2 \"$1\" --batch 4000000000000000000 --seq 2 --heads 2 --dim 8 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+add_test(NAME mpi_ring_too_large_shape
+  COMMAND sh -c "\"$0\" -n 2 \"$1\" --seq 100000 --heads 100000 --dim 256 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+add_test(NAME mpi_ring_out_of_memory
+  COMMAND sh -c "ulimit -v 3000000; \"$0\" -n 2 \"$1\" --seq 1048576 --heads 16 --dim 64 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_too_large_batch PROPERTIES
+  PASS_REGULAR_EXPRESSION "error: --batch 4000000000000000000 [^\n]*too large[^\n]*\n(.|\n)*exit status 2")
+set_tests_properties(mpi_ring_too_large_shape PROPERTIES
+  PASS_REGULAR_EXPRESSION "error: [^\n]*--seq 100000 --dim 256: too large[^\n]*\n(.|\n)*exit status 2")
+set_tests_properties(mpi_ring_out_of_memory PROPERTIES
+  PASS_REGULAR_EXPRESSION "tileattn-ring: out of memory\n(.|\n)*exit status 2")
+set_tests_properties(mpi_ring_too_large_batch mpi_ring_too_large_shape mpi_ring_out_of_memory PROPERTIES
+  ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60
+  FAIL_REGULAR_EXPRESSION "terminate called|length_error|std::bad_alloc|received signal|Aborted")
+
 # --help: the usage on stdout and exit status 0, as `tileattn --help`.
 add_test(NAME mpi_ring_help
   COMMAND sh -c "\"$0\" -n 2 \"$1\" --help; echo exit status $?"
