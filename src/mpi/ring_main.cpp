@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <optional>
 #include <string>
@@ -41,13 +42,16 @@ using tileattn::mpi::cli::together;
 // `tileattn decode` bounds its cache; beyond it the flags are refused before
 // anything is allocated.
 constexpr int64_t kMaxElements = int64_t{1} << 34;
+// --threads: 0 (every hardware thread) .. this, as `tileattn bench` takes.
+constexpr int64_t kMaxThreads = 4096;
 
 const char* kUsage =
     "usage: mpirun -np P tileattn-ring --seq N --heads H --kv-heads HKV --dim D [--batch B] [--causal]\n"
     "       [--window L,R] [--layout zigzag|contiguous] [--dtype fp32|fp16|bf16] [--threads T]\n"
     "       [--seed S] [--check] [--backward] [--help]\n";
 
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min,
+                  int64_t max = std::numeric_limits<int64_t>::max()) {
   size_t used = 0;
   int64_t value = 0;
   try {
@@ -56,7 +60,11 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min)
     used = 0;
   }
   if (used == 0 || used != text.size()) throw Error(flag + ": expected an integer, got '" + text + "'");
-  if (value < min) throw Error(flag + " must be >= " + std::to_string(min) + ", got " + text);
+  if (max == std::numeric_limits<int64_t>::max()) {
+    if (value < min) throw Error(flag + " must be >= " + std::to_string(min) + ", got " + text);
+  } else if (value < min || value > max) {
+    throw Error(flag + " must be in " + std::to_string(min) + ".." + std::to_string(max) + ", got " + text);
+  }
   return value;
 }
 
@@ -98,7 +106,7 @@ Options parse(int argc, char** argv) {
   o.c.head_dim = integer("--dim", 1);
   if (args.has("--batch")) o.c.batch = integer("--batch", 1);
   if (args.has("--seed")) o.c.seed = uint64_t(integer("--seed", 0));
-  if (args.has("--threads")) o.threads = int(integer("--threads", 0));
+  if (args.has("--threads")) o.threads = int(parse_int("--threads", args.text("--threads"), 0, kMaxThreads));
   o.causal = args.has("--causal");
   o.check = args.has("--check");
   o.backward = args.has("--backward");
@@ -115,6 +123,37 @@ Options parse(int argc, char** argv) {
   if (o.c.head_dim > 256) throw Error("--dim must be in 1..256, got " + std::to_string(o.c.head_dim));
   check_sizes(o);
   return o;
+}
+
+// Collective: every rank parses its own command line (an MPMD launch, `mpirun
+// -np 1 A : -np 1 B`, can give ranks different flags), so the ranks compare
+// what they parsed before anything else is collective. Throws Error naming
+// the first flag that differs; --threads may differ (it is per rank).
+void agree_on_options(const Options& o) {
+  constexpr int kFields = 14;
+  constexpr const char* names[kFields] = {"--help",  "--seq",    "--heads",  "--kv-heads", "--dim",
+                                          "--batch", "--seed",   "--causal", "--check",    "--backward",
+                                          "--dtype", "--layout", "--window", "--window"};
+  const long long mine[kFields] = {o.help,
+                                   o.c.seqlen_q,
+                                   o.c.heads,
+                                   o.c.kv_heads,
+                                   o.c.head_dim,
+                                   o.c.batch,
+                                   (long long)o.c.seed,
+                                   o.causal,
+                                   o.check,
+                                   o.backward,
+                                   int(o.c.dtype),
+                                   int(o.layout),
+                                   o.window_left,
+                                   o.window_right};
+  long long lo[kFields], hi[kFields];
+  MPI_Allreduce(mine, lo, kFields, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(mine, hi, kFields, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  for (int field = 0; field < kFields; ++field)
+    if (lo[field] != hi[field])
+      throw Error(std::string("the ranks were given different flags: ") + names[field] + " differs");
 }
 
 int run(const Options& opt, int rank, int ranks) {
@@ -250,35 +289,31 @@ int main(int argc, char** argv) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  // Every failure reaches every rank alike (the parse and the options are
+  // agreed on here, the ring calls and the tool's own work are collective or
+  // run in cli::together), so rank 0 alone prints it, once.
   int status = 0;
-  Options options;
+  bool parsing = true;  // a failure before the run also prints the usage
+  auto report = [&](const char* what, const char* message) {
+    if (rank == 0) std::fprintf(stderr, "tileattn-ring: %s%s\n%s", what, message, parsing ? kUsage : "");
+    status = 2;
+  };
   try {
-    // Every rank parses the same command line, so all fail (or not) alike.
-    options = parse(argc, argv);
-  } catch (const tileattn::Error& e) {
-    if (rank == 0) std::fprintf(stderr, "tileattn-ring: error: %s\n%s", e.what(), kUsage);
-    status = 2;
-  }
-  if (status == 0 && options.help) {
-    if (rank == 0) std::fputs(kUsage, stdout);
-  } else if (status == 0) try {
-    status = run(options, rank, ranks);
-  } catch (const tileattn::Error& e) {
-    // From the collective argument checks: the rank whose own slice failed
-    // says why; of the others, rank 0 says that some rank failed.
-    const std::string message = e.what();
-    if (message.find("on another rank") == std::string::npos)
-      std::fprintf(stderr, "tileattn-ring: error: rank %d: %s\n", rank, message.c_str());
-    else if (rank == 0)
-      std::fprintf(stderr, "tileattn-ring: error: %s\n", message.c_str());
-    status = 2;
+    Options options;
+    together([&] { options = parse(argc, argv); });
+    agree_on_options(options);
+    parsing = false;
+    if (options.help) {
+      if (rank == 0) std::fputs(kUsage, stdout);
+    } else {
+      status = run(options, rank, ranks);
+    }
   } catch (const tileattn::NotSupported& e) {
-    if (rank == 0) std::fprintf(stderr, "tileattn-ring: not supported: %s\n", e.what());
-    status = 2;
+    report("not supported: ", e.what());
   } catch (const std::bad_alloc&) {
-    // Allocations are agreed on (cli::together): every rank is here.
-    if (rank == 0) std::fprintf(stderr, "tileattn-ring: out of memory\n");
-    status = 2;
+    report("out of memory", "");
+  } catch (const std::exception& e) {
+    report("error: ", e.what());
   }
   std::fflush(stdout);
   MPI_Finalize();

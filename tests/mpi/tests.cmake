@@ -106,6 +106,45 @@ set_tests_properties(mpi_ring_too_large_batch mpi_ring_too_large_shape mpi_ring_
   ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60
   FAIL_REGULAR_EXPRESSION "terminate called|length_error|std::bad_alloc|received signal|Aborted")
 
+# --threads is bounded (it was cast to int unchecked).
+add_test(NAME mpi_ring_threads_out_of_range
+  COMMAND sh -c "\"$0\" -n 2 \"$1\" --seq 8 --heads 2 --dim 32 --threads 5000000000 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_threads_out_of_range PROPERTIES
+  PASS_REGULAR_EXPRESSION "error: --threads must be in 0..4096, got 5000000000\n(.|\n)*exit status 2")
+
+# An MPMD launch can give ranks different flags: the ranks compare what they
+# parsed before running (a rank with --check waited for ever on one without),
+# and a flag only one rank finds bad, or --help on one rank only, stops all.
+add_test(NAME mpi_ring_mpmd_check_on_one_rank
+  COMMAND sh -c "\"$0\" -n 1 \"$1\" --seq 8 --heads 2 --dim 32 --check : -n 1 \"$1\" --seq 8 --heads 2 --dim 32 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_mpmd_check_on_one_rank PROPERTIES
+  PASS_REGULAR_EXPRESSION "error: the ranks were given different flags: --check differs\n(.|\n)*exit status 2")
+add_test(NAME mpi_ring_mpmd_bad_flag_on_one_rank
+  COMMAND sh -c "\"$0\" -n 1 \"$1\" --seq 8 --heads 2 --dim 32 : -n 1 \"$1\" --seq 0 --heads 2 --dim 32 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_mpmd_bad_flag_on_one_rank PROPERTIES
+  PASS_REGULAR_EXPRESSION "error: rank 1: --seq must be >= 1, got 0\n(.|\n)*exit status 2")
+add_test(NAME mpi_ring_mpmd_help_on_one_rank
+  COMMAND sh -c "\"$0\" -n 1 \"$1\" --help : -n 1 \"$1\" --seq 8 --heads 2 --dim 32 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_mpmd_help_on_one_rank PROPERTIES
+  PASS_REGULAR_EXPRESSION "error: the ranks were given different flags: --help differs\n(.|\n)*exit status 2")
+
+# A failure every rank shares (here a bad TILEATTN_ISA on all three) is
+# printed once, by rank 0, not once per rank.
+add_test(NAME mpi_ring_error_printed_once
+  COMMAND sh -c "\"$0\" -n 3 \"$1\" --seq 8 --heads 2 --dim 32 2>&1; echo exit status $?"
+          ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
+set_tests_properties(mpi_ring_error_printed_once PROPERTIES
+  PASS_REGULAR_EXPRESSION "tileattn-ring: error: [^\n]*'bogus'\n(.|\n)*exit status 2"
+  FAIL_REGULAR_EXPRESSION "error:[^\n]*\n(.|\n)*error:")
+set_tests_properties(mpi_ring_threads_out_of_range mpi_ring_mpmd_check_on_one_rank mpi_ring_mpmd_bad_flag_on_one_rank
+                     mpi_ring_mpmd_help_on_one_rank PROPERTIES ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60)
+set_tests_properties(mpi_ring_error_printed_once PROPERTIES
+  ENVIRONMENT "${TILEATTN_MPIRUN_ENV};TILEATTN_ISA=bogus" TIMEOUT 60)
+
 # --help: the usage on stdout and exit status 0, as `tileattn --help`.
 add_test(NAME mpi_ring_help
   COMMAND sh -c "\"$0\" -n 2 \"$1\" --help; echo exit status $?"
