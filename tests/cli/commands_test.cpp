@@ -479,9 +479,8 @@ TEST(cliBench, GivenBf16PeakIsTheOneReported) {
 }
 
 // Each fraction is checked against its own yardstick: on a bf16 rung a rate
-// above the bf16 peak warns (it once compared with max(FMA peak, bf16 peak)
-// and said nothing at fraction_of_bf16_peak 2.4), and a rate above the FMA
-// peak does not (the bf16 products do not run on the FMAs).
+// above the bf16 peak warns (not only one above max(FMA peak, bf16 peak)),
+// and a rate above the FMA peak does not (the bf16 products do not run on the FMAs).
 TEST(cliBench, WarnsWhenTheFractionOfTheBf16PeakIsAboveOne) {
   const char* rung = isa_available(Isa::amx) ? "amx" : isa_available(Isa::avx512bf16) ? "avx512bf16" : nullptr;
   if (!rung) GTEST_SKIP() << "no bf16 rung on this CPU";

@@ -184,7 +184,7 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
 
 // The cache-size limit counts what a paged cache allocates, whole pages: 18
 // tokens in one page of 2^31 rows is 2^31 x 8 KV heads x 128 dims per K, far
-// past the limit (it once passed, counting 18 rows, and tried to allocate it).
+// past the limit, though 18 rows are not.
 TEST(cliDecode, PagedCacheLimitCountsWholePages) {
   TempDir dir;
   const Result r = run_cli("decode --paged --page-size 2147483648 --prompt 16 --steps 2 --json", dir);

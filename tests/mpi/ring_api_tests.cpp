@@ -203,8 +203,8 @@ std::map<std::string, Case> cases() {
       },
       {kError, "isa: unknown value 42"});
   // V's head dim must equal head_dim (0 says so too): refused with
-  // NotSupported on every rank, whichever rank gives another (it was
-  // accepted and ignored: O written with head_dim's row length).
+  // NotSupported on every rank, whichever rank gives another (the ring packs
+  // V and writes O with head_dim's row length).
   c["v_head_dim_on_one_rank"] = forward_case(
       [](int rank, RingArgs& a) {
         if (rank == 1) a.shape.v_head_dim = a.shape.head_dim + 8;

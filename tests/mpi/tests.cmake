@@ -106,7 +106,7 @@ set_tests_properties(mpi_ring_too_large_batch mpi_ring_too_large_shape mpi_ring_
   ENVIRONMENT "${TILEATTN_MPIRUN_ENV}" TIMEOUT 60
   FAIL_REGULAR_EXPRESSION "terminate called|length_error|std::bad_alloc|received signal|Aborted")
 
-# --threads is bounded (it was cast to int unchecked).
+# --threads is bounded before its cast to int.
 add_test(NAME mpi_ring_threads_out_of_range
   COMMAND sh -c "\"$0\" -n 2 \"$1\" --seq 8 --heads 2 --dim 32 --threads 5000000000 2>&1; echo exit status $?"
           ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
@@ -114,8 +114,8 @@ set_tests_properties(mpi_ring_threads_out_of_range PROPERTIES
   PASS_REGULAR_EXPRESSION "error: --threads must be in 0..4096, got 5000000000\n(.|\n)*exit status 2")
 
 # An MPMD launch can give ranks different flags: the ranks compare what they
-# parsed before running (a rank with --check waited for ever on one without),
-# and a flag only one rank finds bad, or --help on one rank only, stops all.
+# parsed before running (a rank with --check would wait for ever on one
+# without), and a flag only one rank finds bad, or --help on one rank only, stops all.
 add_test(NAME mpi_ring_mpmd_check_on_one_rank
   COMMAND sh -c "\"$0\" -n 1 \"$1\" --seq 8 --heads 2 --dim 32 --check : -n 1 \"$1\" --seq 8 --heads 2 --dim 32 2>&1; echo exit status $?"
           ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:tileattn_ring>)
