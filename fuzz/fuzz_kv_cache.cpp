@@ -4,9 +4,11 @@
 // pages, shared prefixes, entries out of range), new_counts, RoPE tables
 // (short, odd rotary_dim, one table missing), windows, scales, ISA paths,
 // quantized caches (int8 with per-(token, head) scales of any strides, fp8
-// e4m3 with per-head scales, some of them 0, NaN, inf or missing) -- and
-// arbitrary strides, over buffers sized to exactly the bytes each view
-// reaches (fuzz_views.hpp), so ASan sees any access outside a view.
+// e4m3 with per-head scales, some of them 0, NaN, inf or missing), soft cap,
+// ALiBi, sinks, cache_batch_idx / cache_batch, cache_leftpad,
+// rotary_fa2_query_positions -- and arbitrary strides, over buffers sized to
+// exactly the bytes each view reaches (fuzz_views.hpp), so ASan sees any
+// access outside a view.
 //
 // Properties checked, beyond "no sanitizer finding":
 //  - the call either succeeds or throws tileattn::Error / NotSupported;
@@ -18,7 +20,11 @@
 //    int8 scales change only there, fp8 scales not at all); no input
 //    changed; o and lse changed only inside their views (append-only calls:
 //    not at all);
-//  - on success with finite, moderate inputs and scale, o is finite;
+//  - on success with finite, moderate inputs, scale and score modifiers, o
+//    is finite;
+//  - on success, a rerun on every hardware thread (fuzz_threads.hpp) from the
+//    same cache gives the same bits of the cache, its scales, cache_seqlens,
+//    o and lse;
 //  - a cache, q/o or k_new/v_new view whose byte extent overflows int64 is
 //    refused whenever it would be used;
 //  - o placed on the cache, k_new placed on the cache, v_cache placed on
@@ -37,6 +43,7 @@
 #include <numeric>
 #include <vector>
 
+#include "fuzz_threads.hpp"
 #include "fuzz_views.hpp"
 #include "tileattn/kv_cache.hpp"
 
@@ -69,6 +76,12 @@ void print_args(const KvCacheArgs& a) {
                (long long)a.page_size, (long long)a.num_pages, (long long)a.block_table_stride,
                (long long)a.rotary_dim, a.causal, (long long)a.window_left, (long long)a.window_right,
                double(a.scale), a.threads, int(a.isa), int(a.bf16_probabilities), int(a.kv_quant));
+  std::fprintf(stderr,
+               "  softcap %g alibi %p (batch stride %lld) sinks %p cache_batch_idx %p cache_batch %lld\n"
+               "  cache_leftpad %p rotary_fa2_query_positions %d\n",
+               double(a.softcap), static_cast<const void*>(a.alibi_slopes), (long long)a.alibi_batch_stride,
+               static_cast<const void*>(a.sinks), static_cast<const void*>(a.cache_batch_idx),
+               (long long)a.cache_batch, static_cast<const void*>(a.cache_leftpad), int(a.rotary_fa2_query_positions));
   std::fprintf(stderr, "  k_cache %p %s v_cache %p %s\n  q %p %s o %p %s\n",
                a.k_cache.data, s4(a.k_cache.stride), a.v_cache.data, s4(a.v_cache.stride), a.q.data,
                s4(a.q.stride), a.o.data, s4(a.o.stride));
@@ -84,41 +97,9 @@ void print_args(const KvCacheArgs& a) {
   std::abort();
 }
 
-// The element at byte `at` of the buffer, as a float.
-float decode(const std::vector<unsigned char>& bytes, size_t at, DType dtype) {
-  if (dtype == DType::f32) {
-    float f;
-    std::memcpy(&f, &bytes[at], 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, &bytes[at], 2);
-  if (dtype == DType::bf16) {
-    const uint32_t bits = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  const int exponent = (h >> 10) & 31, mantissa = h & 1023;
-  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
-  if (exponent == 31) return mantissa ? std::numeric_limits<float>::quiet_NaN() : sign * INFINITY;
-  if (exponent == 0) return sign * std::ldexp(float(mantissa), -24);
-  return sign * std::ldexp(float(mantissa | 1024), exponent - 25);
-}
-
 // Bitwise equality (the tables may hold NaN, which == never matches).
 bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
   return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
-}
-
-// Every element of the buffer finite and at most `bound` in magnitude.
-bool moderate(const ViewBuffer& buf, DType dtype, float bound) {
-  const size_t esize = tileattn::dtype_size(dtype);
-  for (size_t i = 0; i + esize <= buf.bytes.size(); i += esize) {
-    const float x = decode(buf.bytes, i, dtype);
-    if (!std::isfinite(x) || std::fabs(x) > bound) return false;
-  }
-  return true;
 }
 
 // Byte offset of element (outer, head, row, dim) of a view buffer.
@@ -133,12 +114,6 @@ bool hosts(const ViewBuffer& buf, const ViewBuffer& other) {
   if (buf.bytes.empty() || other.bytes.empty() || buf.overflow || other.overflow) return false;
   return other.origin <= buf.origin &&
          int64_t(other.bytes.size()) - other.origin <= int64_t(buf.bytes.size()) - buf.origin;
-}
-
-bool nonempty(const int64_t* sizes, int rank) {
-  for (int i = 0; i < rank; ++i)
-    if (sizes[i] <= 0) return false;
-  return true;
 }
 
 // A block table: `mode` 0 distinct pages in a shuffled order, 1 random pages,
@@ -383,6 +358,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (in.ConsumeIntegralInRange<int>(0, 31) == 1) {
     a.k_scale = a.v_scale = reinterpret_cast<float*>(o.data());  // scales for an unquantized cache: refused
   }
+  // Then the score modifiers, and for a contiguous cache (paged:
+  // NotSupported) cache_leftpad and cache_batch_idx / cache_batch, indices in
+  // range and out; then rotary_fa2_query_positions.
+  ScoreModifiers modifiers = pick_score_modifiers(in, a.batch, a.heads);
+  modifiers.apply(a);
+  std::vector<int32_t> leftpad, batch_idx;
+  if (!paged && in.ConsumeBool()) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t top = int32_t(std::min<int64_t>(int64_t(std::max<int32_t>(0, seqlens[size_t(b)])) + 1, 100));
+      leftpad.push_back(in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, top));
+    }
+    leftpad.push_back(0);  // non-null for an empty batch
+    a.cache_leftpad = leftpad.data();
+  }
+  if (!paged && in.ConsumeBool()) {
+    a.cache_batch = in.ConsumeIntegralInRange<int64_t>(-1, batch);  // the cache holds `batch` rows
+    for (int64_t b = 0; b < batch; ++b) batch_idx.push_back(in.ConsumeIntegralInRange<int32_t>(-1, int32_t(batch)));
+    batch_idx.push_back(0);
+    a.cache_batch_idx = batch_idx.data();
+  }
+  a.rotary_fa2_query_positions = in.ConsumeBool();
   a.k_cache.data = k_cache.data();
   a.v_cache.data = v_cache_on_k ? k_cache.data() : v_cache.data();
   a.q.data = q_on_cache ? k_cache.data() : q.data();
@@ -402,17 +398,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   const bool inputs_moderate =
       moderate(q, a.dtype, 100.0f) && moderate(k_new, a.dtype, 100.0f) && moderate(v_new, a.dtype, 100.0f) &&
-      cache_moderate(k_cache, k_scale) && cache_moderate(v_cache, v_scale) &&
+      cache_moderate(k_cache, k_scale) && cache_moderate(v_cache, v_scale) && modifiers.moderate &&
       (std::isnan(a.scale) || std::fabs(a.scale) <= 1e6f) &&
       std::all_of(rotary_cos.begin(), rotary_cos.end(), [](float x) { return std::fabs(x) <= 2.0f; }) &&
       std::all_of(rotary_sin.begin(), rotary_sin.end(), [](float x) { return std::fabs(x) <= 2.0f; });
 
-  const std::vector<int32_t> seqlens_before = seqlens, table_before = table, counts_before = counts;
+  const std::vector<int32_t> seqlens_before = seqlens, table_before = table, counts_before = counts,
+                             leftpad_before = leftpad, batch_idx_before = batch_idx;
   const std::vector<float> cos_before = rotary_cos, sin_before = rotary_sin;
   const std::vector<unsigned char> k_cache_before = k_cache.bytes, v_cache_before = v_cache.bytes,
                                    q_before = q.bytes, o_before = o.bytes, lse_before = lse.bytes,
                                    k_new_before = k_new.bytes, v_new_before = v_new.bytes,
-                                   k_scale_before = k_scale.bytes, v_scale_before = v_scale.bytes;
+                                   k_scale_before = k_scale.bytes, v_scale_before = v_scale.bytes,
+                                   slopes_before = modifiers.slopes.bytes, sinks_before = modifiers.sinks.bytes;
   current = &a;
   bool threw = false;
   try {
@@ -428,6 +426,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (k_new.bytes != k_new_before || v_new.bytes != v_new_before) fail("k_new or v_new was written");
   if (table != table_before || counts != counts_before) fail("block_table or new_counts was written");
   if (!same_bits(rotary_cos, cos_before) || !same_bits(rotary_sin, sin_before)) fail("a rotary table was written");
+  if (modifiers.slopes.bytes != slopes_before || modifiers.sinks.bytes != sinks_before)
+    fail("alibi_slopes or sinks was written");
+  if (leftpad != leftpad_before || batch_idx != batch_idx_before) fail("cache_leftpad or cache_batch_idx was written");
   if (threw) {
     if (seqlens != seqlens_before) fail("cache_seqlens changed although the call threw");
     if (k_cache.bytes != k_cache_before || v_cache.bytes != v_cache_before)
@@ -436,6 +437,40 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fail("a scale changed although the call threw");
     if (o.bytes != o_before || lse.bytes != lse_before) fail("o or lse written although the call threw");
     return 0;
+  }
+
+  // The same bits on every hardware thread (the float64 reference runs on
+  // one): the call again from the state before it. The checks below then
+  // look at the rerun's result, which equals the first's.
+  if (a.isa != tileattn::Isa::reference) {
+    const std::vector<int32_t> seqlens_first = seqlens;
+    const std::vector<unsigned char> k_cache_first = k_cache.bytes, v_cache_first = v_cache.bytes,
+                                     k_scale_first = k_scale.bytes, v_scale_first = v_scale.bytes,
+                                     o_first = o.bytes, lse_first = lse.bytes;
+    // Copied in place: the arguments point into these buffers.
+    std::copy(seqlens_before.begin(), seqlens_before.end(), seqlens.begin());
+    std::copy(k_cache_before.begin(), k_cache_before.end(), k_cache.bytes.begin());
+    std::copy(v_cache_before.begin(), v_cache_before.end(), v_cache.bytes.begin());
+    std::copy(k_scale_before.begin(), k_scale_before.end(), k_scale.bytes.begin());
+    std::copy(v_scale_before.begin(), v_scale_before.end(), v_scale.bytes.begin());
+    std::copy(o_before.begin(), o_before.end(), o.bytes.begin());
+    std::copy(lse_before.begin(), lse_before.end(), lse.bytes.begin());
+    KvCacheArgs rerun = a;
+    rerun.threads = kRerunThreads;
+    bool spread = false;
+    try {
+      spread = run_on_every_thread([&] {
+        if (append_only) tileattn::kv_cache_append(rerun);
+        else tileattn::attention_with_kvcache(rerun);
+      });
+    } catch (...) {
+      fail("the rerun on every thread threw");
+    }
+    if (!spread) fail("the rerun ran on fewer threads than it had items for");
+    if (seqlens != seqlens_first || k_cache.bytes != k_cache_first || v_cache.bytes != v_cache_first ||
+        k_scale.bytes != k_scale_first || v_scale.bytes != v_scale_first)
+      fail("another thread count left other cache bits");
+    if (o.bytes != o_first || lse.bytes != lse_first) fail("another thread count gave other o / lse bits");
   }
 
   // Accepted: nothing that had to be refused.
@@ -474,7 +509,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t h = 0; h < a.kv_heads; ++h)
       for (int64_t t = 0; t < count; ++t) {
         const int64_t position = seqlens_before[size_t(b)] + t;
-        int64_t outer = b, row = position;
+        int64_t outer = a.cache_batch_idx ? a.cache_batch_idx[b] : b, row = position;
         if (paged) {
           outer = table[size_t(b * a.block_table_stride + position / a.page_size)];
           row = position % a.page_size;
@@ -520,18 +555,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   // o and lse: written only inside their views; o finite for moderate inputs.
-  if (!o.overflow) {
-    std::vector<unsigned char> inside(o.bytes.size(), 0);
-    if (nonempty(o_sizes, 4)) mark_view(inside, o.origin, o_sizes, a.o.stride.data(), 4, esize);
-    for (size_t i = 0; i < o.bytes.size(); ++i)
-      if (!inside[i] && o.bytes[i] != kSentinel) fail("o written outside its view");
-    if (inputs_moderate && !moderate(o, a.dtype, 1e4f)) fail("o is not finite although every input is");
-  }
-  if (!lse.bytes.empty() && !lse.overflow) {
-    std::vector<unsigned char> inside(lse.bytes.size(), 0);
-    if (nonempty(lse_sizes, 3)) mark_view(inside, lse.origin, lse_sizes, a.lse_stride.data(), 3, 4);
-    for (size_t i = 0; i < lse.bytes.size(); ++i)
-      if (!inside[i] && lse.bytes[i] != kSentinel) fail("lse written outside its view");
-  }
+  if (written_outside(o, o_sizes, a.o.stride.data(), 4, esize)) fail("o written outside its view");
+  if (!o.overflow && inputs_moderate && !moderate(o, a.dtype, 1e4f)) fail("o is not finite although every input is");
+  if (written_outside(lse, lse_sizes, a.lse_stride.data(), 3, 4)) fail("lse written outside its view");
   return 0;
 }

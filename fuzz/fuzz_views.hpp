@@ -1,12 +1,15 @@
 // Buffers for strided views that the fuzz targets own: each is sized to
 // exactly the bytes its view may touch (so ASan sees any access outside a
-// view) and pre-filled with a sentinel (so writes outside it show), plus the
-// stride and value generators the targets share.
+// view) and pre-filled with a sentinel (so writes outside it show), the
+// checks on them, and the stride, value and score-modifier generators the
+// targets share.
 #pragma once
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -83,6 +86,63 @@ inline void mark_view(std::vector<unsigned char>& mask, int64_t origin, const in
         }
 }
 
+// Every size positive: the view names at least one element.
+inline bool nonempty(const int64_t* sizes, int rank) {
+  for (int i = 0; i < rank; ++i)
+    if (sizes[i] <= 0) return false;
+  return true;
+}
+
+// No byte of the buffer differs from the sentinel: nothing was written.
+inline bool untouched(const ViewBuffer& buf) {
+  for (unsigned char b : buf.bytes)
+    if (b != kSentinel) return false;
+  return true;
+}
+
+// Some byte of the buffer outside its view (rank <= 4) differs from the sentinel.
+inline bool written_outside(const ViewBuffer& buf, const int64_t* sizes, const int64_t* strides, int rank,
+                            int64_t esize) {
+  if (buf.overflow || buf.bytes.empty()) return false;  // an overflowing view's buffer holds no element
+  std::vector<unsigned char> inside(buf.bytes.size(), 0);
+  if (nonempty(sizes, rank)) mark_view(inside, buf.origin, sizes, strides, rank, esize);
+  for (size_t i = 0; i < buf.bytes.size(); ++i)
+    if (!inside[i] && buf.bytes[i] != kSentinel) return true;
+  return false;
+}
+
+// The element at byte `at` (f32, f16 or bf16), as a float.
+inline float value_at(const std::vector<unsigned char>& bytes, size_t at, DType dtype) {
+  if (dtype == DType::f32) {
+    float f;
+    std::memcpy(&f, &bytes[at], 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, &bytes[at], 2);
+  if (dtype == DType::bf16) {
+    const uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  const int exponent = (h >> 10) & 31, mantissa = h & 1023;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (exponent == 31) return mantissa ? std::numeric_limits<float>::quiet_NaN() : sign * INFINITY;
+  if (exponent == 0) return sign * std::ldexp(float(mantissa), -24);
+  return sign * std::ldexp(float(mantissa | 1024), exponent - 25);
+}
+
+// Every element of the buffer (f32, f16 or bf16) finite and at most `bound` in magnitude.
+inline bool moderate(const ViewBuffer& buf, DType dtype, float bound) {
+  const size_t esize = tileattn::dtype_size(dtype);
+  for (size_t i = 0; i + esize <= buf.bytes.size(); i += esize) {
+    const float x = value_at(buf.bytes, i, dtype);
+    if (!std::isfinite(x) || std::fabs(x) > bound) return false;
+  }
+  return true;
+}
+
 // Strides of a [b, h, n, d] view: dense in either layout, or arbitrary small
 // values (negative, zero, overlapping), or huge ones that overflow.
 inline std::array<int64_t, 4> pick_strides(FuzzedDataProvider& in, const int64_t* sizes) {
@@ -152,6 +212,67 @@ inline void fill_values(FuzzedDataProvider& in, ViewBuffer& buf, DType dtype) {
       std::memcpy(&buf.bytes[i], &half, 2);
     }
   }
+}
+
+// Score modifiers of ForwardArgs and KvCacheArgs, each present or not: a
+// soft cap, ALiBi slopes ([heads] with batch stride 0, [batch, heads] with
+// stride heads, or any small stride, negative too) and attention sinks
+// ([heads]), with values in range and out (negative, NaN, inf, huge). The
+// slopes and sinks are views (fp32) sized as the others, so ASan sees a read
+// past them.
+struct ScoreModifiers {
+  float softcap = 0.0f;
+  bool has_alibi = false, has_sinks = false;
+  int64_t alibi_batch_stride = 0;
+  ViewBuffer slopes, sinks;
+  // Every value present keeps the output finite for moderate inputs: a cap of
+  // 0 or >= 0.5, finite slopes of at most 8, finite sinks of at most 1e30.
+  bool moderate = true;
+
+  template <class Args>
+  void apply(Args& a) {
+    a.softcap = softcap;
+    a.alibi_slopes = has_alibi ? reinterpret_cast<const float*>(slopes.data()) : nullptr;
+    a.alibi_batch_stride = alibi_batch_stride;
+    a.sinks = has_sinks ? reinterpret_cast<const float*>(sinks.data()) : nullptr;
+  }
+};
+
+inline ScoreModifiers pick_score_modifiers(FuzzedDataProvider& in, int64_t batch, int64_t heads) {
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  ScoreModifiers m;
+  batch = std::max<int64_t>(batch, 0);
+  heads = std::max<int64_t>(heads, 0);
+  // Each fp32 element of `buf` from `table`; `within`: the largest magnitude that counts as moderate.
+  const auto fill = [&](ViewBuffer& buf, const float (&table)[8], float within) {
+    for (size_t i = 0; i + 4 <= buf.bytes.size(); i += 4) {
+      const float x = table[in.ConsumeIntegralInRange<int>(0, 7)];
+      if (!std::isfinite(x) || std::fabs(x) > within) m.moderate = false;
+      std::memcpy(&buf.bytes[i], &x, 4);
+    }
+  };
+  if (in.ConsumeBool()) {
+    const float caps[] = {0.0f, 0.5f, 20.0f, 50.0f, -1.0f, nan, inf, 1e-38f};
+    m.softcap = caps[in.ConsumeIntegralInRange<int>(0, 7)];
+    if (m.softcap != 0.0f && !(m.softcap >= 0.5f)) m.moderate = false;
+  }
+  if (in.ConsumeBool()) {
+    const int mode = in.ConsumeIntegralInRange<int>(0, 2);
+    m.alibi_batch_stride = mode == 0 ? 0 : mode == 1 ? heads : in.ConsumeIntegralInRange<int64_t>(-2, 8);
+    const int64_t sizes[2] = {batch, heads}, strides[2] = {m.alibi_batch_stride, 1};
+    m.slopes = make_view_buffer(sizes, strides, 2, 4);
+    const float slopes[] = {0.5f, 0.0625f, 0.0f, -1.0f, 8.0f, nan, inf, 1e30f};
+    fill(m.slopes, slopes, 8.0f);
+    m.has_alibi = true;
+  }
+  if (in.ConsumeBool()) {
+    const int64_t sizes[1] = {heads}, strides[1] = {1};
+    m.sinks = make_view_buffer(sizes, strides, 1, 4);
+    const float sinks[] = {0.0f, 2.5f, -30.0f, 80.0f, 1e38f, 3e38f, nan, -inf};
+    fill(m.sinks, sinks, 1e30f);
+    m.has_sinks = true;
+  }
+  return m;
 }
 
 }  // namespace fuzzviews

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_forward fuzz_npy fuzz_kv_cache)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_forward fuzz_npy fuzz_kv_cache fuzz_backward)
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # FUZZ_ALSO_BUILD: more targets of this ASan+UBSan build (scripts/sanitize.sh ci
