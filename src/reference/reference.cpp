@@ -49,6 +49,7 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
   std::vector<char> visible;
   for (int64_t b = 0; b < s.batch; ++b) {
     const detail::Sequence seq = detail::sequence_of(p, b);
+    if (seq.nq == 0) continue;  // no row to write; its keys (however many) are never read
     scores.resize(size_t(seq.nk));
     visible.resize(size_t(seq.nk));
     for (int64_t h = 0; h < s.heads; ++h) {

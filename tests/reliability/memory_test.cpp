@@ -174,5 +174,30 @@ TEST(Memory, ForwardScratchDoesNotGrowWithSequenceLength) {
                                  << " KiB over 2^12 keys";
 }
 
+// The float64 reference path sizes nothing for a sequence without query rows,
+// however many keys it claims (packed K of 2^24 keys, each key row the same 4
+// floats): a score row of them would be 144 MiB (found by fuzz_forward).
+TEST(Memory, ReferenceSkipsSequencesWithoutQueries) {
+  const int32_t keys = int32_t{1} << 24;
+  std::vector<int32_t> cu_q{0, 0}, cu_k{0, keys};
+  std::vector<float> q(4), o(4, 7.0f), kv(4, 0.5f);
+  ForwardArgs a;
+  a.shape = {1, 1, 1, 1, keys, 4};
+  a.cu_seqlens_q = cu_q.data();
+  a.cu_seqlens_k = cu_k.data();
+  a.q = {q.data(), {4, 4, 4, 1}};
+  a.o = {o.data(), {4, 4, 4, 1}};
+  a.k = {kv.data(), {0, 0, 0, 1}};
+  a.v = {kv.data(), {0, 0, 0, 1}};
+  a.isa = Isa::reference;
+  a.threads = 1;
+  std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
+  const int64_t before = status_kb("VmRSS");
+  attention_forward(a);
+  const int64_t growth = status_kb("VmHWM") - before;
+  EXPECT_LT(growth, 16 * 1024) << "peak RSS grew by " << growth << " KiB";
+  EXPECT_EQ(o[0], 7.0f) << "the packed row of a sequence without rows was written";
+}
+
 }  // namespace
 }  // namespace tileattn::reliability
