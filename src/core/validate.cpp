@@ -260,7 +260,7 @@ void validate(const ForwardArgs& a) {
   if (varlen_q) validate_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, s.batch, s.seqlen_q);
   if (varlen_k) validate_cu_seqlens("cu_seqlens_k", a.cu_seqlens_k, s.batch, s.seqlen_k);
   int64_t max_nq = varlen_q ? 0 : s.seqlen_q, max_nk = varlen_k ? 0 : s.seqlen_k;
-  for (int64_t b = 0; b < s.batch; ++b) {
+  for (int64_t b = 0; (varlen_q || varlen_k) && b < s.batch; ++b) {  // no walk over a batch without arrays
     if (varlen_q) max_nq = std::max<int64_t>(max_nq, a.cu_seqlens_q[b + 1] - a.cu_seqlens_q[b]);
     if (varlen_k) max_nk = std::max<int64_t>(max_nk, a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b]);
   }
