@@ -83,12 +83,8 @@ void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t row
       for (int64_t r = 0; r < rows; ++r) {
         const float* in = dense + ((b * heads + h) * rows + r) * head_dim;
         const int64_t at = b * out.stride[0] + h * out.stride[1] + r * out.stride[2];
-        for (int64_t c = 0; c < head_dim; ++c) {
-          const int64_t e = at + c * out.stride[3];
-          if (dtype == DType::f32) static_cast<float*>(out.data)[e] = in[c];
-          else if (dtype == DType::f16) static_cast<uint16_t*>(out.data)[e] = tileattn::detail::float_to_f16(in[c]);
-          else static_cast<uint16_t*>(out.data)[e] = tileattn::detail::float_to_bf16(in[c]);
-        }
+        for (int64_t c = 0; c < head_dim; ++c)
+          tileattn::detail::store_element(out.data, int(dtype), at + c * out.stride[3], in[c]);
       }
 }
 
