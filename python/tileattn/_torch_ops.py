@@ -100,12 +100,16 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         raise NotImplementedError("flash_attention: gradients through lse together with dropout "
                                   "are not supported")
     if cu_seqlens_q is not None:
-        return _torch_backward.varlen_backward_math(
+        dq, dk, dv, d_sinks = _torch_backward.varlen_backward_math(
             q, k, v, o, lse, grad_o, grad_lse, softmax_scale, is_causal, window_left,
             window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, sinks)
-    return _torch_backward.attention_backward_math(
-        q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
-        window_right, layout, softcap, alibi_slopes, sinks)
+    else:
+        dq, dk, dv, d_sinks = _torch_backward.attention_backward_math(
+            q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
+            window_right, layout, softcap, alibi_slopes, sinks)
+    # Contiguous, as the fake kernel says (the math gives "bshd" gradients as transposed views
+    # and packed ones in the inputs' strides): compiled backwards rely on the fake strides.
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), d_sinks
 
 
 @flash_attention_backward_op.register_fake

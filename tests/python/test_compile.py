@@ -1,0 +1,52 @@
+"""torch.compile (inductor, the default backend), torch.export and the custom ops' fake kernels:
+what a compiled or exported graph computes must equal eager, forward and backward."""
+import pytest
+import torch
+
+import tileattn
+import tileattn._torch_ops  # noqa: F401  (registers torch.ops.tileattn.*)
+
+ops = torch.ops.tileattn
+
+
+def randn(*shape, seed=0, requires_grad=False):
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return t.requires_grad_(requires_grad)
+
+
+def leaves(*tensors):
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+
+def test_backward_op_outputs_have_the_fake_kernels_strides():
+    """The backward op's real outputs must have the strides its fake kernel promises (contiguous
+    dq, dk, dv), also on the PyTorch-math path (a loss through lse) for "bshd" and for packed
+    rows that are not contiguous: inductor's compiled backward asserts them."""
+    q, k, v = randn(2, 5, 4, 16, seed=1), randn(2, 7, 2, 16, seed=2), randn(2, 7, 2, 8, seed=3)
+    o, lse = ops.flash_attention(q, k, v, None, 0.0, 0.25, True, -1, -1, 1, 0)
+    torch.library.opcheck(ops.flash_attention_backward.default,
+                          (q, k, v, o, lse, torch.randn_like(o), torch.randn_like(lse), None, 0.0, 0.25,
+                           True, -1, -1, 1, 0), test_utils=("test_schema", "test_faketensor"))
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 5, 11], dtype=torch.int32)
+    q, k, v = (randn(h, n, 16, seed=h + n).transpose(0, 1) for h, n in ((4, 7), (2, 11), (2, 11)))
+    o, lse = ops.flash_attention(q, k, v, None, 0.0, 0.25, True, -1, -1, 1, 0, 0.0, None, None, cu_q, cu_k)
+    torch.library.opcheck(ops.flash_attention_backward.default,
+                          (q, k, v, o, lse, torch.randn_like(o), torch.randn_like(lse), None, 0.0, 0.25,
+                           True, -1, -1, 1, 0, 0.0, None, None, cu_q, cu_k),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_inductor_backward_through_lse_in_bshd_equals_eager():
+    """torch.compile's default backend on a loss that uses o and lse with layout "bshd" (it
+    raised inductor's stride assertion in the backward)."""
+    def loss(q, k, v):
+        o, lse = tileattn.flash_attention(q, k, v, is_causal=True, layout="bshd", return_lse=True)
+        return o.sum() + (lse * lse).sum()
+
+    args = [randn(2, 6, 4, 16, seed=i, requires_grad=True) for i in range(3)]
+    args[1], args[2] = args[1][:, :, :2].detach().requires_grad_(), args[2][:, :, :2].detach().requires_grad_()
+    eager, compiled = leaves(*args), leaves(*args)
+    loss(*eager).backward()
+    torch.compile(loss)(*compiled).backward()
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
