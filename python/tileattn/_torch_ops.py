@@ -147,6 +147,22 @@ def _backward(ctx, grad_o, grad_lse):
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _refuse_backward(message):
+    """A backward that raises NotImplementedError(message): for the ops without a gradient,
+    so a backward through them says what is not supported instead of torch's generic "no
+    autograd formula was registered" naming an internal op."""
+    def backward(ctx, *grads):
+        raise NotImplementedError(message)
+    return backward
+
+
+# A gradient of flash_attention's gradients (torch.autograd.grad(..., create_graph=True), then
+# a backward through the result): the backward kernel has no derivative of its own.
+flash_attention_backward_op.register_autograd(_refuse_backward(
+    "flash_attention: double backward (the gradient of a gradient, after create_graph=True) is "
+    "not supported"))
+
+
 def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p,
                   softcap, alibi_slopes=None, sinks=None, cu_q=None, cu_k=None):
     """(mask, scale) as the op takes them: the scale as a float, the mask as the kernel reads
@@ -217,6 +233,11 @@ def merge_states_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
 @merge_states_op.register_fake
 def _(o_a, lse_a, o_b, lse_b):
     return o_a.new_empty(o_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
+
+
+merge_states_op.register_autograd(_refuse_backward(
+    "merge_states: has no gradient (no autograd formula); call it on detached tensors or under "
+    "torch.no_grad()"))
 
 
 @torch.library.custom_op("tileattn::attention_with_kvcache", mutates_args=("k_cache", "v_cache"),
