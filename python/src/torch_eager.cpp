@@ -14,6 +14,9 @@ struct TorchState {
   PyObject* is_tracing = nullptr;
   PyObject* dispatch_stack_length = nullptr;
   PyObject* function_mode_enabled = nullptr;
+  PyObject* functorch_active = nullptr;
+  PyObject* forward_ad = nullptr;     // the module torch.autograd.forward_ad
+  PyObject* current_level = nullptr;  // the attribute name "_current_level" (-1: no dual level)
   PyObject* requires_grad = nullptr;  // the attribute name
 };
 
@@ -29,6 +32,11 @@ const TorchState& torch_state() {
     s.is_tracing = nb::object(c.attr("_is_tracing")).release().ptr();
     s.dispatch_stack_length = nb::object(c.attr("_len_torch_dispatch_stack")).release().ptr();
     s.function_mode_enabled = nb::object(c.attr("_is_torch_function_mode_enabled")).release().ptr();
+    // torch.func transforms (vmap, grad, jvp) wrap tensors in ones without storage, and forward-mode
+    // AD attaches tangents the direct call would drop: both need the op (and its autograd).
+    s.functorch_active = nb::object(c.attr("_are_functorch_transforms_active")).release().ptr();
+    s.forward_ad = nb::module_::import_("torch.autograd.forward_ad").release().ptr();
+    s.current_level = PyUnicode_InternFromString("_current_level");
     s.requires_grad = PyUnicode_InternFromString("requires_grad");
     return s;
   }();
@@ -46,6 +54,17 @@ bool truthy(const nb::object& o) {
   const int t = PyObject_IsTrue(o.ptr());
   if (t < 0) throw nb::python_error();
   return t != 0;
+}
+
+// Whether a forward-mode AD level is open (torch.autograd.forward_ad.dual_level): tensors may
+// then carry tangents, which only the op path can refuse.
+bool forward_ad_level_active(const TorchState& s) {
+  PyObject* level = PyObject_GetAttr(s.forward_ad, s.current_level);
+  if (level == nullptr) throw nb::python_error();
+  const long value = PyLong_AsLong(level);
+  Py_DECREF(level);
+  if (value == -1 && PyErr_Occurred()) throw nb::python_error();
+  return value >= 0;
 }
 
 }  // namespace
@@ -67,7 +86,8 @@ bool torch_call_is_plain_eager(std::initializer_list<nb::handle> args) {
     }
   }
   return !truthy(call(s.is_tracing)) && !truthy(call(s.dispatch_stack_length)) &&
-         !truthy(call(s.function_mode_enabled));
+         !truthy(call(s.function_mode_enabled)) && !truthy(call(s.functorch_active)) &&
+         !forward_ad_level_active(s);
 }
 
 }  // namespace tileattn::python

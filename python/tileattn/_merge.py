@@ -44,6 +44,8 @@ def merge_states(o_a, lse_a, o_b, lse_b):
             if x.dtype != torch.float32:
                 raise TypeError(f"{name}: expected dtype torch.float32, got {x.dtype}")
         from . import _torch_ops
+        if not _torch_ops.is_compiling():
+            _torch_ops.refuse_transforms_without_autograd("merge_states", args)
         return _torch_ops.merge_states_op(o_a, lse_a, o_b, lse_b)
     code = _arrays.numpy_dtype_code("o_a", o_a)
     if _arrays.numpy_dtype_code("o_b", o_b) != code:

@@ -8,6 +8,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from . import _kernel, _torch_backward
 from . import _tileattn as _C
@@ -120,7 +121,8 @@ def _(q, k, v, o, lse, grad_o, grad_lse, attn_mask, dropout_p, softmax_scale, is
             q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
 
 
-def _backward(ctx, grad_o, grad_lse):
+def _backward(ctx, grad_o, grad_lse, backward_op=None):
+    """flash_attention_op's gradients; backward_op: what computes them (None: the backward op)."""
     q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
@@ -136,15 +138,105 @@ def _backward(ctx, grad_o, grad_lse):
             q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
             window_right, layout, softcap, alibi_slopes, sinks, mask_grad=True)
         return (dq, dk, dv, d_mask) + (None,) * 9 + (d_sinks if sinks is not None else None,) + (None,) * 4
-    dq, dk, dv, d_sinks = flash_attention_backward_op(q, k, v, o, lse, grad_o, grad_lse, attn_mask,
-                                                      *ctx.options, alibi_slopes, sinks, cu_seqlens_q,
-                                                      cu_seqlens_k)
+    dq, dk, dv, d_sinks = (backward_op or flash_attention_backward_op)(
+        q, k, v, o, lse, grad_o, grad_lse, attn_mask, *ctx.options, alibi_slopes, sinks, cu_seqlens_q,
+        cu_seqlens_k)
     # One gradient per input: q, k, v, then attn_mask .. alibi_slopes (none), sinks, then the
     # varlen inputs (none).
     return (dq, dk, dv) + (None,) * 10 + (d_sinks if sinks is not None else None,) + (None,) * 4
 
 
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+_DOUBLE_BACKWARD_MESSAGE = ("flash_attention: double backward (the gradient of a gradient, after "
+                            "create_graph=True) is not supported")
+
+
+def _forward_ad_message(name):
+    return (f"{name}: forward-mode AD (torch.func.jvp, torch.func.jacfwd, torch.func.hessian, "
+            "torch.autograd.forward_ad) is not supported; use reverse mode (torch.func.grad, "
+            "torch.func.vjp, torch.func.jacrev, Tensor.backward)")
+
+
+def transforms_active():
+    """Whether a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD level is
+    active: the op path then needs _FlashAttentionFunction, and the ops without autograd the
+    tangent check."""
+    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
+
+
+def refuse_tangents(name, tensors):
+    """NotImplementedError when one of the tensors carries a forward-mode AD tangent (the ops
+    without autograd would drop it, and the result's tangent would be missing, or zero)."""
+    if _forward_ad._current_level < 0:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(_forward_ad_message(name))
+
+
+def refuse_transforms_without_autograd(name, tensors):
+    """For the ops without autograd (attention_with_kvcache, merge_states) under a torch.func
+    transform or forward AD: a tangent would be dropped (the output's came back zero or None)
+    and torch.func.grad failed with torch's setup_context message; say what is unsupported."""
+    if not transforms_active():
+        return
+    refuse_tangents(name, tensors)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise NotImplementedError(f"{name}: has no gradient (no autograd formula), also under "
+                                  "torch.func.grad, vjp and jacrev")
+
+
+class _FlashAttentionFunction(torch.autograd.Function):
+    """flash_attention_op with its autograd, as an autograd.Function with setup_context: what
+    torch.func transforms need. The op's own autograd (register_autograd) gives torch.func.grad
+    "autograd.Function ... must override the setup_context staticmethod" (pytorch#168393), and
+    it silently drops forward-mode tangents (o's tangent came back zero or None). Used only
+    while a transform or a forward AD level is active; torch.compile, export and plain autograd
+    see the op. vmap: the op runs once per batch entry (torch's fallback)."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args):
+        # Below autograd (as the op's own autograd kernel calls it): this Function is the autograd.
+        with torch._C._AutoDispatchBelowAutograd():
+            return flash_attention_op(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        return _backward(ctx, grad_o, grad_lse, _FlashAttentionBackwardFunction.apply)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_forward_ad_message("flash_attention"))
+
+
+class _FlashAttentionBackwardFunction(torch.autograd.Function):
+    """flash_attention_backward_op for _FlashAttentionFunction, for the same reason: its own
+    autograd (the double backward refusal) has no setup_context for torch.func."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return flash_attention_backward_op(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(_DOUBLE_BACKWARD_MESSAGE)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_forward_ad_message("flash_attention"))
 
 
 def _refuse_backward(message):
@@ -158,9 +250,7 @@ def _refuse_backward(message):
 
 # A gradient of flash_attention's gradients (torch.autograd.grad(..., create_graph=True), then
 # a backward through the result): the backward kernel has no derivative of its own.
-flash_attention_backward_op.register_autograd(_refuse_backward(
-    "flash_attention: double backward (the gradient of a gradient, after create_graph=True) is "
-    "not supported"))
+flash_attention_backward_op.register_autograd(_refuse_backward(_DOUBLE_BACKWARD_MESSAGE))
 
 
 def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p,
@@ -206,9 +296,9 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
         cu_q, cu_k = (c if c.dtype == torch.int32 else c.to(torch.int32) for c in (cu_q, cu_k))
     mask, scale = _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, softcap, alibi_slopes, sinks, cu_q, cu_k)
-    o, lse = flash_attention_op(q, k, v, mask, dropout_p, scale, causal, window_left,
-                                window_right, layout, seed, softcap, alibi_slopes, sinks, cu_q, cu_k,
-                                max_q, max_k)
+    op = flash_attention_op if compiling or not transforms_active() else _FlashAttentionFunction.apply
+    o, lse = op(q, k, v, mask, dropout_p, scale, causal, window_left, window_right, layout, seed,
+                softcap, alibi_slopes, sinks, cu_q, cu_k, max_q, max_k)
     if not with_probs:
         return o, lse
     # The probabilities carry no gradient: computed from detached inputs, same seed (so the
@@ -288,6 +378,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table
     tracing, dispatch modes), given its checked scalar options (scale None: 1/sqrt(D));
     the arrays are checked in Python on their metadata. Returns (o, lse)."""
     from . import _kvcache
+    if not is_compiling():
+        refuse_transforms_without_autograd("attention_with_kvcache", (q, k_cache, v_cache, k, v, rotary_cos,
+                                                                      rotary_sin, alibi_slopes, sinks))
     seqlens, table, cos, sin, scale, batch_idx, leftpad = _kvcache.op_arguments(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale,
         cache_batch_idx, cache_leftpad)
