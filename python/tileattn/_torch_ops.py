@@ -45,11 +45,16 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        sinks: Optional[torch.Tensor] = None,
                        cu_seqlens_q: Optional[torch.Tensor] = None,
                        cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = -1,
-                       max_seqlen_k: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
+                       max_seqlen_k: int = -1,
+                       seed_tensor: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o in q's layout and dtype, lse fp32 [B, H, Nq]. layout: 0 bhsd, 1 bshd.
     softcap > 0: each scaled score x becomes softcap * tanh(x / softcap) (0: off). sinks:
     float32 [H] attention-sink logits (None: off). With cu_seqlens (packed varlen): q, k, v,
-    o [total, H, D], lse [H, total_q]; a given max_seqlen (>= 0) is checked against the lengths."""
+    o [total, H, D], lse [H, total_q]; a given max_seqlen (>= 0) is checked against the lengths.
+    seed_tensor: the dropout seed as an integer 0-d tensor, used instead of seed (what a
+    compiled or exported graph passes: a seed drawn inside the graph, new each run)."""
+    if seed_tensor is not None:
+        seed = int(seed_tensor)
     return _C.forward_arrays(q, k, v, attn_mask, layout, is_causal, window_left, window_right,
                              softmax_scale, dropout_p, seed, _kernel._settings["threads"], True,
                              softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
@@ -60,16 +65,17 @@ def flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @flash_attention_op.register_fake
 def _(q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
       softcap=0.0, alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=-1,
-      max_seqlen_k=-1):
+      max_seqlen_k=-1, seed_tensor=None):
     lse_shape = _output_shapes(q, layout, cu_seqlens_q is not None)
     return q.new_empty(_o_shape(q, v)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, attn_mask, dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed,
-     softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, _, _) = inputs
+     softcap, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, _, _, seed_tensor) = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k,
+                          seed_tensor)
     ctx.options = (dropout_p, softmax_scale, is_causal, window_left, window_right, layout, seed, softcap)
 
 
@@ -82,10 +88,14 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                                 sinks: Optional[torch.Tensor] = None,
                                 cu_seqlens_q: Optional[torch.Tensor] = None,
-                                cu_seqlens_k: Optional[torch.Tensor] = None
+                                cu_seqlens_k: Optional[torch.Tensor] = None,
+                                seed_tensor: Optional[torch.Tensor] = None
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, d_sinks) of flash_attention, given the forward's inputs, options and
-    (o, lse); d_sinks is float32 [H] with sinks, else an empty [0] tensor."""
+    (o, lse); d_sinks is float32 [H] with sinks, else an empty [0] tensor. seed_tensor: as in
+    the forward op (replaces seed)."""
+    if seed_tensor is not None:
+        seed = int(seed_tensor)
     if not bool(grad_lse.any()):
         # The C++ kernel (backward.hpp): P recomputed tile by tile from lse, dropout included,
         # packed varlen rows too.
@@ -116,14 +126,14 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 @flash_attention_backward_op.register_fake
 def _(q, k, v, o, lse, grad_o, grad_lse, attn_mask, dropout_p, softmax_scale, is_causal,
       window_left, window_right, layout, seed, softcap=0.0, alibi_slopes=None, sinks=None,
-      cu_seqlens_q=None, cu_seqlens_k=None):
+      cu_seqlens_q=None, cu_seqlens_k=None, seed_tensor=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
 
 
 def _backward(ctx, grad_o, grad_lse, backward_op=None):
     """flash_attention_op's gradients; backward_op: what computes them (None: the backward op)."""
-    q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, o, lse, attn_mask, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, seed_tensor = ctx.saved_tensors
     if grad_o is None:
         grad_o = torch.zeros_like(o)
     if grad_lse is None:
@@ -137,13 +147,13 @@ def _backward(ctx, grad_o, grad_lse, backward_op=None):
         dq, dk, dv, d_sinks, d_mask = _torch_backward.attention_backward_math(
             q, k, v, o, lse, grad_o, grad_lse, attn_mask, softmax_scale, is_causal, window_left,
             window_right, layout, softcap, alibi_slopes, sinks, mask_grad=True)
-        return (dq, dk, dv, d_mask) + (None,) * 9 + (d_sinks if sinks is not None else None,) + (None,) * 4
+        return (dq, dk, dv, d_mask) + (None,) * 9 + (d_sinks if sinks is not None else None,) + (None,) * 5
     dq, dk, dv, d_sinks = (backward_op or flash_attention_backward_op)(
         q, k, v, o, lse, grad_o, grad_lse, attn_mask, *ctx.options, alibi_slopes, sinks, cu_seqlens_q,
-        cu_seqlens_k)
+        cu_seqlens_k, seed_tensor)
     # One gradient per input: q, k, v, then attn_mask .. alibi_slopes (none), sinks, then the
-    # varlen inputs (none).
-    return (dq, dk, dv) + (None,) * 10 + (d_sinks if sinks is not None else None,) + (None,) * 4
+    # varlen inputs and seed_tensor (none).
+    return (dq, dk, dv) + (None,) * 10 + (d_sinks if sinks is not None else None,) + (None,) * 5
 
 
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -279,8 +289,15 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     """flash_attention for torch tensors, given its checked scalar options (scale None:
     1/sqrt(D)); the arrays are checked in C++. Returns (o, lse), or (o, lse, probs) with
     with_probs."""
-    seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
     compiling = is_compiling()
+    seed, seed_tensor = 0, None
+    if dropout_p > 0:
+        if compiling:
+            # Drawn inside the graph (a new seed each run of a compiled or exported graph); .item()
+            # here broke the graph, failed fullgraph=True and failed torch.export.
+            seed_tensor = torch.randint(0, 2**62, (), dtype=torch.int64)
+        else:
+            seed = int(torch.randint(0, 2**62, ()).item())
     if not compiling:
         # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
@@ -298,7 +315,7 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
                                 dropout_p, softcap, alibi_slopes, sinks, cu_q, cu_k)
     op = flash_attention_op if compiling or not transforms_active() else _FlashAttentionFunction.apply
     o, lse = op(q, k, v, mask, dropout_p, scale, causal, window_left, window_right, layout, seed,
-                softcap, alibi_slopes, sinks, cu_q, cu_k, max_q, max_k)
+                softcap, alibi_slopes, sinks, cu_q, cu_k, max_q, max_k, seed_tensor)
     if not with_probs:
         return o, lse
     # The probabilities carry no gradient: computed from detached inputs, same seed (so the

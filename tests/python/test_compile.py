@@ -50,3 +50,55 @@ def test_inductor_backward_through_lse_in_bshd_equals_eager():
     torch.compile(loss)(*compiled).backward()
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_dropout_compiles_without_a_graph_break_and_backward_replays_the_forwards_mask():
+    """Dropout under torch.compile: the seed is drawn inside the graph (its .item() broke the
+    graph on every call of the default mode), new on each run, and the backward replays the
+    forward's mask. o is linear in v (o = A v, A the kept and rescaled weights), so with that
+    mask sum(o * g) == sum(v * dv) for dv = A^T g."""
+    from torch._dynamo.utils import counters
+
+    def attend(q, k, v):
+        return tileattn.flash_attention(q, k, v, dropout_p=0.4, is_causal=True)
+
+    q, k, v = (randn(1, 2, 8, 16, seed=i, requires_grad=True) for i in range(3))
+    g = randn(1, 2, 8, 16, seed=7)
+    compiled = torch.compile(attend)
+    counters.clear()
+    o = compiled(q, k, v)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    o.backward(g)
+    torch.testing.assert_close((v * v.grad).sum(), (o * g).sum(), atol=1e-4, rtol=1e-5)
+    assert not torch.equal(compiled(q, k, v), o)  # a new seed per run
+    # aot_eager draws the seed from torch's generator as eager does: the same output.
+    torch.manual_seed(3)
+    eager = attend(q, k, v)
+    torch.manual_seed(3)
+    torch.testing.assert_close(torch.compile(attend, backend="aot_eager", fullgraph=True)(q, k, v), eager,
+                               atol=0, rtol=0)
+
+
+def test_opcheck_with_a_seed_tensor():
+    q, k, v = (randn(1, 2, 8, 16, seed=i, requires_grad=True) for i in range(3))
+    seed = torch.tensor(1234)
+    args = (q, k, v, None, 0.3, 0.25, False, -1, -1, 0, 0, 0.0, None, None, None, None, -1, -1, seed)
+    torch.library.opcheck(ops.flash_attention.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    # The tensor seed is the seed: the same output as the int.
+    o, _ = ops.flash_attention(*args)
+    assert torch.equal(o, ops.flash_attention(*args[:10], 1234)[0])
+
+
+def test_export_with_dropout():
+    """torch.export of a module with dropout (it failed: a data-dependent guard on the seed's
+    .item()); the exported program draws a new seed per run."""
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return tileattn.flash_attention(q, k, v, dropout_p=0.5)
+
+    args = tuple(randn(1, 2, 8, 16, seed=i) for i in range(3))
+    module = torch.export.export(Attention(), args).module()
+    a, b = module(*args), module(*args)
+    assert a.shape == (1, 2, 8, 16) and not torch.equal(a, b)
+    torch.testing.assert_close(a.mean(), tileattn.flash_attention(*args).mean(), atol=0.2, rtol=0)
