@@ -110,11 +110,11 @@ struct KvSource {
 
 struct ForwardArgs {
   AttentionShape shape;
-  DType dtype = DType::f32;  // storage type of q, k, v and o
+  DType dtype = DType::f32;  // storage type of q, k, v and o (o: see fp32_output)
   InputView q;               // [batch, heads, seqlen_q, head_dim]
   InputView k;               // [batch, kv_heads, seqlen_k, head_dim]
   InputView v;               // [batch, kv_heads, seqlen_k, value_head_dim(shape)]
-  OutputView o;              // [batch, heads, seqlen_q, value_head_dim(shape)]
+  OutputView o;              // [batch, heads, seqlen_q, value_head_dim(shape)], output_dtype(*this)
   // Optional log-sum-exp (natural log) of the scaled, masked scores, fp32,
   // [batch, heads, seqlen_q] with these element strides. -inf for rows that
   // see no key.
@@ -169,12 +169,23 @@ struct ForwardArgs {
   bool bf16_probabilities = false;
   float dropout_p = 0.0f;  // in [0, 1); see training issue
   uint64_t seed = 0;
+  // O in fp32 whatever `dtype` is: the fp32 accumulator normalized and
+  // stored without the rounding to 16 bits, for a result that is combined
+  // further (merge_states of split-KV or cascade pieces, ring attention's
+  // blocks) before it is rounded once. The inputs keep their dtype and their
+  // products (bf16 dot products on the amx / avx512bf16 rungs). The LSE is
+  // fp32 either way. Forward only: BackwardArgs refuses it (its O and dO
+  // have `dtype`).
+  bool fp32_output = false;
 
   int threads = 0;            // 0: every hardware thread
   Isa isa = Isa::automatic;   // automatic: TILEATTN_ISA, else the best the CPU has
   int block_q = 0;            // 0: chosen per machine (see tiles.hpp)
   int block_kv = 0;
 };
+
+// The dtype of args.o: fp32 with fp32_output, else args.dtype.
+inline DType output_dtype(const ForwardArgs& args) { return args.fp32_output ? DType::f32 : args.dtype; }
 
 // Validates `args` (throws Error naming the argument) and computes O (and LSE).
 // Nothing is written when validation fails.

@@ -137,7 +137,7 @@ typedef struct tileattn_forward_args {
   int64_t seqlen_q;  /**< query rows per sequence (packed: total rows) */
   int64_t seqlen_k;  /**< key rows per sequence (packed: total rows; KV cache: capacity) */
   int64_t head_dim;  /**< Q and K: 1..576 (V and O: v_head_dim, appended below) */
-  int32_t dtype;     /**< ::tileattn_dtype of q, k, v and o */
+  int32_t dtype;     /**< ::tileattn_dtype of q, k, v and o (o: see fp32_output) */
   int32_t reserved0; /**< must be 0 */
 
   tileattn_tensor q;      /**< [batch, heads, seqlen_q, head_dim] */
@@ -204,6 +204,12 @@ typedef struct tileattn_forward_args {
   /** V's and O's head dim, 1..512; 0 (the default): head_dim (DeepSeek MLA: 192 / 128,
       576 / 512). tileattn_backward() then takes o, d_o and dv this wide. */
   int64_t v_head_dim;
+  /** Nonzero: o is fp32 whatever dtype is (the accumulator normalized, not rounded
+      to 16 bits), for pieces combined further (tileattn_merge_states with fp32
+      states) before one final rounding; the inputs keep their dtype and products.
+      0 (the default): o has dtype. Forward only: tileattn_backward() refuses it
+      (TILEATTN_NOT_SUPPORTED). */
+  int32_t fp32_output;
 } tileattn_forward_args;
 
 /** Arguments of tileattn_merge_states(); mirrors tileattn::MergeArgs. */

@@ -227,7 +227,7 @@ void write_reference(const ForwardArgs& a) {
         for (int64_t c = 0; c < p.v_head_dim; ++c) {
           const float value = float(ref.o[size_t(ref_row * p.v_head_dim + c)]);
           const int64_t off = o_off + c * a.o.stride[3];
-          store_element(a.o.data, int(a.dtype), off, value);
+          store_element(a.o.data, int(output_dtype(a)), off, value);
         }
         if (a.lse)
           a.lse[seq.q_batch * a.lse_stride[0] + h * a.lse_stride[1] + row * a.lse_stride[2]] =
@@ -245,7 +245,8 @@ void write_reference(const ForwardArgs& a) {
 void merge_splits(const Problem& p, int threads) {
   const ForwardArgs& a = p.args;
   const int64_t d = p.v_head_dim, dp = p.v_head_dim_padded;  // O's rows
-  const int64_t esize = int64_t(dtype_size(a.dtype));
+  const DType o_dtype = output_dtype(a);
+  const int64_t esize = int64_t(dtype_size(o_dtype));
   const auto merge_head = [&](int64_t bh, std::vector<float>& row) {
     const int64_t b = bh / a.shape.heads, h = bh % a.shape.heads;
     const Sequence seq = sequence_of(p, b);
@@ -281,8 +282,8 @@ void merge_splits(const Problem& p, int threads) {
                     (seq.q_batch * a.o.stride[0] + h * a.o.stride[1] + out_row * a.o.stride[2]) * esize;
       for (int64_t c = 0; c < d; ++c) {
         const int64_t off = c * a.o.stride[3];
-        if (a.dtype == DType::f32) reinterpret_cast<float*>(o_row)[off] = row[size_t(c)];
-        else if (a.dtype == DType::f16) reinterpret_cast<uint16_t*>(o_row)[off] = float_to_f16(row[size_t(c)]);
+        if (o_dtype == DType::f32) reinterpret_cast<float*>(o_row)[off] = row[size_t(c)];
+        else if (o_dtype == DType::f16) reinterpret_cast<uint16_t*>(o_row)[off] = float_to_f16(row[size_t(c)]);
         else reinterpret_cast<uint16_t*>(o_row)[off] = float_to_bf16(row[size_t(c)]);
       }
       if (a.lse) a.lse[seq.q_batch * a.lse_stride[0] + h * a.lse_stride[1] + out_row * a.lse_stride[2]] = lse;

@@ -758,7 +758,8 @@ class ForwardMainloop {
 
   void epilogue(const Sequence& seq, const WorkItem& w) {
     const int64_t dp = p_.v_head_dim_padded, d = p_.v_head_dim;
-    const int64_t esize = int64_t(dtype_size(a_.dtype));
+    const DType o_dtype = output_dtype(a_);
+    const int64_t esize = int64_t(dtype_size(o_dtype));
     for (int64_t s = 0; s < w.head_count * rows_; ++s) {
       const int64_t head = head_of(w, s), i = query_of(w, s);
       float max = row_max_[s], sum = row_sum_[s];
@@ -782,7 +783,7 @@ class ForwardMainloop {
       const int64_t row = seq.q_row0 + i;
       char* o_row = static_cast<char*>(a_.o.data) +
                     (seq.q_batch * a_.o.stride[0] + head * a_.o.stride[1] + row * a_.o.stride[2]) * esize;
-      K::store_row(acc, o_scale, d, a_.dtype, o_row, a_.o.stride[3]);
+      K::store_row(acc, o_scale, d, o_dtype, o_row, a_.o.stride[3]);
       if (a_.lse)
         a_.lse[seq.q_batch * a_.lse_stride[0] + head * a_.lse_stride[1] + row * a_.lse_stride[2]] = lse;
     }

@@ -330,7 +330,7 @@ void validate(const ForwardArgs& a) {
   if (keys_needed && !a.v.data) fail("v: data is null");
 
   ViewSpan q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
-  ViewSpan o = view_range("o", a.o.data, esize, o_sizes, a.o.stride.data(), 4);
+  ViewSpan o = view_range("o", a.o.data, int64_t(dtype_size(output_dtype(a))), o_sizes, a.o.stride.data(), 4);
   check_injective("o", o_sizes, a.o.stride.data(), 4);
   ViewSpan k, v, k_scale, v_scale;
   if (keys_needed) {

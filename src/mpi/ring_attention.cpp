@@ -35,7 +35,6 @@ RingStats ring_attention_forward(const RingArgs& a) {
       [&](const detail::RingSetup& setup) {
         for (auto& b : buffers) b.resize(size_t(2 * slice_elements(setup.plan.max_rows()) * esize));
         acc.emplace(detail::block_problem(a, setup.isa), a.q, setup.plan.segments(setup.rank));
-        acc->reserve(setup.plan.max_rows());
       },
       "ring_attention_forward");
   const int rank = ring.rank, ranks = ring.ranks;

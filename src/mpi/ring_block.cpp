@@ -105,43 +105,22 @@ RingAccumulator::RingAccumulator(const Problem& problem, InputView q, std::vecto
   for (const Segment& s : q_segments_) rows_ += s.size();
   const int64_t group = problem_.heads / problem_.kv_heads, d = problem_.head_dim;
   const size_t rows_all = size_t(problem_.batch * problem_.heads * rows_);
-  if (problem_.dtype != DType::f32) {
-    q32_.resize(rows_all * size_t(d));
-    widen(q, problem_.dtype, problem_.batch, problem_.heads, rows_, d, q32_.data());
-    q_ = {q32_.data(), {problem_.heads * rows_ * d, rows_ * d, d, 1}};
-  }
   o_.assign(rows_all * size_t(d), 0.0f);
   lse_.assign(rows_all, -std::numeric_limits<float>::infinity());
   part_o_.resize(size_t(group * rows_ * d));
   part_lse_.resize(size_t(group * rows_));
 }
 
-void RingAccumulator::reserve(int64_t max_kv_rows) {
-  if (problem_.dtype == DType::f32) return;  // fp32 slices are read in place
-  k32_.reserve(size_t(problem_.batch * problem_.kv_heads * max_kv_rows * problem_.head_dim));
-  v32_.reserve(k32_.capacity());
-}
-
 void RingAccumulator::absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments,
                              const std::function<void()>& between) {
   const Problem& p = problem_;
   const int64_t group = p.heads / p.kv_heads, d = p.head_dim;
-  if (p.dtype != DType::f32) {
-    int64_t kv_rows = 0;
-    for (const Segment& s : kv_segments) kv_rows += s.size();
-    k32_.resize(size_t(p.batch * p.kv_heads * kv_rows * d));
-    v32_.resize(k32_.size());
-    widen(k, p.dtype, p.batch, p.kv_heads, kv_rows, d, k32_.data());
-    widen(v, p.dtype, p.batch, p.kv_heads, kv_rows, d, v32_.data());
-    const std::array<int64_t, 4> dense{p.kv_heads * kv_rows * d, kv_rows * d, d, 1};
-    k = {k32_.data(), dense};
-    v = {v32_.data(), dense};
-  }
-  constexpr int64_t esize = sizeof(float);
+  const int64_t esize = int64_t(dtype_size(p.dtype));
   for_each_block(p, q_segments_, kv_segments, counts_, between, [&](const PlacedBlock& placed, int64_t b, int64_t g) {
     const Block& block = placed.block;
     const int64_t q_row = placed.q_row, k_row = placed.k_row, nq = block.q.size();
-    ForwardArgs f = piece_args(p, block, DType::f32);
+    ForwardArgs f = piece_args(p, block, p.dtype);
+    f.fp32_output = true;
     f.q = {advance(q_.data, b * q_.stride[0] + g * group * q_.stride[1] + q_row * q_.stride[2], esize), q_.stride};
     f.k = {advance(k.data, b * k.stride[0] + g * k.stride[1] + k_row * k.stride[2], esize), k.stride};
     f.v = {advance(v.data, b * v.stride[0] + g * v.stride[1] + k_row * v.stride[2], esize), v.stride};

@@ -107,21 +107,16 @@ void for_each_block(const RingProblem& p, const std::vector<Segment>& q_segments
 }
 
 // The running result of one rank's queries: fp32 (O, LSE) over every key
-// slice absorbed so far. The piece calls run in fp32 whatever the storage
-// type, so that no partial O is rounded to fp16/bf16 before the merges: Q,
-// and each K/V slice as it is absorbed, are widened to fp32 (O(rows * D)
-// against a slice's O(rows^2 * D) attention); O is rounded once, in write.
+// slice absorbed so far. The piece calls read Q and the K/V slices in their
+// storage dtype (bf16 keeps its dot products on the bf16 rungs) and write
+// their partial O in fp32 (ForwardArgs::fp32_output), so that no partial O
+// is rounded to fp16/bf16 before the merges; O is rounded once, in write.
 class RingAccumulator {
  public:
   using Problem = RingProblem;
   // q: this rank's queries [batch, heads, rows, head_dim] laid out as
   // q_segments one after another.
   RingAccumulator(const Problem& problem, InputView q, std::vector<Segment> q_segments);
-
-  // Sizes the scratch of absorb for K/V slices of up to max_kv_rows rows up
-  // front (absorb grows it otherwise), so that a ring allocates before its
-  // first message.
-  void reserve(int64_t max_kv_rows);
 
   // Attends the queries to one K/V slice ([batch, kv_heads, rows, head_dim],
   // rows laid out as kv_segments) and merges. Calls `between` after each
@@ -138,11 +133,9 @@ class RingAccumulator {
 
  private:
   Problem problem_;
-  InputView q_;  // fp32: the caller's (fp32 storage) or q32_
+  InputView q_;  // the caller's, in the storage dtype
   std::vector<Segment> q_segments_;
   int64_t rows_ = 0;
-  std::vector<float> q32_;        // (batch, heads, rows, head_dim), 16-bit storage only
-  std::vector<float> k32_, v32_;  // the slice being absorbed, 16-bit storage only
   std::vector<float> o_;    // (batch, heads, rows, head_dim)
   std::vector<float> lse_;  // (batch, heads, rows)
   // One piece's partial result: (group, rows, head_dim) and its LSE, group =

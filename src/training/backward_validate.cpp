@@ -22,6 +22,8 @@ void validate(const BackwardArgs& b) {
                        ") has no backward");
   if (a.kv.seqlens || a.kv.block_table)
     throw NotSupported("backward: KV-cache sources (kv.seqlens, kv.block_table) have no backward");
+  if (a.fp32_output)
+    throw NotSupported("backward: forward.fp32_output is not supported (o and d_o have forward.dtype)");
   // The forward's checks on the shared inputs, with O standing in as the
   // output view (it has the output's shape; it is read, not written here).
   ForwardArgs shared = a;

@@ -47,6 +47,7 @@ inline tileattn_forward_args to_c_args(const ForwardArgs& a) {
   c.scale = a.scale;
   c.softcap = a.softcap;
   c.bf16_probabilities = a.bf16_probabilities;
+  c.fp32_output = a.fp32_output;
   c.alibi_slopes = a.alibi_slopes;
   c.alibi_batch_stride = a.alibi_batch_stride;
   c.sinks = a.sinks;

@@ -157,6 +157,7 @@ TEST(CApiForward, InitGivesTheCppDefaults) {
   EXPECT_EQ(c.q.stride[3], 1);
   EXPECT_EQ(c.threads, 0);
   EXPECT_EQ(c.bf16_probabilities, 0);
+  EXPECT_EQ(c.fp32_output, 0);
 }
 
 // bf16_probabilities reaches the kernel: on a bf16 rung the C call gives the
@@ -180,6 +181,51 @@ TEST(CApiForward, Bf16ProbabilitiesReachesTheKernel) {
   ASSERT_EQ(c.bf16_probabilities, 1);
   ASSERT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
   EXPECT_TRUE(output_bytes(data) == rounded) << "O differs between the C and C++ APIs";
+}
+
+// fp32_output reaches the kernel: a bf16 call writes an fp32 O equal to the
+// C++ call's bit for bit; a caller whose struct ends before the field gets O
+// in bf16; the backward refuses the option as not supported.
+TEST(CApiForward, Fp32OutputReachesTheKernel) {
+  Case k;
+  k.dtype = DType::bf16;
+  k.seqlen_q = 40, k.seqlen_k = 300, k.head_dim = 64;
+  CaseData data(k);
+  std::vector<float> cpp_o(data.o16.size()), c_o(data.o16.size());
+  ForwardArgs wide = data.args;
+  wide.fp32_output = true;
+  wide.o.data = cpp_o.data();
+  attention_forward(wide);
+  tileattn_forward_args c = capi_testing::to_c_args(wide);
+  ASSERT_EQ(c.fp32_output, 1);
+  c.o.data = c_o.data();
+  ASSERT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(std::memcmp(c_o.data(), cpp_o.data(), c_o.size() * 4), 0) << "O differs between the C and C++ APIs";
+
+  attention_forward(data.args);
+  const std::vector<uint16_t> narrow = data.o16;
+  std::fill(data.o16.begin(), data.o16.end(), uint16_t(0));
+  tileattn_forward_args older = capi_testing::to_c_args(data.args);
+  older.fp32_output = 1;  // beyond the caller's struct: not read
+  older.struct_size = offsetof(tileattn_forward_args, fp32_output);
+  ASSERT_EQ(tileattn_forward(&older), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(data.o16, narrow);
+
+  tileattn_backward_args b;
+  ASSERT_EQ(tileattn_backward_args_init(&b), TILEATTN_OK);
+  c.o.data = data.o16.data();  // bf16 O and dO: the forward's dtype
+  b.forward = &c;
+  b.o = {data.o16.data(), {data.args.o.stride[0], data.args.o.stride[1], data.args.o.stride[2], data.args.o.stride[3]}};
+  b.d_o = b.o;
+  std::vector<float> lse(size_t(k.batch * k.heads * k.seqlen_q));
+  b.lse = lse.data();
+  b.lse_stride[0] = k.heads * k.seqlen_q, b.lse_stride[1] = k.seqlen_q, b.lse_stride[2] = 1;
+  std::vector<uint16_t> dq(data.q16.size()), dk(data.k16.size()), dv(data.v16.size());
+  b.dq = capi_testing::c_tensor(OutputView{dq.data(), data.args.q.stride});
+  b.dk = capi_testing::c_tensor(OutputView{dk.data(), data.args.k.stride});
+  b.dv = capi_testing::c_tensor(OutputView{dv.data(), data.args.v.stride});
+  EXPECT_EQ(tileattn_backward(&b), TILEATTN_NOT_SUPPORTED);
+  EXPECT_NE(std::string(tileattn_last_error()).find("fp32_output"), std::string::npos) << tileattn_last_error();
 }
 
 // A caller compiled against a newer header (a longer struct) is served when

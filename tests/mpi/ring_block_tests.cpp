@@ -14,6 +14,7 @@
 #include "mpi/ring_gradients.hpp"
 #include "testing/problem_case.hpp"
 #include "training/backward_support.hpp"
+#include "tileattn/machine.hpp"
 #include "tileattn/mpi.hpp"
 
 namespace tileattn::mpi {
@@ -100,6 +101,7 @@ struct RingCase {
   int64_t window_left = -1, window_right = -1;
   int ranks = 2;
   ShardLayout layout = ShardLayout::zigzag;
+  Isa isa = Isa::automatic;
 };
 
 std::vector<unsigned char> slice_rows(const ShardPlan& plan, int rank, const InputView& full,
@@ -120,7 +122,9 @@ std::vector<unsigned char> slice_rows(const ShardPlan& plan, int rank, const Inp
 // Replays every rank: rank r absorbs the slices of ranks r, r-1, ... in ring
 // order, exactly as ring_attention_forward does, and writes its rows of O
 // and LSE into the full case's outputs.
-testing::Comparison replay(const RingCase& rc, std::vector<int64_t>* pairs_per_rank_step = nullptr) {
+// o_bytes, when given, receives the full O's storage bytes.
+testing::Comparison replay(const RingCase& rc, std::vector<int64_t>* pairs_per_rank_step = nullptr,
+                           std::vector<unsigned char>* o_bytes = nullptr) {
   testing::CaseData full(rc.c);
   full.args.mask.causal = rc.causal;
   full.args.mask.window_left = rc.window_left;
@@ -141,6 +145,7 @@ testing::Comparison replay(const RingCase& rc, std::vector<int64_t>* pairs_per_r
   p.dtype = rc.c.dtype;
   p.scale = full.args.scale;
   p.threads = 1;
+  p.isa = rc.isa;
   p.band = make_band(rc.causal, rc.window_left, rc.window_right);
   for (int r = 0; r < rc.ranks; ++r) {
     const int64_t rows = plan.rows(r);
@@ -171,6 +176,11 @@ testing::Comparison replay(const RingCase& rc, std::vector<int64_t>* pairs_per_r
                       size_t(s.head_dim) * esize);
           full.lse[size_t((b * s.heads + h) * s.seqlen_q + g)] = lse[size_t((b * s.heads + h) * rows + i)];
         }
+  }
+  if (o_bytes) {
+    const unsigned char* o = rc.c.dtype == DType::f32 ? reinterpret_cast<const unsigned char*>(full.o32.data())
+                                                      : reinterpret_cast<const unsigned char*>(full.o16.data());
+    o_bytes->assign(o, o + (rc.c.dtype == DType::f32 ? full.o32.size() * 4 : full.o16.size() * 2));
   }
   return testing::compare_with_reference(full);
 }
@@ -245,6 +255,42 @@ TEST(RingReplay, SixteenBitRoundsOnceAcrossSeeds) {
                                   << (causal ? " causal" : "") << " seed " << seed << ": " << cmp.describe();
           }
   EXPECT_EQ(failed, 0) << "of " << checked;
+}
+
+// One rank holding one contiguous slice runs one piece per (batch, KV head)
+// over every key: its O equals single-process attention_forward's bit for
+// bit on every path, 16-bit storage included, because the piece reads the
+// inputs in their dtype (bf16 on its dot products on the bf16 rungs) and
+// writes fp32 (fp32_output), which the merge into the empty state keeps and
+// write() rounds once, as the single-process epilogue rounds.
+TEST(RingReplay, OneRankEqualsSingleProcessForwardOnEveryPath) {
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+      if (!isa_available(isa)) continue;
+      RingCase rc;
+      rc.ranks = 1;
+      rc.layout = ShardLayout::contiguous;
+      rc.causal = true;
+      rc.isa = isa;
+      rc.c.dtype = dtype;
+      rc.c.heads = 4;
+      rc.c.kv_heads = 2;
+      rc.c.seqlen_q = rc.c.seqlen_k = 130;
+      rc.c.head_dim = 64;
+      testing::CaseData single(rc.c);
+      single.args.mask.causal = true;
+      single.args.isa = isa;
+      single.args.threads = 1;
+      attention_forward(single.args);
+      std::vector<unsigned char> o_ring;
+      const testing::Comparison cmp = replay(rc, nullptr, &o_ring);
+      EXPECT_TRUE(cmp.ok()) << cmp.describe();
+      const unsigned char* o_single = dtype == DType::f32 ? reinterpret_cast<const unsigned char*>(single.o32.data())
+                                                          : reinterpret_cast<const unsigned char*>(single.o16.data());
+      ASSERT_EQ(o_ring.size(), (dtype == DType::f32 ? single.o32.size() * 4 : single.o16.size() * 2));
+      EXPECT_EQ(std::memcmp(o_ring.data(), o_single, o_ring.size()), 0)
+          << dtype_name(dtype) << " on " << isa_name(isa) << ": the ring's O differs from attention_forward's";
+    }
 }
 
 // Zig-zag gives every rank the same visible work at every step under a
