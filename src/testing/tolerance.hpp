@@ -145,6 +145,14 @@ inline RowCheck check_output(const std::vector<double>& got, const std::vector<d
 // terms, summed in different orders): a few units of the fp32 accumulator at
 // |D|, times scale |K| (or scale |Q|). The floor then has a second term,
 // 64 x 2^-24 x max |D|, whatever the storage type (D is summed in fp32).
+// In fp16/bf16 D also carries the storage rounding of O (up to u(dtype) x
+// sum |dO o O|), which the naive error covers row by row: naive_backward
+// rounds O to the dtype before D, and with dropout takes Z = 1 / (1 - p) in
+// fp32 from the fp32 p as the kernel does, so on a row that sees one key both
+// round the same products Z v to the same 16-bit neighbours. A naive with
+// another Z (2.5 for p = 0.6 as a double: products exactly on 16-bit
+// midpoints) does not, and is no measure of this error (docs/accuracy.md,
+// "16-bit dropout").
 using GradientCheck = RowCheck;
 inline GradientCheck check_gradient(const std::vector<double>& got, const std::vector<double>& ref,
                                     const std::vector<double>& naive, DType dtype, int64_t head_dim,

@@ -22,6 +22,9 @@ def gradient_floor_fraction(dtype_name):
 
 
 # D = rowsum(dO * O) enters dQ's and dK's floor at 64 units of fp32 (dS = P * (dP - D) cancels it).
+# In float16/bfloat16 D also carries O's storage rounding, which the naive error covers row by row:
+# a naive must round O to the dtype before D and, with dropout, take the keep scale
+# 1 / (1 - p) in float32 from the float32 p as the kernel does (src/testing/tolerance.hpp).
 DELTA_FLOOR_FRACTION = 64 * UNIT_ROUNDOFF["float32"]
 
 

@@ -57,9 +57,12 @@ struct BackwardData {
   BackwardArgs args;
 
   // Runs the forward (on `isa`) for O and LSE, then prepares the backward call.
-  BackwardData(const BackwardCase& c, Isa isa) : bc(c), fwd(c.c) {
+  // With `bf16_probabilities` the forward rounds P to bf16 as well, and the
+  // backward gets that forward's O, as autograd hands it over.
+  BackwardData(const BackwardCase& c, Isa isa, bool bf16_probabilities = false) : bc(c), fwd(c.c) {
     const DType dt = c.c.dtype;
     fwd.args.isa = isa;
+    fwd.args.bf16_probabilities = bf16_probabilities;
     fwd.args.dropout_p = c.dropout_p;
     fwd.args.seed = c.dropout_seed;
     attention_forward(fwd.args);
@@ -137,25 +140,36 @@ inline BackwardCase one_key_rows_case(DType dtype) {
   return bc;
 }
 
-// Per-row allowances on top of the rule for dQ, dK and dV (empty: none).
+// Per-row allowances on top of the rule for dQ, dK, dV and d_sinks (empty: none).
 struct GradientAllowances {
-  std::vector<double> dq, dk, dv;
+  std::vector<double> dq, dk, dv, d_sinks;
 };
 
-// ForwardArgs::bf16_probabilities in the backward: P (for dV) and dS (for dQ
-// and dK) are rounded to bf16, each entry at a relative error of at most
-// 2^-8, so dV moves by at most 2^-8 (P^T |dO|), dQ by 2^-8 scale (|dS| |K|)
-// and dK by 2^-8 scale (|dS|^T |Q|) (summed over a GQA group); each row is
-// allowed 2^-8 x 1.125 times its largest such element (the 1/8: P and dS
-// here are the float64 ones, the kernel's carry fp32 rounding). P from
-// attention_probabilities, dS = P o (dO V^T - D) in double. Dense batches
-// without dropout only (no packed sequences).
+// ForwardArgs::bf16_probabilities through forward and backward, the backward
+// getting the forward's O (BackwardData with bf16_probabilities, as autograd
+// runs it). Each rounding to bf16 moves an entry by at most 2^-8 of it:
+//  - the backward's P (for dV) and dS (for dQ and dK): dV moves by at most
+//    2^-8 (P^T |dO|), dQ by 2^-8 scale (|dS| |K|), dK by 2^-8 scale (|dS|^T |Q|);
+//  - the forward's P in O = P V (the row sum stays the fp32 sum of the
+//    unrounded exponentials): O_i moves by sum_j r_ij P_ij V_j, |r_ij| <= 2^-8,
+//    so D_i = dO_i . O_i by sum_j r_ij P_ij dP_ij, at most e_i = 2^-8 sum_j
+//    P_ij |dP_ij|; dS = P o (dP - D) then moves by P_ij e_i, dQ by scale e_i
+//    (P |K|)_i, dK by scale sum_i P_ij e_i |Q_i|, and d_sinks = -sum_i
+//    P_sink,i D_i by sum_i P_sink,i e_i. dV = P^T dO does not read O.
+// Summed element by element (and over a GQA group); each row is allowed
+// 1.125 times its largest such element (the 1/8: P and dS here are the
+// float64 ones, the kernel's carry fp32 rounding); d_sinks is one row, its
+// allowance the largest head's. A soft cap's 1 - tanh^2 <= 1 on dS is left
+// out (an upper bound). P from attention_probabilities, dS = P o (dO V^T - D)
+// and P_sink = exp(sink - LSE) in double. Dense batches without dropout only
+// (no packed sequences).
 inline GradientAllowances bf16_rounding_allowances(const BackwardData& data) {
   const ForwardArgs& a = data.args.forward;
   const AttentionShape& s = a.shape;
   const int64_t B = s.batch, H = s.heads, G = s.heads / s.kv_heads, Nq = s.seqlen_q, Nk = s.seqlen_k,
                 D = s.head_dim, Dv = value_head_dim(s);
   const DType dt = a.dtype;
+  const double u = std::ldexp(1.0, -8);
   std::vector<float> p(size_t(B * H * Nq * Nk));
   attention_probabilities(a, p.data(), {H * Nq * Nk, Nq * Nk, Nk, 1});
   const std::vector<double> q = dense(a.q.data, dt, a.q.stride, B, H, Nq, D);
@@ -165,8 +179,8 @@ inline GradientAllowances bf16_rounding_allowances(const BackwardData& data) {
   const training::BackwardReference ref = training::reference_backward(data.args);
   const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(D)) : double(a.scale);
   std::vector<double> bq(size_t(B * H * Nq * D)), bk(size_t(B * s.kv_heads * Nk * D)),
-      bv(size_t(B * s.kv_heads * Nk * Dv));
-  std::vector<double> ds(static_cast<size_t>(Nk));  // |dS| of one query row
+      bv(size_t(B * s.kv_heads * Nk * Dv)), bs(size_t(H), 0.0);
+  std::vector<double> w(static_cast<size_t>(Nk));  // one query row's dP, then its bound on dS's move
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / G;
@@ -177,30 +191,38 @@ inline GradientAllowances bf16_rounding_allowances(const BackwardData& data) {
         const double* doi = d_o.data() + row * Dv;
         const double* qi = q.data() + row * D;
         const float* pi = p.data() + row * Nk;
+        // e_i: the forward's rounding of P, through O into D.
+        double e = 0;
         for (int64_t j = 0; j < Nk; ++j) {
           double dp = 0;
           for (int64_t c = 0; c < Dv; ++c) dp += doi[c] * vb[j * Dv + c];
-          ds[size_t(j)] = double(pi[j]) * std::abs(dp - ref.delta[size_t(row)]);
+          w[size_t(j)] = dp;
+          e += double(pi[j]) * std::abs(dp);
         }
+        e *= u;
+        if (a.sinks) bs[size_t(h)] += std::exp(double(a.sinks[h]) - ref.lse[size_t(row)]) * e;
+        for (int64_t j = 0; j < Nk; ++j)
+          w[size_t(j)] = double(pi[j]) * (u * std::abs(w[size_t(j)] - ref.delta[size_t(row)]) + e);
         for (int64_t j = 0; j < Nk; ++j) {
           double* bkj = bk.data() + ((b * s.kv_heads + kvh) * Nk + j) * D;
           double* bvj = bv.data() + ((b * s.kv_heads + kvh) * Nk + j) * Dv;
           for (int64_t c = 0; c < D; ++c) {
-            bq[size_t(row * D + c)] += scale * ds[size_t(j)] * std::abs(kb[j * D + c]);
-            bkj[c] += scale * ds[size_t(j)] * std::abs(qi[c]);
+            bq[size_t(row * D + c)] += scale * w[size_t(j)] * std::abs(kb[j * D + c]);
+            bkj[c] += scale * w[size_t(j)] * std::abs(qi[c]);
           }
-          for (int64_t c = 0; c < Dv; ++c) bvj[c] += double(pi[j]) * std::abs(doi[c]);
+          for (int64_t c = 0; c < Dv; ++c) bvj[c] += u * double(pi[j]) * std::abs(doi[c]);
         }
       }
     }
   const auto per_row = [](const std::vector<double>& bound, int64_t width) {
     std::vector<double> rows(bound.size() / size_t(width), 0.0);
     for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t c = 0; c < width; ++c)
-        rows[r] = std::max(rows[r], 1.125 * std::ldexp(bound[r * size_t(width) + size_t(c)], -8));
+      for (int64_t c = 0; c < width; ++c) rows[r] = std::max(rows[r], 1.125 * bound[r * size_t(width) + size_t(c)]);
     return rows;
   };
-  return {per_row(bq, D), per_row(bk, D), per_row(bv, Dv)};
+  GradientAllowances out{per_row(bq, D), per_row(bk, D), per_row(bv, Dv), {}};
+  if (a.sinks) out.d_sinks = per_row(bs, H);
+  return out;
 }
 
 // Checks dQ, dK, dV of `data` (already run) against the float64 reference
@@ -235,7 +257,9 @@ inline void expect_gradients_match_reference(const BackwardData& data, const std
   if (data.args.d_sinks) {
     // d_sinks [heads], one row: -sum_rows P_sink D, so D's rounding enters its floor as it enters dQ's.
     const std::vector<double> got(data.d_sinks.begin(), data.d_sinks.end());
-    const GradientCheck check = check_gradient(got, ref.d_sinks, naive.d_sinks, dt, s.heads, max_delta);
+    static const std::vector<double> no_allowance;
+    const GradientCheck check = check_gradient(got, ref.d_sinks, naive.d_sinks, dt, s.heads, max_delta, 0,
+                                               allowances ? allowances->d_sinks : no_allowance);
     EXPECT_TRUE(check.ok()) << label << ": " << describe("d_sinks", check);
     // The perturbation that must fail: 1e-3 (fp32), 3e-2 (fp16, bf16). Each
     // D of the sum reads O rounded to the dtype, so a bf16 d_sinks has a
