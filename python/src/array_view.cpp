@@ -274,7 +274,10 @@ ElementType torch_element_type(const TorchObjects& torch, nb::handle dtype) {
 }
 
 ArrayView read_torch_attributes(const char* name, nb::handle obj, Access access) {
-  if (!nb::cast<bool>(obj.attr("is_cpu"))) {
+  // Metadata of a tensor on the meta device is read (shape inference: the Python side lets only
+  // calls whose tensors are all on meta through to the metadata checks).
+  if (!nb::cast<bool>(obj.attr("is_cpu")) &&
+      !(access == Access::metadata && nb::cast<bool>(obj.attr("is_meta")))) {
     throw nb::value_error((std::string(name) + ": tensor is on device '" +
                            text(obj.attr("device")) +
                            "'; tileattn runs on the CPU (move it with .cpu())")

@@ -69,10 +69,28 @@ def numpy_dtype_code(name, a):
     return code
 
 
-def check_torch_device(name, t):
-    if not t.is_cpu:
+def check_torch_device(name, t, meta=False):
+    """ValueError naming `name` unless t is on the CPU (or, with meta, on the meta device)."""
+    if not t.is_cpu and not (meta and t.is_meta):
         raise ValueError(f"{name}: tensor is on device '{t.device}'; tileattn runs on the CPU "
                          "(move it with .cpu())")
+
+
+def on_meta(named):
+    """Whether a call's torch tensors, (name, x) pairs (None and non-tensors skipped), are all
+    on the meta device: shape inference, which the custom ops' fake kernels answer. False when
+    none is; ValueError naming the first meta tensor when they mix with CPU ones."""
+    torch = torch_module()
+    tensors = [(name, x) for name, x in named if isinstance(x, torch.Tensor)]
+    meta = [x.is_meta for _, x in tensors]
+    if not any(meta):
+        return False
+    if not all(meta):
+        name, x = tensors[meta.index(True)]
+        other = tensors[meta.index(False)][0]
+        raise ValueError(f"{name}: tensor is on device 'meta' but {other} is not; tileattn runs on the CPU "
+                         "(move it with .cpu()), or infers shapes when every tensor is on 'meta'")
+    return True
 
 
 def address(x):

@@ -155,9 +155,17 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             # The common inference call: one C++ call, which declines (None) when torch could
             # observe the custom op (autograd, a tensor subclass, a tracer or mode); Dynamo
             # must see the is_compiling() test here, in Python.
-            result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0,
-                                       threads, return_lse, o=out, eager_only=True, softcap=softcap,
-                                       alibi_slopes=alibi_slopes, sinks=sinks)
+            try:
+                result = _C.forward_arrays(q, k, v, mask, code, causal, left, right, scale, 0.0, 0,
+                                           threads, return_lse, o=out, eager_only=True, softcap=softcap,
+                                           alibi_slopes=alibi_slopes, sinks=sinks)
+            except ValueError:
+                # Tensors on the meta device (shape inference) take the op, whose fake kernel
+                # gives the outputs' shapes; any other device error stands.
+                if not _arrays.on_meta((("q", q), ("k", k), ("v", v), ("attn_mask", mask),
+                                        ("alibi_slopes", alibi_slopes), ("sinks", sinks))):
+                    raise
+                result = None
             if result is not None:
                 return result if return_lse else result[0]
         if out is not None:

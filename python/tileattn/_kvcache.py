@@ -131,13 +131,21 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         if not _is_compiling():
             # One C++ call, which declines (None) when torch could observe the custom op (a
             # tensor subclass, autograd, a tracer or mode); Dynamo must see is_compiling() here.
-            result = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                       rotary_cos, rotary_sin, interleaved, scale, is_causal, left,
-                                       right, threads, return_lse, o=out, eager_only=True,
-                                       softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                       cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                                       rotary_fa2_positions=_rotary_fa2, token_major=_token_major,
-                                       k_scale=k_scale, v_scale=v_scale)
+            try:
+                result = _C.kvcache_arrays(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                           rotary_cos, rotary_sin, interleaved, scale, is_causal, left,
+                                           right, threads, return_lse, o=out, eager_only=True,
+                                           softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                           cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                                           rotary_fa2_positions=_rotary_fa2, token_major=_token_major,
+                                           k_scale=k_scale, v_scale=v_scale)
+            except ValueError:
+                # Tensors all on the meta device (shape inference) take the op, whose fake kernel
+                # gives the outputs' shapes; any other device error stands.
+                if not _arrays.on_meta(_kvcache_tensors(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                                        rotary_cos, rotary_sin, alibi_slopes, sinks,
+                                                        cache_batch_idx, cache_leftpad)):
+                    raise
         if result is None and (k_scale is not None or v_scale is not None):
             raise NotImplementedError(_QUANTIZED_ON_OP_PATH)
         if result is None and out is not None:
@@ -180,6 +188,15 @@ def inference_cache_message(name):
             "torch.inference_mode(), or pass a clone made outside it")
 
 
+def _kvcache_tensors(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
+                     alibi_slopes, sinks, cache_batch_idx, cache_leftpad):
+    """(name, x) pairs of attention_with_kvcache's array arguments, for _arrays.on_meta."""
+    return (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+            ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("rotary_cos", rotary_cos),
+            ("rotary_sin", rotary_sin), ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+            ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad))
+
+
 def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
                  softmax_scale, cache_batch_idx=None, cache_leftpad=None):
     """The arguments of the custom op torch.ops.tileattn.attention_with_kvcache, checked in
@@ -202,9 +219,10 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos, rotary_sin: give both tables or neither")
     if fw == "torch":
+        meta = _arrays.on_meta([("q", q)] + list(arrays.items()))  # all on meta: shape inference
         for name, x in arrays.items():
             if x is not None:
-                _arrays.check_torch_device(name, x)
+                _arrays.check_torch_device(name, x, meta)
         dtype_code = _arrays.torch_dtype_code
     else:
         dtype_code = _arrays.numpy_dtype_code

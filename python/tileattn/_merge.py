@@ -35,8 +35,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
             raise ValueError(f"{name}: expected shape [B, H, N] = {tuple(o_a.shape[:3])}, got {tuple(x.shape)}")
     if fw == "torch":
         torch = _arrays.torch_module()
+        meta = _arrays.on_meta(zip(names, args))  # all on meta: shapes from the op's fake kernel
         for name, x in zip(names, args):
-            _arrays.check_torch_device(name, x)
+            _arrays.check_torch_device(name, x, meta)
         code = _arrays.torch_dtype_code("o_a", o_a)
         if _arrays.torch_dtype_code("o_b", o_b) != code:
             raise TypeError(f"o_b: dtype {o_b.dtype} differs from o_a's {o_a.dtype}")

@@ -193,10 +193,10 @@ def causal_bias_options(attn_mask, nq, nk, is_causal):
 
 def top_left_causal(like, nq, nk):
     """Bool [nq, nk], torch's or NumPy's as `like` is: key j visible to query i iff j <= i
-    (PyTorch's is_causal)."""
+    (PyTorch's is_causal), on like's device when like is a tensor (the meta device: shape inference)."""
     if type(like).__module__.startswith("torch"):
         import torch
-        return torch.ones(nq, nk, dtype=torch.bool).tril_()
+        return torch.ones(nq, nk, dtype=torch.bool, device=getattr(like, "device", None)).tril_()
     return np.tri(nq, nk, dtype=bool)
 
 

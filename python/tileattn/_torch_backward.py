@@ -24,11 +24,11 @@ import torch
 QUERY_BLOCK_ROWS = 256
 
 
-def visible_keys(nq, nk, causal, window_left, window_right, rows):
+def visible_keys(nq, nk, causal, window_left, window_right, rows, device=None):
     """Bool [len(rows), nk]: the causal/window part of the mask, aligned bottom-right."""
-    i = torch.arange(rows.start, rows.stop).unsqueeze(1) + (nk - nq)
-    j = torch.arange(nk).unsqueeze(0)
-    keep = torch.ones(len(rows), nk, dtype=torch.bool)
+    i = torch.arange(rows.start, rows.stop, device=device).unsqueeze(1) + (nk - nq)
+    j = torch.arange(nk, device=device).unsqueeze(0)
+    keep = torch.ones(len(rows), nk, dtype=torch.bool, device=device)
     if causal:
         keep &= j <= i
     if window_left >= 0:
@@ -55,18 +55,19 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     kf = k.float().repeat_interleave(group, dim=1)  # [B, H, Nk, D]
     vf = v.float().repeat_interleave(group, dim=1)
     do = grad_o.float() if grad_o is not None else torch.zeros_like(of)
-    dlse = grad_lse.float() if grad_lse is not None else torch.zeros(b, h, nq)
+    device = q.device  # CPU, or meta (shape inference)
+    dlse = grad_lse.float() if grad_lse is not None else torch.zeros(b, h, nq, device=device)
     delta = (do * of).sum(-1)  # [B, H, Nq]
     mask = attn_mask.expand(b, h, nq, nk) if attn_mask is not None else None
     if mask_grad:  # the mask's own shape as 4 dims: d_mask's accumulator
         mask_shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-        d_mask = torch.zeros(mask_shape, dtype=torch.float32)
+        d_mask = torch.zeros(mask_shape, dtype=torch.float32, device=device)
 
     dq = torch.empty_like(qf)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
     sink = sinks.float().view(1, h, 1, 1) if sinks is not None else None
-    d_sinks = torch.zeros(h if sinks is not None else 0)
+    d_sinks = torch.zeros(h if sinks is not None else 0, device=device)
     for start in range(0, nq, QUERY_BLOCK_ROWS):
         rows = range(start, min(start + QUERY_BLOCK_ROWS, nq))
         r = slice(rows.start, rows.stop)
@@ -75,8 +76,8 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
             t = torch.tanh(s / softcap)
             s = softcap * t
         if alibi_slopes is not None:
-            i = torch.arange(rows.start, rows.stop).unsqueeze(1) + (nk - nq)
-            dist = (i - torch.arange(nk).unsqueeze(0)).abs().float()  # (rows, Nk)
+            i = torch.arange(rows.start, rows.stop, device=device).unsqueeze(1) + (nk - nq)
+            dist = (i - torch.arange(nk, device=device).unsqueeze(0)).abs().float()  # (rows, Nk)
             slopes = alibi_slopes.float().expand(b, h)  # [H] or [B, H]
             s = s - slopes[:, :, None, None] * dist
         if mask is not None:
@@ -84,7 +85,7 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
                 s = s.masked_fill(~mask[:, :, r], float("-inf"))
             else:
                 s = s + mask[:, :, r].float()
-        s = s.masked_fill(~visible_keys(nq, nk, causal, window_left, window_right, rows), float("-inf"))
+        s = s.masked_fill(~visible_keys(nq, nk, causal, window_left, window_right, rows, device), float("-inf"))
         # P as the softmax of these scores, not exp(s - lse): the kernel's lse of a
         # row biased by finfo(float32).min is clamped at -FLT_MAX * ln 2 (log2
         # units, docs/accuracy.md) while s here is -3.4e38, and exp(s - lse)

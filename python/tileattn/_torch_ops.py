@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from . import _kernel, _torch_backward
+from . import _arrays, _kernel, _torch_backward
 from . import _tileattn as _C
 from ._problem import heads_rows
 
@@ -298,7 +298,15 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
             seed_tensor = torch.randint(0, 2**62, (), dtype=torch.int64)
         else:
             seed = int(torch.randint(0, 2**62, ()).item())
+    meta = False
     if not compiling:
+        # The op's fake kernel answers tensors on the meta device (shape inference); a mix of
+        # meta and CPU tensors is a ValueError naming the first meta one.
+        meta = _arrays.on_meta((("q", q), ("k", k), ("v", v), ("attn_mask", mask), ("alibi_slopes", alibi_slopes),
+                                ("sinks", sinks), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)))
+        if meta and with_probs:
+            raise NotImplementedError("return_attn_probs: not supported on the meta device")
+    if not compiling and not meta:
         # One C++ call when nothing could observe the op (see torch_eager.hpp); None otherwise.
         out = _C.forward_arrays(q, k, v, mask, layout, causal, window_left, window_right, scale,
                                 dropout_p, seed, _kernel._settings["threads"], return_lse,
