@@ -44,7 +44,7 @@ struct KvCacheArgs {
   // cache_seqlens[b] + t, the position of the token appended alongside it.
   int64_t seqlen_q = 0;
   InputView q;
-  OutputView o;  // [batch, heads, seqlen_q, v_head_dim]
+  OutputView o;  // [batch, heads, seqlen_q, v_head_dim], dtype (fp32 with fp32_output)
   float* lse = nullptr;  // optional, fp32 natural log, [batch, heads, seqlen_q]
   std::array<int64_t, 3> lse_stride{0, 0, 1};
 
@@ -158,6 +158,11 @@ struct KvCacheArgs {
   // MLA's absorbed decode keeps a 576-wide K cache and a 512-wide V cache
   // with one KV head.
   int64_t v_head_dim = 0;
+  // ForwardArgs::fp32_output: O in fp32 whatever `dtype` is (the pieces of a
+  // cascade, e.g. a shared prefix's attention and each request's own cache,
+  // merged in fp32 by merge_states before one rounding). The cache, q and the
+  // new keys keep `dtype`.
+  bool fp32_output = false;
 };
 
 // The head dim of V, v_new, the V cache and O: v_head_dim, or head_dim when it is 0.

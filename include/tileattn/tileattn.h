@@ -352,6 +352,9 @@ typedef struct tileattn_kv_cache_args {
   int64_t v_scale_stride[3];
   /** V's head dim (v_new, v_cache and o), 1..512; 0 (the default): head_dim. */
   int64_t v_head_dim;
+  /** Nonzero: o is fp32 whatever dtype is, as ::tileattn_forward_args::fp32_output
+      (pieces of a cascade merged in fp32 before one rounding). 0: o has dtype. */
+  int32_t fp32_output;
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

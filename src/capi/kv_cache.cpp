@@ -69,6 +69,7 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.k_scale_stride = capi::to_array(c.k_scale_stride);
   a.v_scale_stride = capi::to_array(c.v_scale_stride);
   a.v_head_dim = c.v_head_dim;
+  a.fp32_output = c.fp32_output != 0;
   return a;
 }
 

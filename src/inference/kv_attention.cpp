@@ -38,6 +38,7 @@ ForwardArgs kvcache_forward_args(const KvCacheArgs& a, const int32_t* seqlens) {
   f.scale = a.scale;
   f.softcap = a.softcap;
   f.bf16_probabilities = a.bf16_probabilities;
+  f.fp32_output = a.fp32_output;
   f.alibi_slopes = a.alibi_slopes;
   f.alibi_batch_stride = a.alibi_batch_stride;
   f.sinks = a.sinks;

@@ -127,6 +127,7 @@ tileattn_kv_cache_args to_c(const KvCacheArgs& a) {
   c.v_scale = a.v_scale;
   for (int i = 0; i < 3; ++i) c.k_scale_stride[i] = a.k_scale_stride[i], c.v_scale_stride[i] = a.v_scale_stride[i];
   c.v_head_dim = a.v_head_dim;
+  c.fp32_output = a.fp32_output;
   return c;
 }
 
@@ -191,6 +192,32 @@ TEST(CApiKvCache, InitGivesTheCppDefaults) {
   EXPECT_EQ(c.window_left, defaults.window_left);
   EXPECT_TRUE(std::isnan(c.scale));
   EXPECT_EQ(c.block_table, nullptr);
+}
+
+// fp32_output reaches the kernel: a bf16 decode step writes the C++ call's
+// fp32 O bit for bit through the C struct.
+TEST(CApiKvCache, Fp32OutputBitwiseEqualToCpp) {
+  kvtest::DecodeSpec spec;
+  spec.dtype = DType::bf16;
+  spec.cached = {700, 90};
+  spec.new_tokens = 2;
+  kvtest::DecodeRun cpp(spec), via_c(spec);
+  cpp.prefill();
+  via_c.prefill();
+  std::vector<float> o_cpp(size_t(cpp.o.elements())), o_c(o_cpp.size(), -1.0f);
+  cpp.args.fp32_output = via_c.args.fp32_output = true;
+  cpp.args.o.data = o_cpp.data();
+  via_c.args.o.data = o_c.data();
+  cpp.decode();
+  KvCacheArgs a = via_c.args;
+  a.seqlen_new = spec.new_tokens;
+  a.k_new = {via_c.k_new.data(), via_c.new_stride};
+  a.v_new = {via_c.v_new.data(), via_c.v_new_stride};
+  const tileattn_kv_cache_args c = to_c(a);
+  ASSERT_EQ(c.fp32_output, 1);
+  ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(o_c, o_cpp);
+  EXPECT_EQ(via_c.lse, cpp.lse);
 }
 
 TEST(CApiKvCache, AppendAndAttendBitwiseEqualToCpp) {
