@@ -316,7 +316,8 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
   // A given output is the public functions' `out=`.
   ArrayView ov = o.is_none() ? read_array("o", o_obj, Access::allocated)
                              : read_output("out", o_obj, call.framework, call.q.type, q,
-                                           call.o.shape.data(), call.o.rank);
+                                           call.o.shape.data(), call.o.rank, /*float32_too=*/true);
+  a.fp32_output = ov.type == ElementType::f32 && call.q.type != ElementType::f32;
   if (call.packed) ov = as_packed_4d(ov);
   a.o = OutputView{ov.data, kernel_order(ov.stride, call.layout)};
   if (!lse_obj.is_none()) {

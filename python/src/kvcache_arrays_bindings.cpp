@@ -453,7 +453,9 @@ nb::object kvcache_arrays(nb::handle q, nb::handle k_cache, nb::handle v_cache, 
                        : dv == d          ? new_array_like(q, q_given)
                                           : new_array_shaped(q, o_shape);
   ArrayView ov = o_given.is_none() ? read_array("o", o, Access::allocated)
-                                   : read_output("out", o, fw, qa.type, q, o_shape.shape.data(), 4);
+                                   : read_output("out", o, fw, qa.type, q, o_shape.shape.data(), 4,
+                                                 /*float32_too=*/true);
+  a.fp32_output = ov.type == ElementType::f32 && qa.type != ElementType::f32;
   if (tm) ov = swap_rows_and_heads(ov);
   a.o = OutputView{ov.data, {ov.stride[0], ov.stride[1], ov.stride[2], ov.stride[3]}};
   nb::object lse = nb::none();

@@ -24,10 +24,12 @@ nb::object new_array_shaped(nb::handle like, const ArrayView& view);
 nb::object new_float32(Framework fw, std::initializer_list<int64_t> shape);
 
 // Checks a given output array `obj` named `name`: framework `fw`, writable,
-// element type `type` (q's when `q` is given, else float32) and shape
-// `expected` (`rank` sizes). Errors name the argument.
+// element type `type` (q's when `q` is given, else float32; with
+// `float32_too`, float32 as well: an attention output in fp32 for 16-bit
+// inputs, ForwardArgs::fp32_output) and shape `expected` (`rank` sizes).
+// Errors name the argument.
 ArrayView read_output(const char* name, nb::handle obj, Framework fw, ElementType type, nb::handle q,
-                      const int64_t* expected, int rank);
+                      const int64_t* expected, int rank, bool float32_too = false);
 
 // A library error about a call given `out=` (ValueError), in the Python API's
 // words: the library calls the output "o".

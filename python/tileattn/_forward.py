@@ -66,7 +66,10 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
             (about half of the call's time outside the kernel right after a decode-sized kernel,
             docs/python.md). With torch tensors only for
             calls that autograd, tracers and torch.compile do not see (no input requires
-            grad, or under ``torch.no_grad()``; no dropout); otherwise ValueError.
+            grad, or under ``torch.no_grad()``; no dropout); otherwise ValueError. For fp16 /
+            bf16 inputs ``out`` may be float32: it then gets O before its rounding to 16 bits
+            (C++ ``fp32_output``; rounded, it equals the 16-bit result bit for bit), for
+            results merged further (``merge_states`` in float32) before one rounding.
         softcap: soft cap c >= 0 (FlashAttention-2's ``softcap``): each scaled score x becomes
             ``c * tanh(x / c)`` before the mask is applied; 0 (the default) is off. Gradients
             go through it (``1 - tanh^2``).

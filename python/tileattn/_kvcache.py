@@ -87,7 +87,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             alignment).
         window: ``(left, right)`` sliding window, inclusive, -1 = unbounded.
         return_lse: also return the float32 ``[B, H, Nq]`` log-sum-exp.
-        out: optional output ``[B, H, Nq, D]`` to write instead of allocating one (q's dtype and
+        out: optional output ``[B, H, Nq, D]`` to write instead of allocating one (q's dtype, or
+            float32 for fp16 / bf16 queries: O before its rounding, as in flash_attention; q's
             framework, writable, positive strides, sharing no element with the inputs or the
             cache); a
             decode loop reuses one. With torch tensors only for calls that autograd, tracers

@@ -187,3 +187,51 @@ def test_views_of_one_buffer_that_share_no_element_are_accepted(framework):
             vn if framework == "numpy" else torch.from_numpy(vn),
             cache_seqlens=0, k_scale=ks, v_scale=vs)))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def to_dtype(x, dtype):
+    """A torch tensor in dtype, or (numpy) the float16 array; numpy has no bfloat16."""
+    return x.to(dtype) if isinstance(x, torch.Tensor) else x.astype(np.float16)
+
+
+@pytest.mark.parametrize("framework, dtype", [("numpy", torch.float16), ("torch", torch.float16),
+                                              ("torch", torch.bfloat16)])  # numpy has no bfloat16
+def test_float32_out_for_16_bit_inputs(framework, dtype):
+    """A float32 `out` for fp16/bf16 inputs gets O before its rounding to 16 bits (the C++
+    fp32_output): rounded, it is the ordinary result bit for bit; the LSE is the same; against
+    float64 it is closer than the 16-bit output."""
+    q, k, v = make(nq=37, nk=300, d=64)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    if framework == "numpy":
+        q, k, v = (x.numpy() for x in (q, k, v))
+    expected, expected_lse = tileattn.flash_attention(q, k, v, return_lse=True)
+    out = torch.full(tuple(q.shape), float("nan"))
+    out = out.numpy() if framework == "numpy" else out
+    got, lse = tileattn.flash_attention(q, k, v, return_lse=True, out=out)
+    assert got is out
+    wide = lambda x: torch.as_tensor(x).double()  # noqa: E731 (numpy float16 or torch, exactly)
+    assert torch.equal(wide(to_dtype(out, dtype)), wide(expected))
+    assert torch.equal(wide(lse), wide(expected_lse))
+    q64, k64, v64 = (wide(x) for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1))
+    err32 = (wide(out) - ref).abs().max().item()
+    err16 = (wide(expected) - ref).abs().max().item()
+    assert err32 < err16 / 20, (err32, err16)
+    with pytest.raises(TypeError, match="expected q's .* or float32"):
+        tileattn.flash_attention(q, k, v, out=out.astype(np.float64) if framework == "numpy" else out.double())
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_float32_out_for_a_bf16_cache(paged):
+    runs = []
+    for wide in (False, True):
+        q, kc, vc, kn, vn, table = kv_setup("torch", paged)
+        q, kc, vc, kn, vn = (x.to(torch.bfloat16) for x in (q, kc, vc, kn, vn))
+        out = torch.full(tuple(q.shape), float("nan")) if wide else None
+        o = tileattn.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=torch.tensor([11, 17]),
+                                            block_table=table, out=out)
+        assert o.dtype == (torch.float32 if wide else torch.bfloat16)
+        runs.append((o.to(torch.bfloat16), kc, vc))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
