@@ -224,8 +224,11 @@ class FlashAttention(nn.Module):
         # converted the layer since it was built, and the cache holds their outputs.
         dtype = self.k_proj.weight.dtype
         # Buffers made under torch.inference_mode() are inference tensors, which cannot be written
-        # outside it: a new sequence started outside gets new ones.
-        stale = self.k_cache is not None and self.k_cache.is_inference() and not torch.is_inference_mode_enabled()
+        # outside it: a new sequence started outside gets new ones. Not asked under torch.compile:
+        # Dynamo cannot trace Tensor.is_inference() (a graph break on every prefill after the first,
+        # an error with fullgraph=True; torch's own hint is no_grad instead of inference_mode there).
+        stale = (self.k_cache is not None and not torch.compiler.is_compiling() and self.k_cache.is_inference()
+                 and not torch.is_inference_mode_enabled())
         if self.k_cache is None or stale or tuple(self.k_cache.shape) != shape or self.k_cache.dtype != dtype:
             self.k_cache = torch.zeros(shape, dtype=dtype)
             self.v_cache = torch.zeros(shape, dtype=dtype)

@@ -102,3 +102,21 @@ def test_export_with_dropout():
     a, b = module(*args), module(*args)
     assert a.shape == (1, 2, 8, 16) and not torch.equal(a, b)
     torch.testing.assert_close(a.mean(), tileattn.flash_attention(*args).mean(), atol=0.2, rtol=0)
+
+
+def test_module_compiles_fullgraph_on_every_call():
+    """FlashAttention under torch.compile(fullgraph=True): the second prefill (a cache already
+    there) used to break the graph on reset_cache's Tensor.is_inference(), which Dynamo cannot
+    trace; training and inference calls equal eager."""
+    from tileattn._module import AttentionConfig, FlashAttention
+    config = AttentionConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    layer, eager = FlashAttention(config), FlashAttention(config)
+    eager.load_state_dict(layer.state_dict())
+    compiled = torch.compile(layer, fullgraph=True)
+    for n in (5, 5):
+        x = randn(2, n, 32, seed=n)
+        torch.testing.assert_close(compiled(x), eager(x), atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        x = randn(2, 5, 32, seed=9)
+        torch.testing.assert_close(compiled(x), eager(x), atol=1e-5, rtol=1e-4)
