@@ -120,3 +120,26 @@ def test_module_compiles_fullgraph_on_every_call():
     with torch.no_grad():
         x = randn(2, 5, 32, seed=9)
         torch.testing.assert_close(compiled(x), eager(x), atol=1e-5, rtol=1e-4)
+
+
+def test_compiled_decode_steps_with_dynamic_module_ints():
+    """docs/python.md's advice for compiled decode loops: FlashAttention.cache_length is an int
+    attribute, which Dynamo treats as static (one recompile per step, eager after 8); with
+    allow_unspec_int_on_nn_module the steps share graphs and equal eager."""
+    from torch._dynamo.utils import counters
+
+    from tileattn._module import AttentionConfig, FlashAttention
+    config = AttentionConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    layer, eager = FlashAttention(config), FlashAttention(config)
+    eager.load_state_dict(layer.state_dict())
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad(), torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        prompt = randn(2, 5, 32, seed=1)
+        layer(prompt), eager(prompt)
+        step = torch.compile(layer.incremental_forward, backend="aot_eager")
+        for i in range(10):
+            x = randn(2, 1, 32, seed=10 + i)
+            torch.testing.assert_close(step(x), eager.incremental_forward(x), atol=1e-5, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
