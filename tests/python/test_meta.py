@@ -69,3 +69,18 @@ def test_meta_mixed_with_cpu_is_refused_by_name():
         tileattn.merge_states(meta(2, 4, 6, 16), torch.zeros(2, 4, 6), meta(2, 4, 6, 16), meta(2, 4, 6))
     with pytest.raises(NotImplementedError, match="return_attn_probs: not supported on the meta device"):
         tileattn.flash_attention(meta(2, 4, 6, 16), meta(2, 2, 9, 16), meta(2, 2, 9, 16), return_attn_probs=True)
+
+
+def test_other_devices_are_refused_by_name():
+    """A CUDA tensor (faked: FakeTensorMode makes one without a GPU) is a ValueError naming the
+    argument and its device, on every entry point, also now that meta tensors are accepted."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k = torch.empty(1, 2, 4, 8, device="cuda"), torch.empty(1, 2, 4, 8, device="cuda")
+        calls = {"q": lambda: tileattn.flash_attention(q, k, k),
+                 "q ": lambda: tileattn.scaled_dot_product_attention(q, k, k, is_causal=True),
+                 "k_cache": lambda: tileattn.attention_with_kvcache(q[:, :, :1], k, k, cache_seqlens=2),
+                 "o_a": lambda: tileattn.merge_states(q, q[..., 0], q, q[..., 0])}
+        for name, call in calls.items():
+            with pytest.raises(ValueError, match=f"{name.strip()}: tensor is on device 'cuda:0'"):
+                call()
