@@ -24,6 +24,8 @@
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/machine.hpp"
 
+#include <unistd.h>
+
 namespace tileattn::cli {
 
 namespace {
@@ -146,6 +148,23 @@ int cmd_bench(int argc, char** argv) {
       __builtin_mul_overflow(batch * kv_heads, kv_seq * dim_v, &v_elems) ||
       __builtin_mul_overflow(batch * heads, seq * dim_v, &o_elems))
     throw UsageError("bench: shape is too large");
+  // The buffers this run allocates (q, k, v, o; with --backward dO, dQ, dK,
+  // dV and the LSE too) must fit in the machine's memory: a shape beyond it
+  // is a usage error naming the flags, before anything is allocated.
+  const double esize = double(dtype_size(dtype));
+  double buffer_bytes = double(q_elems + k_elems + v_elems + o_elems) * esize;
+  if (backward) buffer_bytes += double(q_elems + k_elems + v_elems + o_elems) * esize + double(batch * heads * seq) * 4;
+  const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (memory_bytes > 0 && buffer_bytes > memory_bytes) {
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "bench: --batch %lld --heads %lld --kv-heads %lld %s %lld --dim %lld needs %.1f GiB of buffers, "
+                  "more than this machine's %.1f GiB of memory",
+                  static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(kv_heads),
+                  decode ? "--kv-seq" : "--seq", static_cast<long long>(decode ? kv_seq : seq),
+                  static_cast<long long>(dim), buffer_bytes / double(1 << 30), memory_bytes / double(1 << 30));
+    throw UsageError(text);
+  }
 
   // Only q, k, v and o are allocated for our kernel (the memory target).
   const TypedBuffer q = random_buffer(dtype, q_elems, 1);

@@ -76,6 +76,23 @@ TEST(cliUsage, ValueErrorsNameTheFlag) {
   }
 }
 
+// A shape whose buffers exceed the machine's memory is a usage error naming
+// the flags, given before anything is allocated ("out of memory" before).
+TEST(cliBench, ShapesBeyondMemoryNameTheirFlags) {
+  TempDir dir;
+  for (const auto& [command, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"bench --batch 2147483648 --heads 2 --seq 16 --dim 16", "--batch 2147483648 --heads 2 --kv-heads 2 --seq 16 --dim 16"},
+           {"bench --heads 1000000 --seq 1000000 --dim 16 --backward", "--heads 1000000 --kv-heads 1000000 --seq 1000000"},
+           {"bench --decode --heads 32 --kv-heads 8 --kv-seq 100000000", "--kv-heads 8 --kv-seq 100000000 --dim 128"}}) {
+    const Result r = run_cli(command + " --no-baseline --json", dir);
+    EXPECT_EQ(r.status, 2) << command;
+    EXPECT_EQ(r.err.rfind("tileattn: bench: ", 0), 0u) << command << ": " << r.err;
+    EXPECT_NE(r.err.find(flags), std::string::npos) << command << ": " << r.err;
+    EXPECT_NE(r.err.find("GiB of memory"), std::string::npos) << command << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << command;
+  }
+}
+
 TEST(cliInfo, JsonHasTheMachineAndPeak) {
   TempDir dir;
   const Result r = run_cli("info --json", dir);
