@@ -101,7 +101,8 @@ def plan_from_args(args):
         raise UsageError(f"--out: expected a .json or .csv file name, got '{args.out}'")
     return {
         "seqs": _ints("--seqs", args.seqs, 1, 1 << 24),
-        "dims": _ints("--dims", args.dims, 1, 256),
+        # As `tileattn bench --sweep`: each case gives V Q/K's head dim, so D stops at V's 512.
+        "dims": _ints("--dims", args.dims, 1, 512),
         "masks": _words("--masks", args.masks, set(MASKS)),
         "dtypes": _words("--dtypes", args.dtypes, set(DTYPES)),
         "passes": _words("--passes", args.passes, set(PASSES)),

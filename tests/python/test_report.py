@@ -70,9 +70,12 @@ def test_plan_checks_flags():
     assert [(c["pass"], c["seq"]) for c in cases] == [("forward", 64), ("forward", 128), ("decode", 64),
                                                        ("decode", 128)]
     for bad in (["--seqs", "0"], ["--seqs", "64,64"], ["--masks", "diagonal"], ["--impls", "cublas"],
-                ["--heads", "6", "--kv-heads", "4"], ["--out", "r.txt"], ["--window", "5"]):
+                ["--heads", "6", "--kv-heads", "4"], ["--out", "r.txt"], ["--window", "5"],
+                ["--dims", "513"]):
         with pytest.raises(common.UsageError):
             common.plan_from_args(parser.parse_args(bad))
+    # Head dims up to V's limit, as the CLI's sweep takes them.
+    assert common.plan_from_args(parser.parse_args(["--dims", "64,512"]))["dims"] == [64, 512]
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "window"])
