@@ -62,8 +62,12 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
     if mask_grad:  # the mask's own shape as 4 dims: d_mask's accumulator
         mask_shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
         d_mask = torch.zeros(mask_shape, dtype=torch.float32, device=device)
+        d_mask_rows = []  # a mask with query rows: one block of rows per step
 
-    dq = torch.empty_like(qf)
+    # Accumulated out of place (sums, and blocks of dq concatenated): under torch.func.vmap some
+    # of q, k, v may be unbatched, and an in-place add of a batched block into an unbatched
+    # buffer is an error there.
+    dq_rows = []
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
     sink = sinks.float().view(1, h, 1, 1) if sinks is not None else None
@@ -103,21 +107,24 @@ def attention_backward_math(q, k, v, o, lse, grad_o, grad_lse, attn_mask, scale,
             e_sink = torch.exp(sink - shift)
             denominator = denominator + e_sink
             p_sink = e_sink / denominator  # (B, H, rows, 1)
-            d_sinks += (p_sink.squeeze(-1) * (dlse[:, :, r] - delta[:, :, r])).sum((0, 2))
+            d_sinks = d_sinks + (p_sink.squeeze(-1) * (dlse[:, :, r] - delta[:, :, r])).sum((0, 2))
         p = torch.where(seen, e / denominator, torch.zeros((), dtype=s.dtype))
-        dv += torch.matmul(p.transpose(-1, -2), do[:, :, r])
+        dv = dv + torch.matmul(p.transpose(-1, -2), do[:, :, r])
         dp = torch.matmul(do[:, :, r], vf.transpose(-1, -2))
         ds = p * (dp - delta[:, :, r].unsqueeze(-1) + dlse[:, :, r].unsqueeze(-1))
         if mask_grad:
             if mask_shape[2] == 1:  # one mask row for every query row
-                d_mask += ds.sum_to_size(mask_shape)
+                d_mask = d_mask + ds.sum_to_size(mask_shape)
             else:
-                d_mask[:, :, r] += ds.sum_to_size(mask_shape[:2] + (len(rows), mask_shape[3]))
+                d_mask_rows.append(ds.sum_to_size(mask_shape[:2] + (len(rows), mask_shape[3])))
         if softcap > 0:
             ds = ds * (1 - t * t)
-        dq[:, :, r] = torch.matmul(ds, kf) * scale
-        dk += torch.matmul(ds.transpose(-1, -2), qf[:, :, r]) * scale
+        dq_rows.append(torch.matmul(ds, kf) * scale)
+        dk = dk + torch.matmul(ds.transpose(-1, -2), qf[:, :, r]) * scale
 
+    dq = torch.cat(dq_rows, dim=2) if dq_rows else torch.zeros_like(qf)
+    if mask_grad and d_mask_rows:
+        d_mask = torch.cat(d_mask_rows, dim=2)
     dk = dk.view(b, hk, group, nk, d).sum(2)
     dv = dv.view(b, hk, group, nk, vf.shape[-1]).sum(2)  # V's head dim
     dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -117,3 +117,26 @@ def test_func_transforms_refuse_what_has_no_gradient():
     inner = tf.grad(lambda q: tileattn.flash_attention(q, k, v).pow(2).sum())
     with pytest.raises(NotImplementedError, match="flash_attention: double backward"):
         tf.grad(lambda q: inner(q).sum())(q)
+
+
+def _r(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_vmap_grad_with_unbatched_operands_and_a_mask_gradient():
+    """Per-sample gradients where only q is vmapped, through lse and a float mask's gradient (the
+    PyTorch-math backward added batched blocks in place into unbatched buffers: "output with
+    shape [...] doesn't match the broadcast shape")."""
+    import torch.func as tf
+    q, k, v, m = _r(3, 2, 4, 5, 16), _r(2, 2, 7, 16, seed=1), _r(2, 2, 7, 16, seed=2), _r(5, 7, seed=3)
+
+    def loss(q, k, v, m):
+        o, lse = tileattn.flash_attention(q, k, v, attn_mask=m, return_lse=True)
+        return (o * o).sum() + lse.sum()
+
+    got = tf.vmap(tf.grad(loss, argnums=(0, 1, 2, 3)), in_dims=(0, None, None, None))(q, k, v, m)
+    for i in range(3):
+        leaves = [t.clone().requires_grad_() for t in (q[i], k, v, m)]
+        loss(*leaves).backward()
+        close([g[i] for g in got], [t.grad for t in leaves])
+
