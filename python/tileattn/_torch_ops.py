@@ -263,6 +263,117 @@ def _refuse_backward(message):
 flash_attention_backward_op.register_autograd(_refuse_backward(_DOUBLE_BACKWARD_MESSAGE))
 
 
+# torch.func.vmap rules. Without them torch's fallback ran the op once per vmapped entry and
+# warned "There is a performance drop ... Please file us an issue on GitHub". The common case
+# folds the vmapped dim into the batch dim, which comes first in both layouts: one call over
+# [n * B, ...]. Packed batches, batched sinks (the backward: any sinks, whose gradient sums over
+# the batch) and dropout run one call per entry here: with dropout the pattern depends on the
+# batch index, so vmap's randomness="same" needs each entry at its own index, and
+# randomness="different" gives each entry its own seed (seed_tensor, batched).
+
+def _vmap_arguments(names, defaults, in_dims, args, kwargs):
+    """The op's arguments by name (defaults filled in) and their vmapped dims (None: not batched)."""
+    values = dict(defaults)
+    values.update(zip(names, args))
+    values.update(kwargs)
+    dims = dict.fromkeys(names)
+    dims.update(zip(names, in_dims))
+    return values, dims
+
+
+def _vmap_loop(op, n, names, values, dims):
+    """op once per vmapped entry, outputs stacked on dim 0."""
+    results = []
+    for i in range(n):
+        call = [values[name] if dims[name] is None else values[name].select(dims[name], i) for name in names]
+        results.append(op(*call))
+    outputs = tuple(torch.stack(parts) for parts in zip(*results))
+    return outputs, (0,) * len(outputs)
+
+
+def _vmap_leading(t, dim, n):
+    """t with its vmapped dim first ([n, ...]; an unbatched t expanded, without a copy)."""
+    return t.movedim(dim, 0) if dim is not None else t.expand(n, *t.shape)
+
+
+def _vmap_fold(t, dim, n):
+    """[n * B, ...] from t's vmapped dim and its batch dim (a copy only when they do not merge)."""
+    t = _vmap_leading(t, dim, n)
+    return t.reshape(n * t.shape[1], *t.shape[2:])
+
+
+def _vmap_fold_broadcast(t, dim, n, batch, rank):
+    """A tensor that broadcasts over [batch, ...] of `rank` dims (a mask [.., Nq, Nk]) as one that
+    broadcasts over [n * batch, ...]; None stays None."""
+    if t is None:
+        return None
+    if dim is None:
+        full = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
+        return full if full.shape[0] == 1 else full.repeat(n, *(1,) * (rank - 1))
+    t = t.movedim(dim, 0)
+    t = t.reshape((n,) + (1,) * (rank - (t.dim() - 1)) + tuple(t.shape[1:]))
+    t = t.expand(n, batch, *t.shape[2:])
+    return t.reshape(n * batch, *t.shape[2:])
+
+
+def _vmap_fold_alibi(t, dim, n, batch):
+    """ALiBi slopes ([H] or [B, H] per entry) for the folded batch: [H] unbatched stays, the rest
+    become [n * B, H]."""
+    if t is None or (dim is None and t.dim() == 1):
+        return t
+    t = _vmap_leading(t, dim, n)  # [n, H] or [n, B, H]
+    heads = t.shape[-1]
+    return t.reshape(n, -1, heads).expand(n, batch, heads).reshape(n * batch, heads)
+
+
+_FORWARD_NAMES = ("q", "k", "v", "attn_mask", "dropout_p", "softmax_scale", "is_causal", "window_left",
+                  "window_right", "layout", "seed", "softcap", "alibi_slopes", "sinks", "cu_seqlens_q",
+                  "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seed_tensor")
+_FORWARD_DEFAULTS = {"softcap": 0.0, "alibi_slopes": None, "sinks": None, "cu_seqlens_q": None,
+                     "cu_seqlens_k": None, "max_seqlen_q": -1, "max_seqlen_k": -1, "seed_tensor": None}
+
+
+@flash_attention_op.register_vmap
+def _(info, in_dims, *args, **kwargs):
+    a, d = _vmap_arguments(_FORWARD_NAMES, _FORWARD_DEFAULTS, in_dims, args, kwargs)
+    n = info.batch_size
+    if a["cu_seqlens_q"] is not None or a["dropout_p"] > 0 or d["sinks"] is not None:
+        return _vmap_loop(flash_attention_op, n, _FORWARD_NAMES, a, d)
+    batch = a["q"].shape[1 if d["q"] == 0 else 0] if d["q"] is not None else a["q"].shape[0]
+    folded = dict(a)
+    for name in ("q", "k", "v"):
+        folded[name] = _vmap_fold(a[name], d[name], n)
+    folded["attn_mask"] = _vmap_fold_broadcast(a["attn_mask"], d["attn_mask"], n, batch, 4)
+    folded["alibi_slopes"] = _vmap_fold_alibi(a["alibi_slopes"], d["alibi_slopes"], n, batch)
+    o, lse = flash_attention_op(*(folded[name] for name in _FORWARD_NAMES))
+    return (o.reshape(n, batch, *o.shape[1:]), lse.reshape(n, batch, *lse.shape[1:])), (0, 0)
+
+
+_BACKWARD_NAMES = ("q", "k", "v", "o", "lse", "grad_o", "grad_lse", "attn_mask", "dropout_p", "softmax_scale",
+                   "is_causal", "window_left", "window_right", "layout", "seed", "softcap", "alibi_slopes",
+                   "sinks", "cu_seqlens_q", "cu_seqlens_k", "seed_tensor")
+_BACKWARD_DEFAULTS = {"softcap": 0.0, "alibi_slopes": None, "sinks": None, "cu_seqlens_q": None,
+                      "cu_seqlens_k": None, "seed_tensor": None}
+
+
+@flash_attention_backward_op.register_vmap
+def _(info, in_dims, *args, **kwargs):
+    a, d = _vmap_arguments(_BACKWARD_NAMES, _BACKWARD_DEFAULTS, in_dims, args, kwargs)
+    n = info.batch_size
+    # d_sinks sums over the batch: folding would sum over the vmapped entries too.
+    if a["sinks"] is not None or a["cu_seqlens_q"] is not None or a["dropout_p"] > 0:
+        return _vmap_loop(flash_attention_backward_op, n, _BACKWARD_NAMES, a, d)
+    batch = a["q"].shape[1 if d["q"] == 0 else 0] if d["q"] is not None else a["q"].shape[0]
+    folded = dict(a)
+    for name in ("q", "k", "v", "o", "lse", "grad_o", "grad_lse"):
+        folded[name] = _vmap_fold(a[name], d[name], n)
+    folded["attn_mask"] = _vmap_fold_broadcast(a["attn_mask"], d["attn_mask"], n, batch, 4)
+    folded["alibi_slopes"] = _vmap_fold_alibi(a["alibi_slopes"], d["alibi_slopes"], n, batch)
+    dq, dk, dv, d_sinks = flash_attention_backward_op(*(folded[name] for name in _BACKWARD_NAMES))
+    unfold = lambda t: t.reshape(n, batch, *t.shape[1:])  # noqa: E731
+    return (unfold(dq), unfold(dk), unfold(dv), d_sinks), (0, 0, 0, None)
+
+
 def _op_arguments(q, k, v, mask, layout, causal, window_left, window_right, scale, dropout_p,
                   softcap, alibi_slopes=None, sinks=None, cu_q=None, cu_k=None):
     """(mask, scale) as the op takes them: the scale as a float, the mask as the kernel reads
@@ -292,9 +403,10 @@ def flash_attention(q, k, v, mask, dropout_p, scale, causal, window_left, window
     compiling = is_compiling()
     seed, seed_tensor = 0, None
     if dropout_p > 0:
-        if compiling:
+        if compiling or transforms_active():
             # Drawn inside the graph (a new seed each run of a compiled or exported graph); .item()
-            # here broke the graph, failed fullgraph=True and failed torch.export.
+            # here broke the graph, failed fullgraph=True and failed torch.export. Under
+            # vmap(randomness="different") the seed is batched: one per entry.
             seed_tensor = torch.randint(0, 2**62, (), dtype=torch.int64)
         else:
             seed = int(torch.randint(0, 2**62, ()).item())

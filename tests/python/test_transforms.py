@@ -119,8 +119,53 @@ def test_func_transforms_refuse_what_has_no_gradient():
         tf.grad(lambda q: inner(q).sum())(q)
 
 
+def _per_entry(fn, args, in_dims):
+    n = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    pick = lambda a, d, i: a if d is None else a.select(d, i)  # noqa: E731
+    results = [fn(*[pick(a, d, i) for a, d in zip(args, in_dims)]) for i in range(n)]
+    if isinstance(results[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*results))
+    return torch.stack(results)
+
+
 def _r(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+VMAP_CASES = {
+    # name: (function of the vmapped arguments, arguments, in_dims)
+    "gqa causal, all batched": (lambda q, k, v: tileattn.flash_attention(q, k, v, is_causal=True),
+                                (_r(3, 2, 4, 5, 16), _r(3, 2, 2, 7, 16, seed=1), _r(3, 2, 2, 7, 16, seed=2)), (0, 0, 0)),
+    "bshd with lse, q batched at dim 2, Dv != D": (
+        lambda q, k, v: tileattn.flash_attention(q, k, v, layout="bshd", return_lse=True),
+        (_r(2, 5, 3, 4, 16), _r(2, 7, 2, 16, seed=1), _r(2, 7, 2, 8, seed=2)), (2, None, None)),
+    "batched [Nq, Nk] mask and [B, H] slopes": (
+        lambda q, k, v, m, a: tileattn.flash_attention(q, k, v, attn_mask=m, alibi_slopes=a),
+        (_r(3, 2, 4, 5, 16), _r(2, 2, 7, 16, seed=1), _r(2, 2, 7, 16, seed=2), _r(5, 7, 3, seed=3),
+         _r(3, 2, 4, seed=4).abs()), (0, None, None, 2, 0)),
+    "batched sinks, packed rows (one call per entry)": (
+        lambda q, k, v, s: tileattn.flash_attention(q, k, v, sinks=s, cu_seqlens_q=torch.tensor([0, 3, 7]),
+                                                    cu_seqlens_k=torch.tensor([0, 3, 7])),
+        (_r(3, 7, 4, 16), _r(3, 7, 2, 16, seed=1), _r(3, 7, 2, 16, seed=2), _r(3, 4, seed=3)), (0, 0, 0, 0)),
+    "sdpa drop-in": (lambda q, k, v: tileattn.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                     (_r(3, 2, 4, 5, 16), _r(3, 2, 2, 7, 16, seed=1), _r(3, 2, 2, 7, 16, seed=2)), (0, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("case", list(VMAP_CASES))
+def test_vmap_rule_equals_one_call_per_entry(case):
+    """The ops' vmap rules (the vmapped dim folded into the batch, or one call per entry) give
+    what one call per entry gives, without torch's fallback warning ("performance drop ...
+    Please file us an issue")."""
+    import warnings
+
+    import torch.func as tf
+    fn, args, in_dims = VMAP_CASES[case]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*performance drop.*")
+        got = tf.vmap(fn, in_dims=in_dims)(*args)
+    want = _per_entry(fn, args, in_dims)
+    close(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,))
 
 
 def test_vmap_grad_with_unbatched_operands_and_a_mask_gradient():
@@ -140,3 +185,28 @@ def test_vmap_grad_with_unbatched_operands_and_a_mask_gradient():
         loss(*leaves).backward()
         close([g[i] for g in got], [t.grad for t in leaves])
 
+
+def test_vmap_dropout_follows_vmaps_randomness_flag():
+    """randomness="same": every entry the same pattern; "different": its own (the seed's .item()
+    failed under a batched seed); the backward replays each entry's pattern (o is linear in v,
+    so sum(o * g) == sum(v * dv))."""
+    import torch.func as tf
+    q, k, v = (_r(1, 2, 6, 16, seed=i).expand(3, 1, 2, 6, 16) for i in range(3))
+    g = _r(3, 1, 2, 6, 16, seed=5)
+
+    def attend(q, k, v):
+        return tileattn.flash_attention(q, k, v, dropout_p=0.5)
+
+    def loss(q, k, v, g):
+        return (attend(q, k, v) * g).sum()
+
+    same = tf.vmap(attend, randomness="same")(q, k, v)
+    assert torch.equal(same[0], same[1]) and torch.equal(same[1], same[2])
+    different = tf.vmap(attend, randomness="different")(q, k, v)
+    assert not torch.equal(different[0], different[1])
+    for randomness in ("same", "different"):
+        torch.manual_seed(7)
+        o = tf.vmap(attend, randomness=randomness)(q, k, v)
+        torch.manual_seed(7)
+        dv = tf.vmap(tf.grad(loss, argnums=2), randomness=randomness)(q, k, v, g)
+        torch.testing.assert_close((v * dv).sum((1, 2, 3, 4)), (o * g).sum((1, 2, 3, 4)), atol=1e-4, rtol=1e-5)
