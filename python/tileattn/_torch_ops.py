@@ -462,6 +462,15 @@ def _(o_a, lse_a, o_b, lse_b):
     return o_a.new_empty(o_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
 
 
+@merge_states_op.register_vmap
+def _(info, in_dims, o_a, lse_a, o_b, lse_b):
+    """The vmapped dim folded into the batch: one call over [n * B, ...]."""
+    n = info.batch_size
+    batch = o_a.shape[1 if in_dims[0] == 0 else 0]  # one entry's B
+    o, lse = merge_states_op(*(_vmap_fold(t, d, n) for t, d in zip((o_a, lse_a, o_b, lse_b), in_dims)))
+    return (o.reshape(n, batch, *o.shape[1:]), lse.reshape(n, batch, *lse.shape[1:])), (0, 0)
+
+
 merge_states_op.register_autograd(_refuse_backward(
     "merge_states: has no gradient (no autograd formula); call it on detached tensors or under "
     "torch.no_grad()"))

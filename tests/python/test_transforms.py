@@ -147,6 +147,12 @@ VMAP_CASES = {
         lambda q, k, v, s: tileattn.flash_attention(q, k, v, sinks=s, cu_seqlens_q=torch.tensor([0, 3, 7]),
                                                     cu_seqlens_k=torch.tensor([0, 3, 7])),
         (_r(3, 7, 4, 16), _r(3, 7, 2, 16, seed=1), _r(3, 7, 2, 16, seed=2), _r(3, 4, seed=3)), (0, 0, 0, 0)),
+    "merge_states, o_b and lse_b unbatched": (
+        tileattn.merge_states, (_r(3, 2, 4, 5, 16), _r(3, 2, 4, 5, seed=1), _r(2, 4, 5, 16, seed=2),
+                                _r(2, 4, 5, seed=3)), (0, 0, None, None)),
+    "merge_states at dim 1": (
+        tileattn.merge_states, (_r(2, 3, 4, 5, 16), _r(2, 3, 4, 5, seed=1), _r(2, 3, 4, 5, 16, seed=2),
+                                _r(2, 3, 4, 5, seed=3)), (1, 1, 1, 1)),
     "sdpa drop-in": (lambda q, k, v: tileattn.scaled_dot_product_attention(q, k, v, enable_gqa=True),
                      (_r(3, 2, 4, 5, 16), _r(3, 2, 2, 7, 16, seed=1), _r(3, 2, 2, 7, 16, seed=2)), (0, 0, 0)),
 }
