@@ -129,10 +129,12 @@ TEST(Memory, CliReportsOutOfMemoryForAnAbsurdButValidSize) {
   GTEST_SKIP() << "ulimit -v cannot be applied under a sanitizer runtime";
 #else
   const std::string err = ::testing::TempDir() + "tileattn_oom_stderr.txt";
-  // 2^27 rows x 8 heads x 256 dims x 4 bytes = 1 TiB per tensor; the cap makes
-  // the failure certain whatever the machine's overcommit policy.
-  const std::string command = "ulimit -v 4000000; exec " + std::string(TILEATTN_CLI) +
-                              " bench --seq 134217728 --heads 8 --dim 256 --no-baseline --reps 1 2> " + err;
+  // 2^18 rows x 8 heads x 128 dims x 4 bytes = 1 GiB per tensor, 4 GiB for
+  // q, k, v and o: within any machine's memory (bench refuses shapes beyond
+  // it before allocating, naming the flags), beyond the 2.4 GiB address-space
+  // cap, which makes the failure certain whatever the overcommit policy.
+  const std::string command = "ulimit -v 2500000; exec " + std::string(TILEATTN_CLI) +
+                              " bench --seq 262144 --heads 8 --dim 128 --no-baseline --reps 1 2> " + err;
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status)) << "the CLI crashed";
   EXPECT_EQ(WEXITSTATUS(status), 2);
