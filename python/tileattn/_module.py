@@ -164,6 +164,7 @@ class FlashAttention(nn.Module):
         # in state_dict, and .to(device) has nothing to move: tileattn runs on the CPU.
         self._set_rope(None)
         self.k_cache = self.v_cache = None  # [B, kv_heads, capacity, head_dim], the weights' dtype
+        self._cache_inference = False  # whether k_cache / v_cache were made under torch.inference_mode()
         self.cache_length = 0
         self.key_real = None   # padded batches: bool [B, capacity], True where a slot holds a real token
         self.real_count = None  # padded batches: int64 [B], real tokens so far (the next RoPE position)
@@ -224,14 +225,23 @@ class FlashAttention(nn.Module):
         # converted the layer since it was built, and the cache holds their outputs.
         dtype = self.k_proj.weight.dtype
         # Buffers made under torch.inference_mode() are inference tensors, which cannot be written
-        # outside it: a new sequence started outside gets new ones. Not asked under torch.compile:
-        # Dynamo cannot trace Tensor.is_inference() (a graph break on every prefill after the first,
-        # an error with fullgraph=True; torch's own hint is no_grad instead of inference_mode there).
-        stale = (self.k_cache is not None and not torch.compiler.is_compiling() and self.k_cache.is_inference()
-                 and not torch.is_inference_mode_enabled())
+        # outside it: a new sequence started outside gets new ones. Dynamo cannot trace
+        # Tensor.is_inference() or torch.is_inference_mode_enabled() (a graph break on every
+        # prefill after the first, an error with fullgraph=True), so compiled code reads the flag
+        # kept when the buffers were made, and remakes buffers made under inference mode (harmless
+        # inside it too: a prefill starts a new sequence). Buffers made by compiled code count as
+        # plain (torch's hint for compiled code is no_grad rather than inference_mode).
+        compiling = torch.compiler.is_compiling()
+        if self.k_cache is None:
+            stale = False
+        elif compiling:
+            stale = self._cache_inference
+        else:
+            stale = self.k_cache.is_inference() and not torch.is_inference_mode_enabled()
         if self.k_cache is None or stale or tuple(self.k_cache.shape) != shape or self.k_cache.dtype != dtype:
             self.k_cache = torch.zeros(shape, dtype=dtype)
             self.v_cache = torch.zeros(shape, dtype=dtype)
+            self._cache_inference = not compiling and torch.is_inference_mode_enabled()
         self.cache_length = 0
         self.key_real = self.real_count = None
 
@@ -252,6 +262,8 @@ class FlashAttention(nn.Module):
         real = self._padding(x, attention_mask, None, cached=self.cache_length)
         if self.k_cache.dtype != self.k_proj.weight.dtype:  # the layer was converted since the prefill
             self.k_cache, self.v_cache = (c.to(self.k_proj.weight.dtype) for c in (self.k_cache, self.v_cache))
+            self._cache_inference = self._cache_inference or (not torch.compiler.is_compiling()
+                                                              and torch.is_inference_mode_enabled())
         return self._attend(x, real)
 
     @staticmethod

@@ -120,6 +120,13 @@ def test_module_compiles_fullgraph_on_every_call():
     with torch.no_grad():
         x = randn(2, 5, 32, seed=9)
         torch.testing.assert_close(compiled(x), eager(x), atol=1e-5, rtol=1e-4)
+    # A cache made eagerly under inference_mode: the compiled prefill outside it makes a new one.
+    fresh = FlashAttention(config)
+    fresh.load_state_dict(layer.state_dict())
+    with torch.inference_mode():
+        fresh(x)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(fresh, fullgraph=True)(x), eager(x), atol=1e-5, rtol=1e-4)
 
 
 def test_compiled_decode_steps_with_dynamic_module_ints():
