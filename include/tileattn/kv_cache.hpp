@@ -35,7 +35,7 @@ struct KvCacheArgs {
   int64_t heads = 0;     // query heads
   int64_t kv_heads = 0;  // divides heads (GQA / MQA)
   int64_t head_dim = 0;  // Q and K: 1..576 (V's: v_head_dim, at the end)
-  DType dtype = DType::f32;  // of q, o, k_new, v_new and the cache
+  DType dtype = DType::f32;  // of q, o (see fp32_output), k_new, v_new and the cache
 
   // New queries: seqlen_q rows per sequence, [batch, heads, seqlen_q, head_dim].
   // Query t of sequence b sits at position L_b - seqlen_q + t, where L_b is

@@ -210,6 +210,7 @@ typedef struct tileattn_forward_args {
       0 (the default): o has dtype. Forward only: tileattn_backward() refuses it
       (TILEATTN_NOT_SUPPORTED). */
   int32_t fp32_output;
+  int32_t reserved1; /**< must be 0 (a field a later release may use) */
 } tileattn_forward_args;
 
 /** Arguments of tileattn_merge_states(); mirrors tileattn::MergeArgs. */
@@ -271,7 +272,7 @@ typedef struct tileattn_kv_cache_args {
   int64_t heads;     /**< query heads */
   int64_t kv_heads;  /**< divides heads */
   int64_t head_dim;  /**< Q and K: 1..576 (V, v_new, the V cache and O: v_head_dim, appended below) */
-  int32_t dtype;     /**< ::tileattn_dtype of q, o, k_new, v_new and the cache */
+  int32_t dtype;     /**< ::tileattn_dtype of q, o (see fp32_output), k_new, v_new and the cache */
   int32_t reserved0; /**< must be 0 */
 
   /** New queries, [batch, heads, seqlen_q, head_dim]; query t of sequence b sits
@@ -355,6 +356,7 @@ typedef struct tileattn_kv_cache_args {
   /** Nonzero: o is fp32 whatever dtype is, as ::tileattn_forward_args::fp32_output
       (pieces of a cascade merged in fp32 before one rounding). 0: o has dtype. */
   int32_t fp32_output;
+  int32_t reserved5; /**< must be 0 (a field a later release may use) */
 } tileattn_kv_cache_args;
 
 /** What the library knows about the CPU. Initialize with tileattn_cpu_info_init(). */

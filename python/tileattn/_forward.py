@@ -102,7 +102,8 @@ def flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, softmax_scale=None, 
 
     Returns:
         ``o`` in q's layout, dtype and framework (a freshly allocated contiguous array, or
-        ``out``), ``(o, lse)`` with ``return_lse=True``, ``(o, probs)`` with
+        ``out``, which may be float32 for 16-bit inputs), ``(o, lse)`` with
+        ``return_lse=True``, ``(o, probs)`` with
         ``return_attn_probs=True`` and ``(o, lse, probs)`` with both. Rows that see no key are
         zeros.
 

@@ -96,7 +96,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
             mode); otherwise ValueError.
 
     Returns:
-        ``o`` ``[B, H, Nq, D]`` in q's dtype and framework (``out`` when given), or ``(o, lse)``.
+        ``o`` ``[B, H, Nq, D]`` in q's dtype and framework (``out`` when given, which may be
+        float32 for 16-bit queries), or ``(o, lse)``.
 
     Copies: q, k, v, k_cache, v_cache are never copied. Small index and table arguments are
     converted when they are not already in the kernel's form: cache_seqlens is always copied

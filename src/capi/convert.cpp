@@ -83,6 +83,7 @@ ForwardArgs to_forward_args(const tileattn_forward_args* user) {
   a.softcap = c.softcap;
   a.bf16_probabilities = c.bf16_probabilities != 0;
   a.fp32_output = c.fp32_output != 0;
+  if (c.reserved1 != 0) throw Error("args->reserved1 must be 0");
   a.alibi_slopes = c.alibi_slopes;
   a.alibi_batch_stride = c.alibi_batch_stride;
   a.sinks = c.sinks;

@@ -70,6 +70,7 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
   a.v_scale_stride = capi::to_array(c.v_scale_stride);
   a.v_head_dim = c.v_head_dim;
   a.fp32_output = c.fp32_output != 0;
+  if (c.reserved5 != 0) throw Error("args->reserved5 must be 0");
   return a;
 }
 

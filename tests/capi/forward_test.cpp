@@ -228,6 +228,21 @@ TEST(CApiForward, Fp32OutputReachesTheKernel) {
   EXPECT_NE(std::string(tileattn_last_error()).find("fp32_output"), std::string::npos) << tileattn_last_error();
 }
 
+// The 4 bytes after fp32_output (the struct's padding to 8 bytes) are a
+// reserved field: nonzero is refused, so that a later field placed there is
+// never ignored silently.
+TEST(CApiForward, ReservedFieldAfterFp32OutputMustBeZero) {
+  CaseData data(Case{});
+  tileattn_forward_args c = capi_testing::to_c_args(data.args);
+  static_assert(offsetof(tileattn_forward_args, reserved1) + sizeof(int32_t) == sizeof(tileattn_forward_args));
+  c.reserved1 = 7;
+  EXPECT_EQ(tileattn_forward(&c), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("reserved1"), std::string::npos) << tileattn_last_error();
+  for (float x : data.o32) ASSERT_EQ(x, 0.0f);
+  c.reserved1 = 0;
+  EXPECT_EQ(tileattn_forward(&c), TILEATTN_OK) << tileattn_last_error();
+}
+
 // A caller compiled against a newer header (a longer struct) is served when
 // the fields this library does not know are zero, refused otherwise.
 TEST(CApiForward, StructSizeVersioning) {

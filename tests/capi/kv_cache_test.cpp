@@ -218,6 +218,13 @@ TEST(CApiKvCache, Fp32OutputBitwiseEqualToCpp) {
   ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
   EXPECT_EQ(o_c, o_cpp);
   EXPECT_EQ(via_c.lse, cpp.lse);
+
+  // The 4 bytes after fp32_output are a reserved field: nonzero is refused.
+  static_assert(offsetof(tileattn_kv_cache_args, reserved5) + sizeof(int32_t) == sizeof(tileattn_kv_cache_args));
+  tileattn_kv_cache_args bad = c;
+  bad.reserved5 = 1;
+  EXPECT_EQ(tileattn_attention_with_kvcache(&bad), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("reserved5"), std::string::npos) << tileattn_last_error();
 }
 
 TEST(CApiKvCache, AppendAndAttendBitwiseEqualToCpp) {

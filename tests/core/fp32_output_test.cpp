@@ -20,6 +20,7 @@
 #include "testing/case_table.hpp"
 #include "testing/problem_case.hpp"
 #include "tileattn/backward.hpp"
+#include "tileattn/kv_cache.hpp"
 #include "tileattn/machine.hpp"
 
 namespace tileattn::testing {
@@ -162,6 +163,57 @@ TEST(Fp32OutputArgs, BackwardRefusesIt) {
   b.dk = {grads.data() + data.q16.size(), data.args.k.stride};
   b.dv = {grads.data() + data.q16.size() + data.k16.size(), data.args.v.stride};
   EXPECT_THROW(attention_backward(b), NotSupported);
+}
+
+// The overlap checks size O's elements as 4 bytes: an fp32 O whose last
+// element's upper half is q's first bf16 element (2-byte elements would end
+// before q) is refused, by the forward and by the KV-cache call (there
+// against the cache).
+TEST(Fp32OutputArgs, OverlapChecksTakeFourByteElements) {
+  constexpr int64_t d = 16;
+  alignas(64) static uint16_t memory[4096];
+  float* o = reinterpret_cast<float*>(memory);  // d floats: bytes [0, 4d)
+  uint16_t* after_o = memory + 2 * d - 1;       // bytes [4d - 2, ...): o's last element's upper half
+  std::vector<uint16_t> k(4 * d, 0x3f80), v(4 * d, 0x3f80);
+  ForwardArgs f;
+  f.shape = {1, 1, 1, 1, 4, d};
+  f.dtype = DType::bf16;
+  f.fp32_output = true;
+  f.q = {after_o, dense_strides(Layout::bhsd, 1, 1, 1, d)};
+  f.k = {k.data(), dense_strides(Layout::bhsd, 1, 1, 4, d)};
+  f.v = {v.data(), f.k.stride};
+  f.o = {o, f.q.stride};
+  try {
+    validate(f);
+    ADD_FAILURE() << "an fp32 O overlapping q's first element was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overlaps"), std::string::npos) << e.what();
+  }
+  f.q.data = after_o + 1;  // just past o's last byte
+  EXPECT_NO_THROW(validate(f));
+
+  std::vector<uint16_t> q(d, 0x3f80);
+  std::vector<int32_t> lengths{2};
+  KvCacheArgs a;
+  a.batch = a.heads = a.kv_heads = 1;
+  a.head_dim = d;
+  a.dtype = DType::bf16;
+  a.seqlen_q = 1;
+  a.q = {q.data(), dense_strides(Layout::bhsd, 1, 1, 1, d)};
+  a.o = {o, a.q.stride};
+  a.fp32_output = true;
+  a.k_cache = {after_o, dense_strides(Layout::bhsd, 1, 1, 4, d)};
+  a.v_cache = {k.data(), a.k_cache.stride};
+  a.capacity = 4;
+  a.cache_seqlens = lengths.data();
+  try {
+    attention_with_kvcache(a);
+    ADD_FAILURE() << "an fp32 O overlapping the K cache's first element was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_cache"), std::string::npos) << e.what();
+  }
+  a.k_cache.data = after_o + 1;
+  EXPECT_NO_THROW(attention_with_kvcache(a));
 }
 
 }  // namespace
