@@ -150,3 +150,42 @@ def test_compiled_decode_steps_with_dynamic_module_ints():
             x = randn(2, 1, 32, seed=10 + i)
             torch.testing.assert_close(step(x), eager.incremental_forward(x), atol=1e-5, rtol=1e-4)
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+
+
+def _opcheck_cases():
+    r = lambda *s, seed=0, grad=True: randn(*s, seed=seed, requires_grad=grad)  # noqa: E731
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    seqlens = torch.tensor([3, 5], dtype=torch.int32)
+    fwd, kv = ops.flash_attention.default, ops.attention_with_kvcache.default
+    return {
+        "bshd, GQA, Dv != D, window": (fwd, (r(2, 6, 4, 16), r(2, 9, 2, 16, seed=1), r(2, 9, 2, 8, seed=2), None,
+                                             0.0, 0.25, False, 2, 1, 1, 0)),
+        "float mask with a gradient, causal": (fwd, (r(1, 4, 6, 16), r(1, 2, 9, 16, seed=1), r(1, 2, 9, 16, seed=2),
+                                                     r(1, 1, 6, 9, seed=3), 0.0, 0.25, True, -1, -1, 0, 0)),
+        "packed rows (transposed), sinks, ALiBi [B, H]": (
+            fwd, (r(4, 7, 16).transpose(0, 1), r(2, 9, 16, seed=1).transpose(0, 1), r(2, 9, 16, seed=2).transpose(0, 1),
+                  None, 0.0, 0.25, True, -1, -1, 1, 0, 0.0, torch.rand(2, 4), r(4, seed=3), cu_q, cu_k)),
+        "bf16, soft cap": (fwd, tuple(t.detach().bfloat16().requires_grad_() for t in (r(1, 4, 6, 16), r(1, 4, 9, 16, seed=1),
+                                                                                   r(1, 4, 9, 16, seed=2)))
+                           + (None, 0.0, 0.25, False, -1, -1, 0, 0, 3.0)),
+        "kv cache: batch index, left pad, Dv != D, RoPE": (
+            kv, (r(2, 4, 3, 16, grad=False), r(3, 2, 12, 16, grad=False), r(3, 2, 12, 8, grad=False),
+                 r(2, 2, 3, 16, grad=False), r(2, 2, 3, 8, grad=False), seqlens, None, torch.rand(12, 8),
+                 torch.rand(12, 8), False, 0.25, True, -1, -1, 0.0, None, None,
+                 torch.tensor([2, 0], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32))),
+        "kv cache: pages, window, sinks": (
+            kv, (r(2, 4, 1, 16, grad=False), r(6, 2, 4, 16, grad=False), r(6, 2, 4, 16, grad=False), None, None,
+                 seqlens, torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32), None, None, False, 0.25, True, 3, 0,
+                 0.0, None, torch.zeros(4))),
+        "merge_states, strided": (ops.merge_states.default,
+                                  (r(2, 6, 4, 16, grad=False).transpose(1, 2), r(2, 6, 4, grad=False).transpose(1, 2),
+                                   r(2, 4, 6, 16, seed=1, grad=False), r(2, 4, 6, seed=1, grad=False))),
+    }
+
+
+@pytest.mark.parametrize("case", list(_opcheck_cases()))
+def test_opcheck_representative_inputs(case):
+    """torch.library.opcheck (schema, autograd registration, fake kernels against the real
+    outputs' shapes, dtypes and strides, AOT dispatch) over the ops' feature combinations."""
+    op, args = _opcheck_cases()[case]
+    torch.library.opcheck(op, args)
