@@ -36,15 +36,26 @@ struct BackwardArgs {
   // The forward's log-sum-exp (fp32, natural log), [batch, heads, seqlen_q].
   const float* lse = nullptr;
   std::array<int64_t, 3> lse_stride{0, 0, 1};
-  OutputView dq;  // [batch, heads, seqlen_q, head_dim], forward.dtype
-  OutputView dk;  // [batch, kv_heads, seqlen_k, head_dim], forward.dtype
-  OutputView dv;  // [batch, kv_heads, seqlen_k, v_head_dim], forward.dtype
+  OutputView dq;  // [batch, heads, seqlen_q, head_dim], gradient_dtype(*this)
+  OutputView dk;  // [batch, kv_heads, seqlen_k, head_dim], gradient_dtype(*this)
+  OutputView dv;  // [batch, kv_heads, seqlen_k, v_head_dim], gradient_dtype(*this)
   // Optional, with forward.sinks: the gradient of the sinks, fp32 [heads]
   // (dense), overwritten: d_sinks[h] = -sum over the rows of head h (every
   // sequence) of P_sink * D, P_sink = exp(sinks[h] - LSE) the sink's share
   // of the row's softmax. Null: not computed.
   float* d_sinks = nullptr;
+  // dQ, dK and dV in fp32 whatever forward.dtype is: the gradients before
+  // their rounding to 16 bits, for gradients summed further (accumulation
+  // over micro-batches into fp32 gradients, ring attention's blocks) before
+  // one rounding. The inputs (q, k, v, o, d_o) keep forward.dtype and its
+  // products (bf16 dot products on the amx / avx512bf16 rungs).
+  bool fp32_gradients = false;
 };
+
+// The dtype of dq, dk and dv: fp32 with fp32_gradients, else forward.dtype.
+inline DType gradient_dtype(const BackwardArgs& args) {
+  return args.fp32_gradients ? DType::f32 : args.forward.dtype;
+}
 
 // Validates `args` (throws Error naming the argument: shapes, strides, null
 // pointers, outputs overlapping each other or any input) and writes dQ, dK,

@@ -248,13 +248,19 @@ typedef struct tileattn_backward_args {
   tileattn_tensor d_o;  /**< gradient of the loss with respect to O, same shape and dtype */
   const float* lse;     /**< the forward's log-sum-exp, fp32, [batch, heads, seqlen_q] */
   int64_t lse_stride[3];
-  tileattn_out_tensor dq;  /**< [batch, heads, seqlen_q, head_dim] */
+  tileattn_out_tensor dq;  /**< [batch, heads, seqlen_q, head_dim]; dq, dk, dv: see fp32_gradients */
   tileattn_out_tensor dk;  /**< [batch, kv_heads, seqlen_k, head_dim] (GQA: summed over the group) */
   tileattn_out_tensor dv;  /**< [batch, kv_heads, seqlen_k, head_dim] */
   /* Appended after the first release (older callers' structs end above). */
   /** Optional, with forward->sinks: fp32 [heads], overwritten with the sinks'
       gradient, -sum over rows of exp(sinks[h] - lse) * rowsum(dO * O). NULL: not computed. */
   float* d_sinks;
+  /** Nonzero: dq, dk and dv are fp32 whatever forward->dtype is (the gradients
+      before their rounding to 16 bits, for sums over micro-batches or ring
+      blocks before one rounding); q, k, v, o and d_o keep forward->dtype.
+      0 (the default): the gradients have forward->dtype. */
+  int32_t fp32_gradients;
+  int32_t reserved0; /**< must be 0 */
 } tileattn_backward_args;
 
 /**

@@ -22,6 +22,8 @@ BackwardArgs to_backward_args(const tileattn_backward_args* user) {
   b.dk = capi::to_view(c.dk);
   b.dv = capi::to_view(c.dv);
   b.d_sinks = c.d_sinks;
+  b.fp32_gradients = c.fp32_gradients != 0;
+  if (c.reserved0 != 0) throw Error("args->reserved0 must be 0");
   return b;
 }
 

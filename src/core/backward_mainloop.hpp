@@ -368,16 +368,17 @@ class BackwardMainloop {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
     const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;
     const float dk_factor = bf16_ ? kLn2 * p_.fwd.score_scale : kLn2;
-    const int64_t esize = int64_t(dtype_size(a_.dtype));
     const BackwardArgs& b = *p_.args;
+    const DType grad_dtype = gradient_dtype(b);
+    const int64_t esize = int64_t(dtype_size(grad_dtype));
     for (int64_t c = 0; c < n; ++c) {
       const int64_t row = seq.k_row0 + j0 + c;
       char* dk = static_cast<char*>(b.dk.data) +
                  (seq.k_batch * b.dk.stride[0] + w.kv_head * b.dk.stride[1] + row * b.dk.stride[2]) * esize;
       char* dv_row = static_cast<char*>(b.dv.data) +
                      (seq.k_batch * b.dv.stride[0] + w.kv_head * b.dv.stride[1] + row * b.dv.stride[2]) * esize;
-      K::store_row(dk_ + c * dp, dk_factor, d, a_.dtype, dk, b.dk.stride[3]);
-      K::store_row(dv_ + c * dvp, 1.0f, dv, a_.dtype, dv_row, b.dv.stride[3]);
+      K::store_row(dk_ + c * dp, dk_factor, d, grad_dtype, dk, b.dk.stride[3]);
+      K::store_row(dv_ + c * dvp, 1.0f, dv, grad_dtype, dv_row, b.dv.stride[3]);
     }
   }
 

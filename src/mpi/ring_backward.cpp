@@ -61,11 +61,11 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
   // running out of memory fails on every rank before any message is posted:
   // two K/V buffers and the fp32 (dK, dV) of one slice four times (this
   // rank's share of its own slice, the share being computed, the accumulator
-  // coming in and the one going out), and the fp32 copies of RingGradients.
+  // coming in and the one going out), and RingGradients' fp32 dQ and LSE.
   std::vector<unsigned char> kv_buffers[2];
   std::vector<float> own, share, incoming, outgoing;
   std::optional<detail::RingGradients> gradients;
-  double widen_s = 0;  // the fp32 copies of Q, O, dO
+  double setup_s = 0;  // RingGradients' setup (the LSE copy, dQ zeroed)
   const detail::RingSetup ring = detail::set_up_ring(
       a, [&](int64_t rows) { validate(local_backward_args(args, rows)); },
       [&](const detail::RingSetup& setup) {
@@ -73,11 +73,11 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
         for (auto& b : kv_buffers) b.resize(size_t(2 * slice_elements(max_rows) * esize));
         own.resize(size_t(2 * slice_elements(setup.plan.rows(setup.rank))));
         for (auto* g : {&share, &incoming, &outgoing}) g->resize(size_t(2 * slice_elements(max_rows)));
-        const double widen_start = MPI_Wtime();
+        const double setup_start = MPI_Wtime();
         gradients.emplace(detail::block_problem(a, setup.isa), a.q, args.o, args.d_o, args.lse, args.lse_stride,
                           setup.plan.segments(setup.rank));
         gradients->reserve(max_rows);
-        widen_s = MPI_Wtime() - widen_start;
+        setup_s = MPI_Wtime() - setup_start;
       },
       "ring_attention_backward");
   const int rank = ring.rank, ranks = ring.ranks;
@@ -98,7 +98,7 @@ RingStats ring_attention_backward(const RingBackwardArgs& args) {
 
   RingStats stats;
   stats.steps = ranks;
-  stats.compute_s = widen_s;
+  stats.compute_s = setup_s;
   // An exception from this rank's compute is kept, not thrown: the rank stops
   // computing but keeps passing the slices and accumulators until the ring
   // ends, so that no neighbour waits for a message that never comes and no

@@ -52,30 +52,6 @@ int64_t visible_pairs(const Block& block) {
   return pairs;
 }
 
-void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
-           float* dst) {
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t in = b * src.stride[0] + h * src.stride[1] + r * src.stride[2];
-        float* out = dst + ((b * heads + h) * rows + r) * head_dim;
-        // The dtype switch once per row, not per element (this runs over
-        // every row of Q, O, dO and of each arriving K/V slice).
-        const int64_t step = src.stride[3];
-        if (dtype == DType::f32) {
-          const float* row = static_cast<const float*>(src.data) + in;
-          if (step == 1) std::memcpy(out, row, sizeof(float) * size_t(head_dim));
-          else for (int64_t c = 0; c < head_dim; ++c) out[c] = row[c * step];
-        } else {
-          const uint16_t* row = static_cast<const uint16_t*>(src.data) + in;
-          if (dtype == DType::f16)
-            for (int64_t c = 0; c < head_dim; ++c) out[c] = tileattn::detail::f16_to_float(row[c * step]);
-          else
-            for (int64_t c = 0; c < head_dim; ++c) out[c] = tileattn::detail::bf16_to_float(row[c * step]);
-        }
-      }
-}
-
 void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
                    DType dtype, OutputView out) {
   for (int64_t b = 0; b < batch; ++b)

@@ -51,13 +51,10 @@ struct RingProblem {
 void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
                    DType dtype, OutputView out);
 
-// Converts a [batch, heads, rows, head_dim] view of `dtype` into dense fp32.
-void widen(InputView src, DType dtype, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
-           float* dst);
-
 // One piece's attention_forward arguments, tensors aside: the block's shape
 // for the heads sharing one K/V head, its band, and the problem's options,
-// with `dtype` the type the call reads (the backward's calls read fp32).
+// with `dtype` the type the call reads (the storage dtype; the calls write
+// fp32: fp32_output, fp32_gradients).
 ForwardArgs piece_args(const RingProblem& p, const Block& block, DType dtype);
 
 // What the walk counts: blocks computed and skipped, and the (query, key)

@@ -1,53 +1,39 @@
 #include "mpi/ring_gradients.hpp"
 
-#include <cstring>
-
-#include "core/half.hpp"
 #include "tileattn/backward.hpp"
 #include "training/backward_problem.hpp"
 
 namespace tileattn::mpi::detail {
 
+namespace {
+
+// (batch b, head h, local row r) of a view with `esize`-byte elements.
+const void* row_at(const InputView& view, int64_t esize, int64_t b, int64_t h, int64_t r) {
+  return static_cast<const unsigned char*>(view.data) + (b * view.stride[0] + h * view.stride[1] + r * view.stride[2]) * esize;
+}
+
+}  // namespace
+
 RingGradients::RingGradients(const Problem& problem, InputView q, InputView o, InputView d_o, const float* lse,
                              std::array<int64_t, 3> lse_stride, std::vector<Segment> q_segments)
-    : problem_(problem), q_segments_(std::move(q_segments)) {
+    : problem_(problem), q_segments_(std::move(q_segments)), q_view_(q), o_view_(o), d_o_view_(d_o) {
   const Problem& p = problem_;
   for (const Segment& s : q_segments_) rows_ += s.size();
-  const size_t elements = size_t(p.batch * p.heads * rows_ * p.head_dim);
-  // fp32 storage is read in place (any strides); 16-bit storage is widened.
-  q_view_ = q;
-  o_view_ = o;
-  d_o_view_ = d_o;
-  if (p.dtype != DType::f32) {
-    const std::array<int64_t, 4> dense{p.heads * rows_ * p.head_dim, rows_ * p.head_dim, p.head_dim, 1};
-    std::vector<float>* copies[3] = {&q_, &o_, &d_o_};
-    InputView* views[3] = {&q_view_, &o_view_, &d_o_view_};
-    for (int t = 0; t < 3; ++t) {
-      copies[t]->resize(elements);
-      widen(*views[t], p.dtype, p.batch, p.heads, rows_, p.head_dim, copies[t]->data());
-      *views[t] = {copies[t]->data(), dense};
-    }
-  }
   lse_.resize(size_t(p.batch * p.heads * rows_));
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h)
       for (int64_t r = 0; r < rows_; ++r)
         lse_[size_t((b * p.heads + h) * rows_ + r)] = lse[b * lse_stride[0] + h * lse_stride[1] + r * lse_stride[2]];
-  dq_.assign(elements, 0.0f);
+  dq_.assign(size_t(p.batch * p.heads * rows_ * p.head_dim), 0.0f);
   const int64_t group = p.heads / p.kv_heads;
   part_dq_.resize(size_t(group * rows_ * p.head_dim));
 }
 
 void RingGradients::reserve(int64_t max_kv_rows) {
-  const Problem& p = problem_;
-  const size_t rows_d = size_t(max_kv_rows * p.head_dim);
+  const size_t rows_d = size_t(max_kv_rows * problem_.head_dim);
   if (part_dk_.size() < rows_d) {
     part_dk_.resize(rows_d);
     part_dv_.resize(rows_d);
-  }
-  if (p.dtype != DType::f32) {  // the widened slice; fp32 slices are read in place
-    k_.reserve(size_t(p.batch * p.kv_heads) * rows_d);
-    v_.reserve(k_.capacity());
   }
 }
 
@@ -55,30 +41,11 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
                            float* dv, const std::function<void()>& between) {
   const Problem& p = problem_;
   const int64_t group = p.heads / p.kv_heads, d = p.head_dim;
+  const int64_t esize = int64_t(dtype_size(p.dtype));
   int64_t kv_rows = 0;
   for (const Segment& s : kv_segments) kv_rows += s.size();
-  if (part_dk_.size() < size_t(kv_rows * d)) {
-    part_dk_.resize(size_t(kv_rows * d));
-    part_dv_.resize(size_t(kv_rows * d));
-  }
-  // The slice as dense fp32 (K, V travel in the storage dtype; widening is
-  // O(rows * D) per step against the blocks' O(rows^2 * D)).
-  const float* k32 = static_cast<const float*>(k.data);
-  const float* v32 = static_cast<const float*>(v.data);
-  const std::array<int64_t, 4> dense{p.kv_heads * kv_rows * d, kv_rows * d, d, 1};
-  if (p.dtype != DType::f32 || k.stride != dense || v.stride != dense) {
-    k_.resize(size_t(p.batch * p.kv_heads * kv_rows * d));
-    v_.resize(k_.size());
-    widen(k, p.dtype, p.batch, p.kv_heads, kv_rows, d, k_.data());
-    widen(v, p.dtype, p.batch, p.kv_heads, kv_rows, d, v_.data());
-    k32 = k_.data();
-    v32 = v_.data();
-  }
+  reserve(kv_rows);
 
-  // Element offset of (batch b, head h, local row r) in an fp32 view.
-  auto at = [](const InputView& view, int64_t b, int64_t h, int64_t r) {
-    return static_cast<const float*>(view.data) + b * view.stride[0] + h * view.stride[1] + r * view.stride[2];
-  };
   // The heads sharing a K/V head go together, as in the forward: their dK
   // and dV sum inside the call.
   for_each_block(p, q_segments_, kv_segments, counts_, between, [&](const PlacedBlock& placed, int64_t b, int64_t g) {
@@ -87,18 +54,19 @@ void RingGradients::absorb(InputView k, InputView v, const std::vector<Segment>&
     const int64_t dq_at = ((b * p.heads + g * group) * rows_ + q_row) * d;
     const int64_t k_at = ((b * p.kv_heads + g) * kv_rows + placed.k_row) * d;
     BackwardArgs bw;
-    bw.forward = piece_args(p, block, DType::f32);
+    bw.forward = piece_args(p, block, p.dtype);
     ForwardArgs& f = bw.forward;
-    f.q = {at(q_view_, b, g * group, q_row), q_view_.stride};
-    f.k = {k32 + k_at, dense};
-    f.v = {v32 + k_at, dense};
-    bw.o = {at(o_view_, b, g * group, q_row), o_view_.stride};
-    bw.d_o = {at(d_o_view_, b, g * group, q_row), d_o_view_.stride};
+    f.q = {row_at(q_view_, esize, b, g * group, q_row), q_view_.stride};
+    f.k = {row_at(k, esize, b, g, placed.k_row), k.stride};
+    f.v = {row_at(v, esize, b, g, placed.k_row), v.stride};
+    bw.o = {row_at(o_view_, esize, b, g * group, q_row), o_view_.stride};
+    bw.d_o = {row_at(d_o_view_, esize, b, g * group, q_row), d_o_view_.stride};
     bw.lse = lse_.data() + (b * p.heads + g * group) * rows_ + q_row;
     bw.lse_stride = {p.heads * rows_, rows_, 1};
     bw.dq = {part_dq_.data(), {group * nq * d, nq * d, d, 1}};
     bw.dk = {part_dk_.data(), {nk * d, nk * d, d, 1}};
     bw.dv = {part_dv_.data(), bw.dk.stride};
+    bw.fp32_gradients = true;
     tileattn::detail::run_backward(bw, /*lse_of_these_keys=*/false);  // the LSE covers every rank's keys
 
     for (int64_t h = 0; h < group; ++h) {

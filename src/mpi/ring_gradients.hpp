@@ -27,15 +27,15 @@ class RingGradients {
   RingGradients(const Problem& problem, InputView q, InputView o, InputView d_o, const float* lse,
                 std::array<int64_t, 3> lse_stride, std::vector<Segment> q_segments);
 
-  // Sizes the scratch of absorb for K/V slices of up to max_kv_rows rows up
-  // front (absorb grows it otherwise), so that a ring allocates before its
-  // first message.
+  // Sizes the per-piece dK / dV of absorb for K/V slices of up to
+  // max_kv_rows rows up front (absorb grows them otherwise), so that a ring
+  // allocates before its first message.
   void reserve(int64_t max_kv_rows);
 
   // Adds this rank's queries' contribution for one K/V slice: to the local
   // dQ, and to `dk` and `dv`, fp32 [batch, kv_heads, slice rows, head_dim]
-  // dense (+=). k and v: [batch, kv_heads, slice rows, head_dim], rows laid
-  // out as kv_segments. Calls `between` after each (block, batch, kv-head)
+  // dense (+=). k and v: [batch, kv_heads, slice rows, head_dim] in the
+  // problem's dtype, any strides, rows laid out as kv_segments. Calls `between` after each (block, batch, kv-head)
   // piece, so that a caller can push communication.
   void absorb(InputView k, InputView v, const std::vector<Segment>& kv_segments, float* dk, float* dv,
               const std::function<void()>& between);
@@ -52,15 +52,13 @@ class RingGradients {
   Problem problem_;
   std::vector<Segment> q_segments_;
   int64_t rows_ = 0;
-  // The block calls run in fp32 whatever the storage type (the backward
-  // kernels compute in fp32 after loading anyway), so that the per-block
-  // gradients are not rounded to fp16/bf16 before they are summed: fp32
-  // inputs are read in place, 16-bit ones through dense fp32 copies.
-  InputView q_view_, o_view_, d_o_view_;  // fp32 (batch, heads, rows, head_dim)
-  std::vector<float> q_, o_, d_o_;        // the copies (16-bit storage only)
+  // The block calls read Q, O, dO and the slices in the storage dtype (bf16
+  // keeps its dot products on the bf16 rungs) and write fp32 gradients
+  // (BackwardArgs::fp32_gradients), so that no per-block gradient is rounded
+  // to fp16/bf16 before the sums.
+  InputView q_view_, o_view_, d_o_view_;  // the caller's, (batch, heads, rows, head_dim)
   std::vector<float> lse_;          // (batch, heads, rows)
   std::vector<float> dq_;           // (batch, heads, rows, head_dim) running sum
-  std::vector<float> k_, v_;        // the current slice in fp32 (16-bit storage only)
   // One piece's gradients: dQ (group, rows, head_dim), dK and dV (rows, head_dim).
   std::vector<float> part_dq_, part_dk_, part_dv_;
   BlockCounts counts_;

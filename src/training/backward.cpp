@@ -205,7 +205,7 @@ void finish_dq(const BackwardProblem& p, int64_t b, int64_t h) {
       float sum = first[c];
       for (int64_t chunk = 1; chunk < p.kv_chunks; ++chunk)
         sum += p.dq_partial[dq_slot(p, chunk, b, h, i) * dp + c];
-      store_element(args.dq.data, int(args.forward.dtype), out + c * args.dq.stride[3], sum * scale);
+      store_element(args.dq.data, int(gradient_dtype(args)), out + c * args.dq.stride[3], sum * scale);
     }
   }
 }
@@ -241,6 +241,7 @@ void write_reference_backward(const BackwardArgs& args, bool lse_of_these_keys) 
   const AttentionShape& s = a.shape;
   const Problem p = describe(a);
   const int64_t d = s.head_dim, dv = p.v_head_dim;
+  const int grad_dtype = int(gradient_dtype(args));
   for (int64_t b = 0; b < s.batch; ++b) {
     const Sequence seq = sequence_of(p, b);
     for (int64_t h = 0; h < s.heads; ++h)
@@ -249,7 +250,7 @@ void write_reference_backward(const BackwardArgs& args, bool lse_of_these_keys) 
         const size_t at = size_t(((seq.q_batch * s.heads + h) * s.seqlen_q + row) * d);
         const int64_t out = seq.q_batch * args.dq.stride[0] + h * args.dq.stride[1] + row * args.dq.stride[2];
         for (int64_t c = 0; c < d; ++c)
-          store_element(args.dq.data, int(a.dtype), out + c * args.dq.stride[3], float(ref.dq[at + size_t(c)]));
+          store_element(args.dq.data, grad_dtype, out + c * args.dq.stride[3], float(ref.dq[at + size_t(c)]));
       }
     for (int64_t h = 0; h < s.kv_heads; ++h)
       for (int64_t j = 0; j < seq.nk; ++j) {
@@ -258,10 +259,10 @@ void write_reference_backward(const BackwardArgs& args, bool lse_of_these_keys) 
         const int64_t k_out = seq.k_batch * args.dk.stride[0] + h * args.dk.stride[1] + row * args.dk.stride[2];
         const int64_t v_out = seq.k_batch * args.dv.stride[0] + h * args.dv.stride[1] + row * args.dv.stride[2];
         for (int64_t c = 0; c < d; ++c)
-          store_element(args.dk.data, int(a.dtype), k_out + c * args.dk.stride[3],
+          store_element(args.dk.data, grad_dtype, k_out + c * args.dk.stride[3],
                         float(ref.dk[key * size_t(d) + size_t(c)]));
         for (int64_t c = 0; c < dv; ++c)
-          store_element(args.dv.data, int(a.dtype), v_out + c * args.dv.stride[3],
+          store_element(args.dv.data, grad_dtype, v_out + c * args.dv.stride[3],
                         float(ref.dv[key * size_t(dv) + size_t(c)]));
       }
   }

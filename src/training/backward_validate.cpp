@@ -74,9 +74,10 @@ void validate(const BackwardArgs& b) {
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
                       a.mask.stride.data(), 4);
   }
-  const ViewSpan dq = view_range("dq", b.dq.data, esize, q_sizes, b.dq.stride.data(), 4);
-  const ViewSpan dk = view_range("dk", b.dk.data, esize, k_sizes, b.dk.stride.data(), 4);
-  const ViewSpan dv = view_range("dv", b.dv.data, esize, v_sizes, b.dv.stride.data(), 4);
+  const int64_t grad_esize = int64_t(dtype_size(gradient_dtype(b)));
+  const ViewSpan dq = view_range("dq", b.dq.data, grad_esize, q_sizes, b.dq.stride.data(), 4);
+  const ViewSpan dk = view_range("dk", b.dk.data, grad_esize, k_sizes, b.dk.stride.data(), 4);
+  const ViewSpan dv = view_range("dv", b.dv.data, grad_esize, v_sizes, b.dv.stride.data(), 4);
   check_injective("dq", q_sizes, b.dq.stride.data(), 4);
   check_injective("dk", k_sizes, b.dk.stride.data(), 4);
   check_injective("dv", v_sizes, b.dv.stride.data(), 4);

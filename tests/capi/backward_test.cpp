@@ -8,6 +8,7 @@
 
 #include "capi/c_args.hpp"
 #include "testing/problem_case.hpp"
+#include "training/backward_support.hpp"
 #include "tileattn/backward.hpp"
 #include "tileattn/tileattn.h"
 
@@ -95,6 +96,41 @@ TEST(CApiBackward, BitwiseEqualToCpp) {
     for (float x : via_c.dv) nonzero |= x != 0.0f;
     EXPECT_TRUE(nonzero);
   }
+}
+
+// fp32_gradients reaches the kernel: a bf16 backward writes the C++ call's
+// fp32 dQ, dK and dV bit for bit through the C struct; the reserved field
+// after it must be 0.
+TEST(CApiBackward, Fp32GradientsBitwiseEqualToCpp) {
+  testing::BackwardCase bc;
+  bc.c.dtype = DType::bf16;
+  bc.c.heads = 4;
+  bc.c.kv_heads = 2;
+  bc.c.seqlen_q = 33;
+  bc.c.seqlen_k = 47;
+  bc.c.mask = testing::MaskCase::causal;
+  testing::BackwardData data(bc, Isa::automatic);
+  const size_t nq = data.dq.f16.size(), nk = data.dk.f16.size(), nv = data.dv.f16.size();
+  std::vector<float> cpp(nq + nk + nv), via_c(nq + nk + nv, -1.0f);
+  BackwardArgs b = data.args;
+  b.fp32_gradients = true;
+  b.dq.data = cpp.data();
+  b.dk.data = cpp.data() + nq;
+  b.dv.data = cpp.data() + nq + nk;
+  attention_backward(b);
+  const tileattn_forward_args forward = capi_testing::to_c_args(b.forward);
+  b.dq.data = via_c.data();
+  b.dk.data = via_c.data() + nq;
+  b.dv.data = via_c.data() + nq + nk;
+  tileattn_backward_args args = c_args(b, &forward);
+  args.fp32_gradients = 1;
+  ASSERT_EQ(tileattn_backward(&args), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_EQ(via_c, cpp);
+  std::fill(via_c.begin(), via_c.end(), -1.0f);
+  args.reserved0 = 1;
+  EXPECT_EQ(tileattn_backward(&args), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("reserved0"), std::string::npos) << tileattn_last_error();
+  for (float x : via_c) ASSERT_EQ(x, -1.0f);
 }
 
 TEST(CApiBackward, BadInputWritesNothing) {

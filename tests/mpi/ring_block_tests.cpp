@@ -474,8 +474,8 @@ TEST(RingBackwardReplay, LowPrecisionMqaAndBatches) {
     }
 }
 
-// Q, O and dO slices given as views with padded rows (fp32 is read in
-// place through the strides, 16-bit storage is widened through them).
+// Q, O and dO slices given as views with padded rows (read in
+// place through the strides, in every storage dtype).
 TEST(RingBackwardReplay, PaddedRowViews) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     testing::BackwardCase bc;
@@ -534,6 +534,33 @@ TEST(RingBackwardReplay, OneRankEqualsSingleProcessBackward) {
   for (size_t e = 0; e < dq.size(); ++e) ASSERT_NEAR(data.dq.f32[e], dq[e], 1e-6f) << "dq " << e;
   for (size_t e = 0; e < dk.size(); ++e) ASSERT_NEAR(data.dk.f32[e], dk[e], 1e-6f) << "dk " << e;
   for (size_t e = 0; e < dv.size(); ++e) ASSERT_NEAR(data.dv.f32[e], dv[e], 1e-6f) << "dv " << e;
+}
+
+// 16-bit storage, one rank, one block per (batch, KV head): the block call
+// reads Q, K, V, O and dO in their dtype (bf16 on its dot products on the
+// bf16 rungs) and writes fp32 gradients (fp32_gradients), which the ring
+// sums into zeroed accumulators and rounds once, so dQ, dK and dV equal the
+// single-process backward's bit for bit on every path.
+TEST(RingBackwardReplay, OneRankSixteenBitEqualsSingleProcessBackwardOnEveryPath) {
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      if (!isa_available(isa)) continue;
+      testing::BackwardCase bc;
+      bc.c.seqlen_q = bc.c.seqlen_k = 150;
+      bc.c.heads = 4;
+      bc.c.kv_heads = 2;
+      bc.c.head_dim = 64;
+      bc.c.mask = testing::MaskCase::causal;
+      bc.c.dtype = dtype;
+      testing::BackwardData data(bc, isa);
+      data.args.forward.threads = 1;
+      attention_backward(data.args);
+      const std::vector<uint16_t> dq = data.dq.f16, dk = data.dk.f16, dv = data.dv.f16;
+      replay_backward(data, 1, ShardLayout::contiguous, make_band(true, -1, -1), 0, nullptr, isa);
+      EXPECT_EQ(data.dq.f16, dq) << dtype_name(dtype) << " on " << isa_name(isa) << ": dQ differs";
+      EXPECT_EQ(data.dk.f16, dk) << dtype_name(dtype) << " on " << isa_name(isa) << ": dK differs";
+      EXPECT_EQ(data.dv.f16, dv) << dtype_name(dtype) << " on " << isa_name(isa) << ": dV differs";
+    }
 }
 
 // The float64 reference path (Isa::reference, TILEATTN_ISA=reference) in the
