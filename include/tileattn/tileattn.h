@@ -250,7 +250,7 @@ typedef struct tileattn_backward_args {
   int64_t lse_stride[3];
   tileattn_out_tensor dq;  /**< [batch, heads, seqlen_q, head_dim]; dq, dk, dv: see fp32_gradients */
   tileattn_out_tensor dk;  /**< [batch, kv_heads, seqlen_k, head_dim] (GQA: summed over the group) */
-  tileattn_out_tensor dv;  /**< [batch, kv_heads, seqlen_k, head_dim] */
+  tileattn_out_tensor dv;  /**< [batch, kv_heads, seqlen_k, v_head_dim] */
   /* Appended after the first release (older callers' structs end above). */
   /** Optional, with forward->sinks: fp32 [heads], overwritten with the sinks'
       gradient, -sum over rows of exp(sinks[h] - lse) * rowsum(dO * O). NULL: not computed. */

@@ -2,6 +2,8 @@
 // and bad input rejected with nothing written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -126,6 +128,21 @@ TEST(CApiBackward, Fp32GradientsBitwiseEqualToCpp) {
   args.fp32_gradients = 1;
   ASSERT_EQ(tileattn_backward(&args), TILEATTN_OK) << tileattn_last_error();
   EXPECT_EQ(via_c, cpp);
+  // A caller whose struct ends before the field (the previous release's
+  // size) gets 16-bit gradients whatever lies beyond its struct.
+  static_assert(offsetof(tileattn_backward_args, reserved0) + sizeof(int32_t) == sizeof(tileattn_backward_args));
+  std::vector<uint16_t> narrow(nq + nk + nv, 0);
+  tileattn_backward_args older = args;
+  older.struct_size = offsetof(tileattn_backward_args, fp32_gradients);
+  older.dq.data = narrow.data();
+  older.dk.data = narrow.data() + nq;
+  older.dv.data = narrow.data() + nq + nk;
+  ASSERT_EQ(tileattn_backward(&older), TILEATTN_OK) << tileattn_last_error();
+  attention_backward(data.args);  // the ordinary bf16 gradients
+  EXPECT_TRUE(std::equal(narrow.begin(), narrow.begin() + long(nq), data.dq.f16.begin())) << "dQ differs";
+  EXPECT_TRUE(std::equal(narrow.begin() + long(nq), narrow.begin() + long(nq + nk), data.dk.f16.begin())) << "dK differs";
+  EXPECT_TRUE(std::equal(narrow.begin() + long(nq + nk), narrow.end(), data.dv.f16.begin())) << "dV differs";
+
   std::fill(via_c.begin(), via_c.end(), -1.0f);
   args.reserved0 = 1;
   EXPECT_EQ(tileattn_backward(&args), TILEATTN_INVALID_ARGUMENT);

@@ -170,11 +170,7 @@ TEST(CApiKvCache, MlaHeadDimsBitwiseEqualToCpp) {
     cpp.prefill();
     via_c.prefill();
     cpp.decode();
-    KvCacheArgs a = via_c.args;
-    a.seqlen_new = spec.new_tokens;
-    a.k_new = {via_c.k_new.data(), via_c.new_stride};
-    a.v_new = {via_c.v_new.data(), via_c.v_new_stride};
-    const tileattn_kv_cache_args c = to_c(a);
+    const tileattn_kv_cache_args c = to_c(via_c.step_args());
     ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
     EXPECT_EQ(via_c.seqlens, cpp.seqlens);
     EXPECT_EQ(via_c.k_cache.bytes(), cpp.k_cache.bytes());
@@ -209,11 +205,7 @@ TEST(CApiKvCache, Fp32OutputBitwiseEqualToCpp) {
   cpp.args.o.data = o_cpp.data();
   via_c.args.o.data = o_c.data();
   cpp.decode();
-  KvCacheArgs a = via_c.args;
-  a.seqlen_new = spec.new_tokens;
-  a.k_new = {via_c.k_new.data(), via_c.new_stride};
-  a.v_new = {via_c.v_new.data(), via_c.v_new_stride};
-  const tileattn_kv_cache_args c = to_c(a);
+  const tileattn_kv_cache_args c = to_c(via_c.step_args());
   ASSERT_EQ(c.fp32_output, 1);
   ASSERT_EQ(tileattn_attention_with_kvcache(&c), TILEATTN_OK) << tileattn_last_error();
   EXPECT_EQ(o_c, o_cpp);

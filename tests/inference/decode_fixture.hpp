@@ -249,13 +249,14 @@ struct DecodeRun {
   }
 
   // The step under test: append the new tokens and attend their queries.
-  void decode() {
+  KvCacheArgs step_args() {
     KvCacheArgs a = args;
     a.seqlen_new = spec.new_tokens;
     a.k_new = {k_new.data(), new_stride};
     a.v_new = {v_new.data(), v_new_stride};
-    attention_with_kvcache(a);
+    return a;
   }
+  void decode() { attention_with_kvcache(step_args()); }
 
   // The forward operator's arguments over the full sequences as given
   // (pre-rotated when rotary is on): the check's ground truth.
