@@ -96,10 +96,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     d_sinks = make_view_buffer(sink_sizes, sink_strides, 1, 4);
     b.d_sinks = reinterpret_cast<float*>(d_sinks.data());
   }
+  // Read last, so that the corpus files written before it keep every earlier
+  // choice: fp32_gradients, the gradients' buffers made again with 4-byte
+  // elements.
+  int64_t grad_esize = p.esize;
+  if (in.ConsumeBool()) {
+    b.fp32_gradients = true;
+    grad_esize = 4;
+    dq = make_view_buffer(p.q_sizes.data(), b.dq.stride.data(), 4, grad_esize);
+    dk = make_view_buffer(p.k_sizes.data(), b.dk.stride.data(), 4, grad_esize);
+    dv = make_view_buffer(p.v_sizes.data(), b.dv.stride.data(), 4, grad_esize);
+    if (dq.too_large || dk.too_large || dv.too_large) return 0;
+    b.dq.data = dq.data();
+    b.dk.data = dk.data();
+    b.dv.data = dv.data();
+  }
   const Gradient gradients[] = {
-      {&dq, p.q_sizes.data(), b.dq.stride.data(), 4, p.esize, "dq written outside its view"},
-      {&dk, p.k_sizes.data(), b.dk.stride.data(), 4, p.esize, "dk written outside its view"},
-      {&dv, p.v_sizes.data(), b.dv.stride.data(), 4, p.esize, "dv written outside its view"},
+      {&dq, p.q_sizes.data(), b.dq.stride.data(), 4, grad_esize, "dq written outside its view"},
+      {&dk, p.k_sizes.data(), b.dk.stride.data(), 4, grad_esize, "dk written outside its view"},
+      {&dv, p.v_sizes.data(), b.dv.stride.data(), 4, grad_esize, "dv written outside its view"},
       {&d_sinks, sink_sizes, sink_strides, 1, 4, "d_sinks written outside its view"}};
 
   const ViewBuffer* inputs[] = {&p.q, &p.k, &p.v, &p.o, &p.lse, &d_o, &p.mask, &p.modifiers.slopes,

@@ -49,6 +49,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ForwardArgs& a = p.args;
   const auto& s = a.shape;
   ViewBuffer &q = p.q, &k = p.k, &v = p.v, &o = p.o, &lse = p.lse, &mask = p.mask;
+  // Read last, so that the corpus files written before it keep every earlier
+  // choice: fp32_output, O's buffer made again with 4-byte elements.
+  int64_t o_esize = p.esize;
+  if (in.ConsumeBool()) {
+    a.fp32_output = true;
+    o_esize = 4;
+    o = make_view_buffer(p.o_sizes.data(), a.o.stride.data(), 4, o_esize);
+    a.o.data = o.data();
+  }
   if (p.alias_o_to_q) a.o.data = q.data();
 
   if (p.unallocated() && !p.overflow()) {
@@ -90,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   // Success: nothing outside the views was written.
-  if (written_outside(o, p.o_sizes.data(), a.o.stride.data(), 4, p.esize)) fail("o written outside its view");
+  if (written_outside(o, p.o_sizes.data(), a.o.stride.data(), 4, o_esize)) fail("o written outside its view");
   if (written_outside(lse, p.l_sizes.data(), a.lse_stride.data(), 3, 4)) fail("lse written outside its view");
 
   // Moderate inputs give a finite o. Each output is a convex combination of
@@ -102,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (a.mask.kind == MaskSpec::Kind::none || a.mask.kind == MaskSpec::Kind::boolean) &&
       (std::isnan(a.scale) || std::fabs(a.scale) <= 1e6f) && p.modifiers.moderate &&
       (a.dtype != DType::f16 || a.dropout_p == 0.0f);
-  if (inputs_moderate && !o.overflow && !moderate(o, a.dtype, std::numeric_limits<float>::max()))
+  if (inputs_moderate && !o.overflow && !moderate(o, tileattn::output_dtype(a), std::numeric_limits<float>::max()))
     fail("o is not finite although every input is moderate");
 
   // The same bits on every hardware thread (the float64 reference runs on one).
