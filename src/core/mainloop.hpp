@@ -706,8 +706,32 @@ class ForwardMainloop {
       float deferred = 1.0f;  // a scale the scores still lack (Bf16Operands::deferred_scale)
       if constexpr (Operands::kDeferredScale) {
         if (!direct_) deferred = operands_.deferred_scale();
-        if (deferred != 1.0f)
-          for (int64_t t = 0; t < rows; ++t) tile_max[t] *= deferred;
+        if (deferred != 1.0f) {
+          // The folded exponential is exp2(fma(s, scale, -max)): the exact
+          // product less the rounded max, which differ by up to half an ulp
+          // of the max. That is below 2^-12 while |max| < 2^12; beyond, it
+          // reaches whole units (at |max| ~ 1e37 it underflowed every P of the
+          // row to 0: O = 0, LSE = -inf), so such chunks take their scores
+          // scaled first (clamped to +-FLT_MAX, as additive masks are: a score
+          // beyond it ties with the row's other such scores) and P = exp2(s -
+          // max), whose max element is exactly 1.
+          constexpr float kFoldLimit = 4096.0f;
+          bool fold = true;
+          for (int64_t t = 0; t < rows; ++t) {
+            tile_max[t] *= deferred;
+            if (tile_max[t] != -kInf && std::fabs(tile_max[t]) >= kFoldLimit) fold = false;
+          }
+          if (!fold) {
+            constexpr float kMax = std::numeric_limits<float>::max();
+            for (int64_t t = 0; t < rows; ++t) {
+              float* row = s_rows + t * kv_pad_;
+              for (int64_t c = 0; c < n; ++c)
+                row[c] = std::isfinite(row[c]) ? std::fmin(std::fmax(row[c] * deferred, -kMax), kMax) : row[c] * deferred;
+            }
+            K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
+            deferred = 1.0f;
+          }
+        }
       }
       for (int64_t t = 0; t < rows; ++t) {
         if (tile_max[t] != tile_max[t]) {

@@ -150,6 +150,46 @@ TEST(Bf16ProbabilitiesShow, RoundingChangesOutputsAndBreaksTheRuleAlone) {
   }
 }
 
+// Scores of magnitude ~1e37 (a bf16 query element of 2^125 in each row; a
+// scale of 1e38 over one key) are finite, and the float64 reference gives each row
+// its max key's V. On the bf16 rungs the softmax folded the scale into
+// exp2(fma(s, scale, -max)), whose rounding residual there is ~2^100: every
+// P underflowed and the row came out O = 0, LSE = -inf. Every path must
+// give the reference's row.
+TEST(HugeScores, RowsKeepTheirMaxKeyOnEveryPath) {
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx}) {
+    if (!isa_available(isa)) continue;
+    for (int variant = 0; variant < 2; ++variant) {
+      Case c;
+      c.dtype = DType::bf16;
+      c.heads = c.kv_heads = 1;
+      c.seqlen_q = 16;
+      c.seqlen_k = variant == 0 ? 9 : 1;
+      c.head_dim = variant == 0 ? 18 : 4;
+      if (variant == 1) c.scale = 1e38f;
+      CaseData data(c);
+      if (variant == 0)
+        for (int64_t row = 0; row < c.seqlen_q; ++row) data.set_q(0, 0, row, row % c.head_dim, std::ldexp(1.0f, 125));
+      data.args.isa = isa;
+      attention_forward(data.args);
+      // O by the rule; the LSE (~1e37 here) within 2^-20 of the largest: at
+      // such scores the fp32 paths' own LSE breaks the rule's per-row floor
+      // where a row's products cancel (docs/accuracy.md, large scores),
+      // which is not this check.
+      const Comparison cmp = compare_with_reference(data);
+      const char* what = variant == 0 ? " q element 2^125: " : " scale 1e38: ";
+      EXPECT_TRUE(cmp.ratio <= 1 && !cmp.nan_mismatch) << isa_name(isa) << what << cmp.describe();
+      const ReferenceOutput ref = reference_forward(data.args);
+      const std::vector<double> lse = dense_lse(data);
+      double largest = 0;
+      for (double x : ref.lse) largest = std::max(largest, std::fabs(x));
+      for (size_t row = 0; row < lse.size(); ++row)
+        EXPECT_LE(std::fabs(lse[row] - ref.lse[row]), std::ldexp(largest, -20))
+            << isa_name(isa) << what << "LSE row " << row << ": " << lse[row] << " against " << ref.lse[row];
+    }
+  }
+}
+
 // The edge checks of tests/support/forward_edge_checks.hpp on each path.
 class ForwardEdges : public ::testing::TestWithParam<Isa> {
  protected:
