@@ -71,6 +71,13 @@ TileShape choose_tiles(Isa isa, int64_t head_dim, DType dtype, int64_t v_head_di
 // decode's key tiles), the reason saying which applied. Validates args.
 struct ForwardArgs;
 TileShape forward_tiles(const ForwardArgs& args);
+// The tiles attention_backward(args) runs its (query tile, key tile) pairs
+// with: args.forward's block_q / block_kv where set, else the backward's
+// cache model (64x128 where L2 has 2 MiB or more, else 64x64, smaller when
+// the working set exceeds 3/4 of L2; docs/training.md); the reason says
+// which. Validates args.
+struct BackwardArgs;
+TileShape backward_tiles(const BackwardArgs& args);
 // Path of the tune file read by choose_tiles (may not exist).
 std::string tune_file_path();
 // Entries of the tune file, for `tileattn info`.

@@ -249,8 +249,11 @@ int cmd_bench(int argc, char** argv) {
   const double flops_per_pair = backward ? 6.0 * double(dim) + 4.0 * double(dim_v) : 2.0 * double(dim + dim_v);
   const double flops = flops_per_pair * double(detail::band_pairs(band, seq, kv_seq)) * double(batch * heads);
   const Isa isa = resolve_isa(Isa::automatic);
-  // The tiles the timed call plans: the decode step's (one query row, its key tile) for --decode.
-  const TileShape tiles = decode ? forward_tiles(kvcache_forward_args(ca, cache_seqlens.data())) : forward_tiles(fa);
+  // The tiles the timed call plans: the decode step's (one query row, its key
+  // tile) for --decode, the backward's own for --backward.
+  const TileShape tiles = decode     ? forward_tiles(kvcache_forward_args(ca, cache_seqlens.data()))
+                          : backward ? backward_tiles(ba)
+                                     : forward_tiles(fa);
   // The peak is measured right before and right after the timed work, and the
   // larger taken: a neighbour that loads the machine during one of them
   // otherwise gives a fraction of peak above 1.

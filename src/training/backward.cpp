@@ -284,6 +284,19 @@ void write_reference_backward(const BackwardArgs& args, bool lse_of_these_keys) 
 
 void attention_backward(const BackwardArgs& args) { detail::run_backward(args, true); }
 
+TileShape backward_tiles(const BackwardArgs& args) {
+  detail::validate(args);
+  const detail::BackwardProblem p = detail::plan_backward(args);
+  TileShape tiles;
+  tiles.block_q = int(p.fwd.block_q);
+  tiles.block_kv = int(p.fwd.block_kv);
+  const bool given = args.forward.block_q > 0 || args.forward.block_kv > 0;
+  tiles.reason = given ? "backward: the call's block_q / block_kv"
+                       : "backward cache model: working set within 3/4 of L2 (" +
+                             std::to_string(cache_sizes().l2 / 1024) + " KiB)";
+  return tiles;
+}
+
 void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   detail::validate(args);
   const Isa isa = resolve_isa(args.forward.isa);

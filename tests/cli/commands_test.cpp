@@ -226,7 +226,10 @@ TEST(cliBench, ValueHeadDim) {
   const Result backward =
       run_cli("bench --heads 2 --seq 64 --dim 64 --dim-v 32 --reps 1 --threads 1 --no-baseline --backward --json", dir);
   ASSERT_EQ(backward.status, 0) << backward.err;
-  EXPECT_EQ(parse_or_fail(backward.out).get("dim_v")->num, 32);
+  const Json b = parse_or_fail(backward.out);
+  EXPECT_EQ(b.get("dim_v")->num, 32);
+  // The backward's own tiles (backward_tiles), not the forward's.
+  EXPECT_EQ(b.get("tile_reason")->str.rfind("backward", 0), 0u) << b.get("tile_reason")->str;
 }
 
 // bf16 inputs on a bf16 rung also report the matrix unit's peak and the

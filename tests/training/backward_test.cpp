@@ -278,5 +278,25 @@ TEST(BackwardRecomputedNormalizers, OneKeyRowsPassDOThroughToDVExactly) {
     }
 }
 
+// backward_tiles reports what the backward runs with: the call's block_q /
+// block_kv where set, else the cache model's first fit (64 x 128 where L2
+// has 2 MiB or more, else 64 x 64, for D = 64).
+TEST(BackwardTiles, CallOverridesOrTheCacheModel) {
+  BackwardCase bc;
+  bc.c.head_dim = 64;
+  BackwardData data(bc, Isa::automatic);
+  const TileShape model = backward_tiles(data.args);
+  const bool wide = cache_sizes().l2 >= (int64_t{2} << 20);
+  EXPECT_EQ(model.block_q, 64);
+  EXPECT_EQ(model.block_kv, wide ? 128 : 64) << "L2 " << cache_sizes().l2;
+  EXPECT_EQ(model.reason.rfind("backward cache model", 0), 0u) << model.reason;
+  data.args.forward.block_q = 32;
+  data.args.forward.block_kv = 48;
+  const TileShape given = backward_tiles(data.args);
+  EXPECT_EQ(given.block_q, 32);
+  EXPECT_EQ(given.block_kv, 48);
+  EXPECT_EQ(given.reason.rfind("backward: the call's", 0), 0u) << given.reason;
+}
+
 }  // namespace
 }  // namespace tileattn::testing
