@@ -165,6 +165,9 @@ struct KvCacheArgs {
   bool fp32_output = false;
 };
 
+// The dtype of o: fp32 with fp32_output, else dtype.
+inline DType output_dtype(const KvCacheArgs& args) { return args.fp32_output ? DType::f32 : args.dtype; }
+
 // The head dim of V, v_new, the V cache and O: v_head_dim, or head_dim when it is 0.
 inline int64_t value_head_dim(const KvCacheArgs& args) { return args.v_head_dim > 0 ? args.v_head_dim : args.head_dim; }
 

@@ -722,11 +722,9 @@ class ForwardMainloop {
             if (tile_max[t] != -kInf && std::fabs(tile_max[t]) >= kFoldLimit) fold = false;
           }
           if (!fold) {
-            constexpr float kMax = std::numeric_limits<float>::max();
             for (int64_t t = 0; t < rows; ++t) {
               float* row = s_rows + t * kv_pad_;
-              for (int64_t c = 0; c < n; ++c)
-                row[c] = std::isfinite(row[c]) ? std::fmin(std::fmax(row[c] * deferred, -kMax), kMax) : row[c] * deferred;
+              for (int64_t c = 0; c < n; ++c) row[c] = scale_keeping_finite(row[c], deferred);
             }
             K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
             deferred = 1.0f;

@@ -16,6 +16,16 @@ namespace tileattn::detail {
 // Whether a tile needs the mask step: a band-partial tile, a mask tensor, or
 // a score modifier (soft cap, ALiBi: they change every score of every tile,
 // fully visible ones too).
+// x * factor, a finite x kept finite (clamped to +-FLT_MAX); infinities and
+// NaN scale as they are. Scores and biases beyond FLT_MAX in log2 units then
+// tie at the limit instead of overflowing (additive masks, and the softmax's
+// huge scores on the bf16 rungs, mainloop.hpp).
+static inline float scale_keeping_finite(float x, float factor) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const float scaled = x * factor;
+  return std::fabs(x) <= kMax ? std::fmin(std::fmax(scaled, -kMax), kMax) : scaled;
+}
+
 static inline bool needs_mask_step(const Problem& p, bool band_partial) {
   return band_partial || p.args.mask.kind != MaskSpec::Kind::none || p.softcap_log2 > 0.0f ||
          p.args.alibi_slopes != nullptr;
@@ -63,13 +73,8 @@ static inline void mask_score_row(float* s, int64_t n, const Problem& p, const S
     // its keys uniformly. Clamped to +-FLT_MAX such a row stays uniform. Two
     // different biases beyond 2.36e38 in one row become equal: both are
     // "infinitely" far from every ordinary score, only their tie changes.
-    constexpr float kMax = std::numeric_limits<float>::max();
     const float* bias = static_cast<const float*>(mask.data) + row_offset;
-    for (int64_t c = 0; c < n; ++c) {
-      const float b = bias[(j0 + c) * ms[3]];
-      const float scaled = b * kLog2e;
-      s[c] += std::fabs(b) <= kMax ? std::fmin(std::fmax(scaled, -kMax), kMax) : scaled;
-    }
+    for (int64_t c = 0; c < n; ++c) s[c] += scale_keeping_finite(bias[(j0 + c) * ms[3]], kLog2e);
   }
 }
 

@@ -340,8 +340,7 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   const ScaleRanges scales = scale_ranges(a);
   const int64_t q_sizes[4] = {a.batch, a.heads, a.seqlen_q, a.head_dim};
   const int64_t o_sizes[4] = {a.batch, a.heads, a.seqlen_q, value_head_dim(a)};
-  const int64_t o_esize = a.fp32_output ? int64_t(sizeof(float)) : esize;
-  const ViewSpan o = view_range("o", a.o.data, o_esize, o_sizes, a.o.stride.data(), 4);
+  const ViewSpan o = view_range("o", a.o.data, int64_t(dtype_size(output_dtype(a))), o_sizes, a.o.stride.data(), 4);
   fail_if_overlapping("o: output overlaps input", o,
                       {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
   // lse, when asked for: its range, computed once for both checks below.
