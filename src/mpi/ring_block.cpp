@@ -1,7 +1,6 @@
 #include "mpi/ring_block.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -11,15 +10,10 @@
 
 namespace tileattn::mpi::detail {
 
-namespace {
-
-template <typename T>
-T* advance(T* base, int64_t elements, int64_t element_size) {
-  using Byte = std::conditional_t<std::is_const_v<T>, const unsigned char, unsigned char>;
-  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + elements * element_size);
+const void* row_at(const InputView& view, int64_t esize, int64_t b, int64_t h, int64_t r) {
+  return static_cast<const unsigned char*>(view.data) +
+         (b * view.stride[0] + h * view.stride[1] + r * view.stride[2]) * esize;
 }
-
-}  // namespace
 
 std::optional<Block> plan_block(Segment q, Segment k, Band band) {
   // Queries that see at least one key of k, and keys seen by at least one
@@ -97,9 +91,9 @@ void RingAccumulator::absorb(InputView k, InputView v, const std::vector<Segment
     const int64_t q_row = placed.q_row, k_row = placed.k_row, nq = block.q.size();
     ForwardArgs f = piece_args(p, block, p.dtype);
     f.fp32_output = true;
-    f.q = {advance(q_.data, b * q_.stride[0] + g * group * q_.stride[1] + q_row * q_.stride[2], esize), q_.stride};
-    f.k = {advance(k.data, b * k.stride[0] + g * k.stride[1] + k_row * k.stride[2], esize), k.stride};
-    f.v = {advance(v.data, b * v.stride[0] + g * v.stride[1] + k_row * v.stride[2], esize), v.stride};
+    f.q = {row_at(q_, esize, b, g * group, q_row), q_.stride};
+    f.k = {row_at(k, esize, b, g, k_row), k.stride};
+    f.v = {row_at(v, esize, b, g, k_row), v.stride};
     const std::array<int64_t, 4> part_stride{group * nq * d, nq * d, d, 1};
     f.o = {part_o_.data(), part_stride};
     f.lse = part_lse_.data();

@@ -51,6 +51,9 @@ struct RingProblem {
 void write_rounded(const float* dense, int64_t batch, int64_t heads, int64_t rows, int64_t head_dim,
                    DType dtype, OutputView out);
 
+// The address of (batch b, head h, row r) of a view with `esize`-byte elements.
+const void* row_at(const InputView& view, int64_t esize, int64_t b, int64_t h, int64_t r);
+
 // One piece's attention_forward arguments, tensors aside: the block's shape
 // for the heads sharing one K/V head, its band, and the problem's options,
 // with `dtype` the type the call reads (the storage dtype; the calls write

@@ -5,15 +5,6 @@
 
 namespace tileattn::mpi::detail {
 
-namespace {
-
-// (batch b, head h, local row r) of a view with `esize`-byte elements.
-const void* row_at(const InputView& view, int64_t esize, int64_t b, int64_t h, int64_t r) {
-  return static_cast<const unsigned char*>(view.data) + (b * view.stride[0] + h * view.stride[1] + r * view.stride[2]) * esize;
-}
-
-}  // namespace
-
 RingGradients::RingGradients(const Problem& problem, InputView q, InputView o, InputView d_o, const float* lse,
                              std::array<int64_t, 3> lse_stride, std::vector<Segment> q_segments)
     : problem_(problem), q_segments_(std::move(q_segments)), q_view_(q), o_view_(o), d_o_view_(d_o) {
