@@ -195,7 +195,9 @@ TEST(CApiTuneConfig, SetSaveLoadRoundTrip) {
   ASSERT_EQ(tileattn_tune_config_count(config, &count), TILEATTN_OK);
   EXPECT_EQ(count, 2);  // the third set replaced the first entry
 
-  const std::string path = ::testing::TempDir() + "tileattn_capi_tune.conf";
+  // The process id keeps concurrent suites (CI's sanitizer lane runs beside
+  // the main one) from sharing the file.
+  const std::string path = ::testing::TempDir() + "tileattn_capi_tune_" + std::to_string(getpid()) + ".conf";
   ASSERT_EQ(tileattn_tune_config_save(config, path.c_str()), TILEATTN_OK) << tileattn_last_error();
   ASSERT_EQ(tileattn_tune_config_destroy(config), TILEATTN_OK);
 

@@ -128,7 +128,9 @@ TEST(Memory, CliReportsOutOfMemoryForAnAbsurdButValidSize) {
 #ifdef TILEATTN_SANITIZER_BUILD
   GTEST_SKIP() << "ulimit -v cannot be applied under a sanitizer runtime";
 #else
-  const std::string err = ::testing::TempDir() + "tileattn_oom_stderr.txt";
+  // The process id keeps two test runs on one machine (a second checkout's
+  // suite) from writing the same file.
+  const std::string err = ::testing::TempDir() + "tileattn_oom_stderr_" + std::to_string(getpid()) + ".txt";
   // 2^18 rows x 8 heads x 128 dims x 4 bytes = 1 GiB per tensor, 4 GiB for
   // q, k, v and o: within any machine's memory (bench refuses shapes beyond
   // it before allocating, naming the flags), beyond the 2.4 GiB address-space
@@ -140,6 +142,7 @@ TEST(Memory, CliReportsOutOfMemoryForAnAbsurdButValidSize) {
   EXPECT_EQ(WEXITSTATUS(status), 2);
   std::ifstream in(err);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(err.c_str());
   EXPECT_NE(text.find("out of memory"), std::string::npos) << text;
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << "expected one line: " << text;
 #endif
