@@ -694,6 +694,7 @@ class ForwardMainloop {
   // interleave rows.
   void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0, int64_t t0) {
     constexpr float kInf = std::numeric_limits<float>::infinity();
+    constexpr float kRescaleSlack = 8.0f;  // log2 units
     constexpr int64_t kChunk = 32;
     const int64_t dp = p_.v_head_dim_padded;  // accumulator rows
     float tile_max[kChunk], tile_sum[kChunk];
@@ -738,14 +739,19 @@ class ForwardMainloop {
           row_max[t] = row_sum[t] = std::numeric_limits<float>::quiet_NaN();
           continue;
         }
-        const float new_max = tile_max[t] > row_max[t] ? tile_max[t] : row_max[t];
-        if (new_max > row_max[t]) {
+        // The row's max moves only when a tile's max exceeds it by more than
+        // kRescaleSlack: P then stays below 2^kRescaleSlack, and the row's
+        // accumulator and sum are rescaled once instead of at every rise (in
+        // random rows ~3 of a 512-key row's 8 tiles raised the max). With the
+        // LSE skipped where unread (epilogue), one thread, 12 heads, D = 64,
+        // 128 keys: 0.95 of the time (median of 10 paired runs).
+        if (tile_max[t] > row_max[t] + kRescaleSlack) {
           if (row_max[t] != -kInf) {
-            const float alpha = std::exp2(row_max[t] - new_max);
+            const float alpha = std::exp2(row_max[t] - tile_max[t]);
             K::scale(acc_ + (s0 + c0 + t) * dp, dp, alpha);
             row_sum[t] *= alpha;
           }
-          row_max[t] = new_max;
+          row_max[t] = tile_max[t];
         }
       }
       if (p_in_operands_) {
@@ -793,13 +799,15 @@ class ForwardMainloop {
       if (a_.sinks && p_.kv_splits == 1) alpha = fold_sink(a_.sinks[head] * kLog2e, max, sum);
       // No visible key and no sink: O = 0, LSE = -inf. (A NaN sum is not 0: NaN flows out.)
       const bool empty = sum == 0.0f;
-      const float lse = empty ? -std::numeric_limits<float>::infinity() : (max + std::log2(sum)) * kLn2;
+      // The LSE only where someone reads it (a key split's merge, ForwardArgs::lse):
+      // its log2 was ~2% of a 128-key call without them (D = 64).
+      auto lse = [&] { return empty ? -std::numeric_limits<float>::infinity() : (max + std::log2(sum)) * kLn2; };
       const float o_scale = empty ? 0.0f : alpha / sum;
       if (p_.kv_splits > 1) {
         // A key split: its normalized fp32 O and its LSE, merged after all items.
         const int64_t slot = partial_slot(p_, w.split, w.batch, head, i);
         K::store_row(acc, o_scale, d, DType::f32, p_.partial_o + slot * dp, 1);
-        p_.partial_lse[slot] = lse;
+        p_.partial_lse[slot] = lse();
         continue;
       }
       const int64_t row = seq.q_row0 + i;
@@ -807,7 +815,7 @@ class ForwardMainloop {
                     (seq.q_batch * a_.o.stride[0] + head * a_.o.stride[1] + row * a_.o.stride[2]) * esize;
       K::store_row(acc, o_scale, d, o_dtype, o_row, a_.o.stride[3]);
       if (a_.lse)
-        a_.lse[seq.q_batch * a_.lse_stride[0] + head * a_.lse_stride[1] + row * a_.lse_stride[2]] = lse;
+        a_.lse[seq.q_batch * a_.lse_stride[0] + head * a_.lse_stride[1] + row * a_.lse_stride[2]] = lse();
     }
   }
 
