@@ -69,6 +69,7 @@ class BackwardMainloop {
       a_hi_ = bf16_piece(layout_.a_hi);
       a_lo_ = bf16_piece(layout_.a_lo);
     }
+    deferred_ = bf16_ ? 1.0f : deferred_score_scale(p.fwd);
   }
 
   // Rows rows[0, count) of head h in sequence b: the max of their scores S (and sink)
@@ -94,24 +95,47 @@ class BackwardMainloop {
         max[t] = kMinusInf;
         sum[t] = 0.0f;
       }
-      for (int64_t j0 = 0; j0 < seq.nk; j0 += p_.fwd.block_kv) {
-        const int64_t n = min64(p_.fwd.block_kv, seq.nk - j0);
-        for (int64_t c = 0; c < n; ++c)
-          key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, kv_head, seq.k_row0 + j0 + c);
-        pack_score_keys(n);
-        scores(m, n);
-        for (int64_t t = 0; t < m; ++t) {
-          float* row = s_ + t * kv_pad_;
-          mask_score_row(row, n, p_.fwd, seq, b, h, rows[r0 + t], j0, /*band_partial=*/true);
+      // Each key tile's masked scores S, handed to visit(t, row, n).
+      const auto for_each_tile = [&](auto visit) {
+        for (int64_t j0 = 0; j0 < seq.nk; j0 += p_.fwd.block_kv) {
+          const int64_t n = min64(p_.fwd.block_kv, seq.nk - j0);
+          for (int64_t c = 0; c < n; ++c)
+            key_ptrs_[c] = row_address(a_.k.data, a_.k.stride, seq.k_batch, kv_head, seq.k_row0 + j0 + c);
+          pack_score_keys(n);
+          scores(m, n);
+          for (int64_t t = 0; t < m; ++t) {
+            float* row = s_ + t * kv_pad_;
+            mask_score_row(row, n, p_.fwd, seq, b, h, rows[r0 + t], j0, /*band_partial=*/true);
+            visit(t, row, n);
+          }
+        }
+      };
+      if (deferred_ == 1.0f) {
+        for_each_tile([&](int64_t t, float* row, int64_t n) {
           float tile_max = kMinusInf;
           for (int64_t c = 0; c < n; ++c) tile_max = row[c] > tile_max ? row[c] : tile_max;
           if (tile_max > max[t]) {
             sum[t] *= std::exp2(max[t] - tile_max);  // 0 while max[t] is -inf
             max[t] = tile_max;
           }
-          if (max[t] == kMinusInf) continue;
+          if (max[t] == kMinusInf) return;
           for (int64_t c = 0; c < n; ++c) sum[t] += std::exp2(row[c] - max[t]);
-        }
+        });
+      } else {
+        // Unscaled scores (deferred_): the max first, scaled as the forward
+        // scales its tile maxima (a positive factor keeps the arg max), then
+        // the sum of exponentials() (tile_pair's P, unnormalized), whose
+        // rule (fold below kScoreFoldLimit) needs that max.
+        for_each_tile([&](int64_t t, float* row, int64_t n) {
+          for (int64_t c = 0; c < n; ++c) max[t] = row[c] > max[t] ? row[c] : max[t];
+        });
+        for (int64_t t = 0; t < m; ++t)
+          if (max[t] != kMinusInf) max[t] = scale_keeping_finite(max[t], deferred_);
+        for_each_tile([&](int64_t t, float* row, int64_t n) {
+          if (max[t] == kMinusInf) return;
+          exponentials(row, n, max[t]);
+          for (int64_t c = 0; c < n; ++c) sum[t] += row[c];
+        });
       }
       for (int64_t t = 0; t < m; ++t) {
         if (a_.sinks) fold_sink(a_.sinks[h] * kLog2e, max[t], sum[t]);  // the LSE holds the sink too
@@ -172,7 +196,7 @@ class BackwardMainloop {
       // P = exp2(S - LSE2): exactly the forward's normalized probabilities
       // (times 1 / sum for the rows whose LSE was too large to hold them).
       const int64_t slot = row_slot(p_, w.batch, h, i_begin + t);
-      K::exp2_sum(s_ + t * kv_pad_, n, p_.row_lse2[slot]);
+      exponentials(s_ + t * kv_pad_, n, p_.row_lse2[slot]);
       if (const float inv_sum = p_.row_inv_sum[slot]; inv_sum != 1.0f)
         for (int64_t c = 0; c < n; ++c) s_[t * kv_pad_ + c] *= inv_sum;
       if (p_.dropout.active) {
@@ -225,9 +249,10 @@ class BackwardMainloop {
 
   // The scores' operands and product, one definition for tile_pair and
   // recompute_normalizers (which needs S bitwise as tile_pair forms it).
-  // Query row t of the scores' A operand: fp32 pre-scaled by scale * log2(e)
-  // (q_), or for the bf16 products bf16 and unscaled (q16_), so that every
-  // product is exact and summed in fp32, as in the forward.
+  // Query row t of the scores' A operand: fp32 (q_), pre-scaled by scale *
+  // log2(e) unless the exponentials take the scale (deferred_), or for the
+  // bf16 products bf16 and unscaled (q16_), so that every product is exact
+  // and summed in fp32, as in the forward.
   void load_score_row(int64_t t, const void* src) {
     const int64_t d = a_.shape.head_dim;
     if constexpr (kHasBf16) {
@@ -236,7 +261,8 @@ class BackwardMainloop {
         return;
       }
     }
-    K::load_row(src, a_.dtype, d, a_.q.stride[3], p_.fwd.score_scale, q_ + t * p_.fwd.head_dim_padded);
+    K::load_row(src, a_.dtype, d, a_.q.stride[3], deferred_ != 1.0f ? 1.0f : p_.fwd.score_scale,
+                q_ + t * p_.fwd.head_dim_padded);
   }
 
   // The key tile key_ptrs_[0, n) as the scores' B operand: K^T fp32
@@ -253,8 +279,9 @@ class BackwardMainloop {
   }
 
   // s_ (m, n_pad) = S = Q K^T in log2 units (scale * log2(e) Q K^T) of the m
-  // loaded query rows and the packed key tile; the bf16 products scale the
-  // fp32 sums afterwards.
+  // loaded query rows and the packed key tile, or unscaled where deferred_
+  // leaves the scale to the exponentials (exponentials()); the bf16 products
+  // scale the fp32 sums afterwards.
   void scores(int64_t m, int64_t n) {
     const int64_t n_pad = round_up(n, kPanelWidth);
     if constexpr (kHasBf16) {
@@ -354,6 +381,22 @@ class BackwardMainloop {
     K::pack_transposed(key_ptrs_, n, a_.dtype, dv, a_.v.stride[3], v_t_, kv_pad_);
   }
 
+  // row[0, n) := P = exp2(S - lse2) of one row's scores: with a deferred
+  // scale exp2(fma(S, scale, -lse2)), the forward's folded exponentials, or
+  // where |lse2| reaches kScoreFoldLimit the scores scaled first, as the
+  // forward takes them there (recompute_normalizers follows the same rule).
+  void exponentials(float* row, int64_t n, float lse2) {
+    if (deferred_ == 1.0f) {
+      K::exp2_sum(row, n, lse2);
+    } else if (std::fabs(lse2) < kScoreFoldLimit) {
+      float sum;
+      K::exp2_sum_rows_scaled(row, kv_pad_, 1, n, deferred_, &lse2, &sum);
+    } else {
+      for (int64_t c = 0; c < n; ++c) row[c] = scale_keeping_finite(row[c], deferred_);
+      K::exp2_sum(row, n, lse2);
+    }
+  }
+
   // The forward's mask step (core/mask_row.hpp) on rows [i_begin, i_begin + rows) of head h.
   void apply_mask(const Sequence& seq, int64_t batch, int64_t h, int64_t i_begin, int64_t rows,
                   int64_t j0, int64_t n, bool band_partial) {
@@ -362,12 +405,13 @@ class BackwardMainloop {
                      softcap_tanh_ ? softcap_tanh_ + t * kv_pad_ : nullptr);
   }
 
-  // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q (the bf16 products take Q
-  // unscaled: ln(2) * scale * log2(e) then); dV as accumulated.
+  // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q (the bf16 products and a
+  // deferred scale take Q unscaled: ln(2) * scale * log2(e) then); dV as
+  // accumulated.
   void store_kv_gradients(const Sequence& seq, const BackwardItem& w, int64_t j0, int64_t n) {
     const int64_t dp = p_.fwd.head_dim_padded, d = a_.shape.head_dim;
     const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;
-    const float dk_factor = bf16_ ? kLn2 * p_.fwd.score_scale : kLn2;
+    const float dk_factor = bf16_ || deferred_ != 1.0f ? kLn2 * p_.fwd.score_scale : kLn2;
     const BackwardArgs& b = *p_.args;
     const DType grad_dtype = gradient_dtype(b);
     const int64_t esize = int64_t(dtype_size(grad_dtype));
@@ -386,6 +430,7 @@ class BackwardMainloop {
   const ForwardArgs& a_;
   const BackwardScratchLayout layout_;
   bool bf16_ = false;  // bf16 products (p.fwd.product == bf16_dot on a Kernels that has them)
+  float deferred_ = 1.0f;  // the scale the fp32 scores leave to the exponentials (1: none)
   uint16_t *q16_ = nullptr, *k_d_pairs_ = nullptr, *k_pairs_ = nullptr, *v_pairs_ = nullptr, *d_o16_ = nullptr, *d_o_pairs_ = nullptr,
            *q_pairs_ = nullptr, *a_hi_ = nullptr, *a_lo_ = nullptr;
   int64_t kv_pad_ = 0, bq_pad_ = 0;

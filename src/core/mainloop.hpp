@@ -38,23 +38,29 @@
 // namespace: the including file first includes <cmath>, <cstring>, <limits>
 // and "core/mask_row.hpp" (which brings "core/problem.hpp").
 
-// Packed fp32 operands: Q pre-scaled by scale * log2(e), K^T and V converted
-// to fp32 once per KV tile; both products on K::gemm (fp32 FMAs).
+// Packed fp32 operands: Q converted to fp32 (unscaled where the softmax
+// takes the scale, deferred_score_scale; else pre-scaled by scale *
+// log2(e)), K^T and V converted to fp32 once per KV tile; both products on
+// K::gemm (fp32 FMAs).
 template <class K>
 class Fp32Operands {
  public:
-  static constexpr bool kDeferredScale = false;  // scores() leaves them in log2 units
+  // scores() may leave the scale to the softmax (deferred_scale()).
+  static constexpr bool kDeferredScale = true;
   Fp32Operands(const Problem& p, const ForwardScratchLayout& l, float* scratch)
       : p_(p), kv_dtype_(kv_storage_dtype(p.args.dtype, p.args.kv.quant)), kv_pad_(l.kv_pad),
+        q_scale_(deferred_score_scale(p) != 1.0f ? 1.0f : p.score_scale),
         q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile), v_tile_(scratch + l.v_tile) {}
 
   void begin_item() {}
   void end_item() {}
 
+  float deferred_scale() const { return deferred_score_scale(p_); }
+
   // Row s of the stacked Q tile from `src` (the input's row, element stride `stride`).
   void load_q_row(int64_t s, const void* src, int64_t stride) {
     const int64_t dp = p_.head_dim_padded;
-    K::load_row(src, p_.args.dtype, p_.args.shape.head_dim, stride, p_.score_scale, q_tile_ + s * dp);
+    K::load_row(src, p_.args.dtype, p_.args.shape.head_dim, stride, q_scale_, q_tile_ + s * dp);
   }
 
   // K^T (D, n_pad) and V (n, D_pad) from row addresses, panel-major: each
@@ -75,7 +81,8 @@ class Fp32Operands {
                   kPanelWidth * n);
   }
 
-  // s (m, n_pad) = Q (stacked rows [s0, s0 + m)) K^T, in log2 units.
+  // s (m, n_pad) = Q (stacked rows [s0, s0 + m)) K^T: in log2 units, or
+  // unscaled where deferred_scale() says so.
   void scores(int64_t s0, int64_t m, int64_t n, float* s, int64_t lds, RowPrefetch* prefetch) {
     const int64_t dp = p_.head_dim_padded, d = p_.args.shape.head_dim;
     K::gemm(m, round_up(n, kPanelWidth), d, q_tile_ + s0 * dp, dp, k_t_, kPanelWidth, s, lds, false,
@@ -101,6 +108,7 @@ class Fp32Operands {
   const Problem& p_;
   DType kv_dtype_;  // K/V storage (the inputs' dtype, or int8 / fp8 for a quantized cache)
   int64_t kv_pad_;
+  float q_scale_;  // Q's factor: 1 where the softmax takes the scale
   float* q_tile_;
   float* k_t_;
   float* v_tile_;
@@ -141,17 +149,8 @@ class Bf16Operands {
     K::bf16_pack_v(rows, n, p_.v_head_dim, stride, v_tile_, bf16_kv_pad_);
   }
 
-  // The factor the softmax still applies to the scores (1: none). A
-  // positive scale commutes with the row max exactly (rounding is
-  // monotonic) and leaves -inf (masked) scores -inf, so the softmax can fold
-  // it into its exponentials (one FMA); an additive mask, added in log2
-  // units, a soft cap (tanh of the scaled score), an ALiBi bias or a scale
-  // <= 0 needs it applied first.
-  float deferred_scale() const {
-    const bool fold = p_.score_scale > 0.0f && p_.args.mask.kind != MaskSpec::Kind::additive &&
-                      p_.softcap_log2 == 0.0f && p_.args.alibi_slopes == nullptr;
-    return fold ? p_.score_scale : 1.0f;
-  }
+  // The factor the softmax still applies to the scores (1: none; problem.hpp).
+  float deferred_scale() const { return deferred_score_scale(p_); }
 
   // s (m, n_pad) = Q (stacked rows [s0, s0 + m)) K^T, unscaled where
   // deferred_scale() says so. May be queued (see queue_blocks): done by the
@@ -704,23 +703,19 @@ class ForwardMainloop {
       float* row_max = row_max_ + s0 + c0;
       float* row_sum = row_sum_ + s0 + c0;
       K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
-      float deferred = 1.0f;  // a scale the scores still lack (Bf16Operands::deferred_scale)
+      float deferred = 1.0f;  // a scale the scores still lack (Operands::deferred_scale)
       if constexpr (Operands::kDeferredScale) {
         if (!direct_) deferred = operands_.deferred_scale();
         if (deferred != 1.0f) {
-          // The folded exponential is exp2(fma(s, scale, -max)): the exact
-          // product less the rounded max, which differ by up to half an ulp
-          // of the max. That is below 2^-12 while |max| < 2^12; beyond, it
-          // reaches whole units (at |max| ~ 1e37 it underflowed every P of the
-          // row to 0: O = 0, LSE = -inf), so such chunks take their scores
-          // scaled first (clamped to +-FLT_MAX, as additive masks are: a score
-          // beyond it ties with the row's other such scores) and P = exp2(s -
-          // max), whose max element is exactly 1.
-          constexpr float kFoldLimit = 4096.0f;
+          // The exponentials fold the scale in (exp2(fma(s, scale, -max)))
+          // unless a row's max reaches kScoreFoldLimit (problem.hpp): such
+          // chunks take their scores scaled first (clamped to +-FLT_MAX, as
+          // additive masks are: a score beyond it ties with the row's other
+          // such scores) and P = exp2(s - max).
           bool fold = true;
           for (int64_t t = 0; t < rows; ++t) {
             tile_max[t] *= deferred;
-            if (tile_max[t] != -kInf && std::fabs(tile_max[t]) >= kFoldLimit) fold = false;
+            if (tile_max[t] != -kInf && std::fabs(tile_max[t]) >= kScoreFoldLimit) fold = false;
           }
           if (!fold) {
             for (int64_t t = 0; t < rows; ++t) {

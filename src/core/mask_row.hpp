@@ -31,7 +31,8 @@ static inline bool needs_mask_step(const Problem& p, bool band_partial) {
          p.args.alibi_slopes != nullptr;
 }
 
-// s[0, n) holds the scores (log2 units, scaled) of query row i of sequence
+// s[0, n) holds the scores (log2 units, scaled; unscaled where the softmax
+// takes the scale, deferred_score_scale, which only -inf then reach) of query row i of sequence
 // `seq` against keys j0 .. j0 + n - 1, for query head `head` of batch
 // `batch`. Caps them (Problem::softcap_log2 > 0; with `softcap_tanh`, the
 // tanh of each is stored there for the backward), adds the ALiBi bias, hides

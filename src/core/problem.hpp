@@ -73,6 +73,27 @@ struct Problem {
   float* partial_lse = nullptr;
 };
 
+// The factor the packed products leave to the softmax (1: none): the scores
+// are then the plain dot products of the inputs' elements and the softmax
+// folds the scale into its exponentials (one FMA, exp2(s * scale - max)), so
+// no query element is rounded by a pre-multiplication. A positive scale
+// commutes with the row max exactly (rounding is monotonic) and leaves -inf
+// (masked) scores -inf; an additive mask (added in log2 units), a soft cap
+// (tanh of the scaled score), an ALiBi bias or a scale <= 0 needs the scale
+// applied first, and then Q carries it.
+// The folded exponential exp2(fma(s, scale, -max)) subtracts the rounded max
+// from the exact product; they differ by up to half an ulp of the max, below
+// 2^-12 while |max| < kScoreFoldLimit (log2 units). Beyond it that reaches
+// whole units (at |max| ~ 1e37 every P of the row underflowed to 0), so rows
+// or tiles there take their scores scaled first (scale_keeping_finite) and
+// P = exp2(s - max).
+inline constexpr float kScoreFoldLimit = 4096.0f;
+static inline float deferred_score_scale(const Problem& p) {
+  const bool fold = p.score_scale > 0.0f && p.args.mask.kind != MaskSpec::Kind::additive &&
+                    p.softcap_log2 == 0.0f && p.args.alibi_slopes == nullptr;
+  return fold ? p.score_scale : 1.0f;
+}
+
 // Stacked query rows the decode (few-rows) tile products take at most: every
 // ISA's Kernels::kFewRowsMax (checked in mainloop.hpp). plan_forward plans
 // decode work items around it.

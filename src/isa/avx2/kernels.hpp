@@ -217,18 +217,33 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
     }
   }
 
-  template <int G>
-  static inline void exp2_sum_group(float* s, int64_t ld, int64_t n, const float* sub, float* sums) {
+  // Row r: s := exp2(s * scale - sub[r]) (one rounding: an FMA), sums[r] =
+  // its sum: the softmax of raw scores whose scale the products left out
+  // (mainloop.hpp, deferred_score_scale).
+  static void exp2_sum_rows_scaled(float* s, int64_t ld, int64_t rows, int64_t n, float scale,
+                                   const float* sub, float* sums) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) exp2_sum_group<4, true>(s + r * ld, ld, n, sub + r, sums + r, scale);
+    for (; r < rows; ++r) exp2_sum_group<1, true>(s + r * ld, ld, n, sub + r, sums + r, scale);
+  }
+
+  template <int G, bool kScaled = false>
+  static inline void exp2_sum_group(float* s, int64_t ld, int64_t n, const float* sub, float* sums,
+                                    float scale = 1.0f) {
+    const __m256 scale_v = _mm256_set1_ps(scale);
     __m256 sv[G], sum[G];
     for (int g = 0; g < G; ++g) {
       sv[g] = _mm256_set1_ps(sub[g]);
       sum[g] = _mm256_setzero_ps();
     }
+    const auto argument = [&](__m256 v, int g) {
+      return kScaled ? _mm256_fmsub_ps(v, scale_v, sv[g]) : _mm256_sub_ps(v, sv[g]);
+    };
     int64_t j = 0;
     for (; j + 8 <= n; j += 8)
       for (int g = 0; g < G; ++g) {
         float* x = s + g * ld + j;
-        const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(x), sv[g]));
+        const __m256 e = exp2_ps(argument(_mm256_loadu_ps(x), g));
         _mm256_storeu_ps(x, e);
         sum[g] = _mm256_add_ps(sum[g], e);
       }
@@ -236,7 +251,7 @@ struct Kernels : FewRowsKernels {  // few-rows products: few_rows_kernels.hpp
       const __m256i mask = tail_mask(n - j);
       for (int g = 0; g < G; ++g) {
         float* x = s + g * ld + j;
-        const __m256 e = _mm256_and_ps(exp2_ps(_mm256_sub_ps(_mm256_maskload_ps(x, mask), sv[g])),
+        const __m256 e = _mm256_and_ps(exp2_ps(argument(_mm256_maskload_ps(x, mask), g)),
                                        _mm256_castsi256_ps(mask));
         _mm256_maskstore_ps(x, mask, e);
         sum[g] = _mm256_add_ps(sum[g], e);
