@@ -5,7 +5,10 @@
  * checked against a plain double-precision attention written out below.
  * Also shows error handling: a status code plus a per-thread message.
  *
- * Build: cc 03_c_api.c $(pkg-config --cflags --libs tileattn) -lm */
+ * Build: cc 03_c_api.c $(pkg-config --cflags --libs tileattn) -lm
+ * (PKG_CONFIG_PATH=P/lib/pkgconfig for a package installed with
+ * `cmake --install build --prefix P`; run with LD_LIBRARY_PATH=P/lib when P/lib
+ * is not on the loader's path). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

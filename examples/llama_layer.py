@@ -2,7 +2,8 @@
 prefill, then token-by-token decode, timed with tileattn and with PyTorch's
 scaled_dot_product_attention in the same run (the same layer, weights and inputs).
 
-    .venv/bin/python examples/llama_layer.py [--prompt 512] [--steps 32] [--checkpoint PATH --layer 0]
+    .venv/bin/python examples/llama_layer.py [--prompt 512] [--steps 32] [--batch 1] [--dtype fp32|bf16]
+        [--threads 0] [--checkpoint PATH --layer 0]
 
 Random weights unless --checkpoint names a Llama-style safetensors file or folder (read
 locally with tileattn.load_huggingface_weights). Prints ms per decoded token for the whole

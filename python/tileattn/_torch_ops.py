@@ -367,6 +367,11 @@ def _(info, in_dims, *args, **kwargs):
     folded = dict(a)
     for name in ("q", "k", "v", "o", "lse", "grad_o", "grad_lse"):
         folded[name] = _vmap_fold(a[name], d[name], n)
+    # The C++ backward checks O as the forward checks its output (no stride 0 over more than
+    # one entry); an unbatched o folded with batch 1 (torch.func.jacrev) is such a view.
+    o = folded["o"]
+    if any(step == 0 and size > 1 for step, size in zip(o.stride(), o.shape)):
+        folded["o"] = o.contiguous()
     folded["attn_mask"] = _vmap_fold_broadcast(a["attn_mask"], d["attn_mask"], n, batch, 4)
     folded["alibi_slopes"] = _vmap_fold_alibi(a["alibi_slopes"], d["alibi_slopes"], n, batch)
     dq, dk, dv, d_sinks = flash_attention_backward_op(*(folded[name] for name in _BACKWARD_NAMES))

@@ -54,6 +54,38 @@ TEST(cliUsage, HelpAndUnknownCommands) {
   EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
 }
 
+// docs/cli.md names every flag that a command's --help names (it once left out
+// all of `run`'s and most of `bench`'s, `check`'s and `decode`'s).
+TEST(cliDocs, EveryFlagOfEveryCommandIsInCliMd) {
+  TempDir dir;
+  const std::string doc = slurp(TILEATTN_CLI_DOC);
+  ASSERT_FALSE(doc.empty()) << TILEATTN_CLI_DOC;
+  auto flag_char = [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return std::islower(u) || std::isdigit(u) || c == '-';
+  };
+  auto documented = [&](const std::string& flag) {
+    for (std::size_t at = doc.find(flag); at != std::string::npos; at = doc.find(flag, at + 1))
+      if (at + flag.size() == doc.size() || !flag_char(doc[at + flag.size()])) return true;
+    return false;
+  };
+  for (const char* command : {"info", "run", "bench", "check", "tune", "decode"}) {
+    const Result r = run_cli(std::string(command) + " --help", dir);
+    ASSERT_EQ(r.status, 0) << command;
+    int flags = 0;
+    for (std::size_t at = r.out.find("--"); at != std::string::npos; at = r.out.find("--", at + 2)) {
+      std::size_t end = at + 2;
+      if (end >= r.out.size() || !std::islower(static_cast<unsigned char>(r.out[end]))) continue;
+      while (end < r.out.size() && flag_char(r.out[end])) ++end;
+      const std::string flag = r.out.substr(at, end - at);
+      ++flags;
+      EXPECT_TRUE(documented(flag)) << "tileattn " << command << " " << flag << " is not in docs/cli.md";
+      at = end - 2;
+    }
+    EXPECT_GT(flags, 0) << command;
+  }
+}
+
 // Bad values name the flag they came in ("--dtype: ...", not "dtype: ..."),
 // and range limits print as short numbers.
 TEST(cliUsage, ValueErrorsNameTheFlag) {

@@ -82,6 +82,26 @@ def test_vmap_and_per_sample_grads_equal_a_loop():
         close([g[i] for g in per_sample], [t.grad for t in leaves])
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_jacrev_equals_autograds_jacobian(batch):
+    """torch.func.jacrev (vmap over the backward with o unbatched) equals autograd's jacobian,
+    one backward per output element (with batch 1 the folded o was a stride-0 view, which the
+    C++ backward refused: "o: output strides must be positive")."""
+    import torch.func as tf
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(batch, 2, n, 8, generator=g) for n in (3, 4, 4))
+
+    for argnum in range(3):
+        def attend(*args):
+            full = [q, k, v]
+            full[argnum] = args[0]
+            return tileattn.flash_attention(*full, is_causal=True)
+
+        x = (q, k, v)[argnum]
+        want = torch.autograd.functional.jacobian(attend, x)
+        close([tf.jacrev(attend)(x)], [want])
+
+
 def test_forward_mode_ad_is_refused_by_name():
     """Forward-mode AD has no rule here: it must raise, never return a zero or missing tangent
     (torch.func.jvp gave zeros and forward_ad.unpack_dual(o).tangent None, silently)."""
