@@ -126,6 +126,16 @@ class TileattnCache(DynamicCache):
 
     def __init__(self, config=None, capacity=0, **kwargs):
         super().__init__(config=config, **kwargs)
-        self.layers = [GrowingLayer(capacity) if type(layer) is DynamicLayer else layer for layer in self.layers]
+        self.layers = [self._growing(layer, capacity) if type(layer) is DynamicLayer else layer
+                       for layer in self.layers]
         if self.layer_class_to_replicate is DynamicLayer:
             self.layer_class_to_replicate = lambda: GrowingLayer(capacity)
+
+    @staticmethod
+    def _growing(layer, capacity):
+        """A GrowingLayer holding what the DynamicLayer `layer` holds (DynamicCache fills its layers
+        from ``ddp_cache_data`` before they are replaced here)."""
+        grown = GrowingLayer(capacity)
+        if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+            grown.update(layer.keys, layer.values)
+        return grown

@@ -147,12 +147,21 @@ def test_autocast_bf16_matches_sdpa_or_eager(kind):
 
 
 def test_unsupported_features_say_so():
+    """Attention weights come without gradient: asked for while training, NotImplementedError;
+    a learned position bias has no gradient with dropout: NotImplementedError at the forward."""
     tileattn.transformers.register()
-    q = torch.randn(1, 2, 4, 8)
+    q = torch.randn(1, 2, 4, 8, requires_grad=True)
     module = torch.nn.Module()
     module.is_causal = True
-    with pytest.raises(NotImplementedError, match="output_attentions"):
+    with pytest.raises(NotImplementedError, match="output_attentions while training"):
         tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, output_attentions=True)
+    bias = torch.zeros(1, 2, 4, 4, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="position_bias.*dropout"):
+        tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, dropout=0.1, position_bias=bias)
+    module.eval()
+    with torch.no_grad():
+        out, weights = tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, output_attentions=True)
+    assert weights.shape == (1, 2, 4, 4) and torch.allclose(weights.sum(-1), torch.ones(1, 2, 4))
 
 
 def test_no_mask_means_sdpa_semantics():
