@@ -204,7 +204,7 @@ static ViewSpan validate_kv_scales(const char* name, const ForwardArgs& a, const
   return range;
 }
 
-void validate(const ForwardArgs& a) {
+void validate(const ForwardArgs& a, OutputUse o_use) {
   const AttentionShape& s = a.shape;
   if (s.batch < 0) fail("batch must be >= 0, got " + str(s.batch));
   if (s.heads < 1) fail("heads must be >= 1, got " + str(s.heads));
@@ -331,7 +331,8 @@ void validate(const ForwardArgs& a) {
 
   ViewSpan q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   ViewSpan o = view_range("o", a.o.data, int64_t(dtype_size(output_dtype(a))), o_sizes, a.o.stride.data(), 4);
-  check_injective("o", o_sizes, a.o.stride.data(), 4);
+  const bool o_written = o_use == OutputUse::written;
+  if (o_written) check_injective("o", o_sizes, a.o.stride.data(), 4);
   ViewSpan k, v, k_scale, v_scale;
   if (keys_needed) {
     const int64_t kv_esize = int64_t(dtype_size(kv_storage_dtype(a.dtype, a.kv.quant)));
@@ -357,12 +358,14 @@ void validate(const ForwardArgs& a) {
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
                       a.mask.stride.data(), 4);
   }
-  if (views_overlap(o, q)) fail("o: output overlaps input q");
-  if (views_overlap(o, k)) fail("o: output overlaps input k");
-  if (views_overlap(o, v)) fail("o: output overlaps input v");
-  if (views_overlap(o, mask)) fail("o: output overlaps the mask");
-  if (views_overlap(o, k_scale)) fail("o: output overlaps input k_scale");
-  if (views_overlap(o, v_scale)) fail("o: output overlaps input v_scale");
+  if (o_written) {
+    if (views_overlap(o, q)) fail("o: output overlaps input q");
+    if (views_overlap(o, k)) fail("o: output overlaps input k");
+    if (views_overlap(o, v)) fail("o: output overlaps input v");
+    if (views_overlap(o, mask)) fail("o: output overlaps the mask");
+    if (views_overlap(o, k_scale)) fail("o: output overlaps input k_scale");
+    if (views_overlap(o, v_scale)) fail("o: output overlaps input v_scale");
+  }
   if (a.lse) {
     const int64_t l_sizes[3] = {q_batches, s.heads, s.seqlen_q};
     ViewSpan lse = view_range("lse", a.lse, 4, l_sizes, a.lse_stride.data(), 3);

@@ -41,6 +41,10 @@ void validate_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int
 // KV cache's shared check.
 void validate_head_dims(int64_t head_dim, int64_t v_head_dim);
 
-void validate(const ForwardArgs& args);
+// What the forward's check makes of args.o: the output the call writes
+// (distinct indices, distinct elements, no input under it), or an input the
+// backward only reads (any strides within bounds, overlaps allowed).
+enum class OutputUse { written, read_only };
+void validate(const ForwardArgs& args, OutputUse o_use = OutputUse::written);
 
 }  // namespace tileattn::detail

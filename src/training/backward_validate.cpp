@@ -24,12 +24,13 @@ void validate(const BackwardArgs& b) {
     throw NotSupported("backward: KV-cache sources (kv.seqlens, kv.block_table) have no backward");
   if (a.fp32_output)
     throw NotSupported("backward: forward.fp32_output is not supported (o and d_o have forward.dtype)");
-  // The forward's checks on the shared inputs, with O standing in as the
-  // output view (it has the output's shape; it is read, not written here).
+  // The forward's checks on the shared inputs, with O in the output view's
+  // place (it has the output's shape), checked as the input it is here: read,
+  // not written, so a broadcast (stride 0) or an O over an input is accepted.
   ForwardArgs shared = a;
   shared.o = OutputView{const_cast<void*>(b.o.data), b.o.stride};
   shared.lse = nullptr;
-  detail::validate(shared);  // qualified: no ADL pick of tileattn::validate
+  detail::validate(shared, detail::OutputUse::read_only);  // qualified: no ADL pick of tileattn::validate
 
   const AttentionShape& s = a.shape;
   const bool varlen_q = a.cu_seqlens_q != nullptr, varlen_k = a.cu_seqlens_k != nullptr;

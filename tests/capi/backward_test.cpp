@@ -171,13 +171,14 @@ TEST(CApiBackward, BadInputWritesNothing) {
   EXPECT_EQ(tileattn_backward_validate(&args), TILEATTN_INVALID_ARGUMENT);
   for (float x : g.dq) ASSERT_EQ(x, 7.0f) << "dQ written despite the error";
   // V's head dim reaches the backward: O, dO, V and dV laid out head_dim wide
-  // but described twice as wide overlap their own rows.
+  // but described twice as wide overlap their own rows (dV, written, is refused;
+  // O and dO are only read).
   args.dk.data = g.dk.data();
   tileattn_forward_args wide_v = forward;
   wide_v.v_head_dim = forward.head_dim * 2;
   args.forward = &wide_v;
   EXPECT_EQ(tileattn_backward(&args), TILEATTN_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(tileattn_last_error()).find("o: output strides overlap"), std::string::npos)
+  EXPECT_NE(std::string(tileattn_last_error()).find("dv: output strides overlap"), std::string::npos)
       << tileattn_last_error();
   for (float x : g.dq) ASSERT_EQ(x, 7.0f) << "dQ written despite the error";
 }

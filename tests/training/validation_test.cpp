@@ -78,7 +78,8 @@ TEST(BackwardValidation, RejectsBadArgumentsAndWritesNothing) {
   {
     BackwardArgs a = data.args;
     a.forward.shape.v_head_dim = 32;  // O, dO, V and dV laid out 16 wide, described as 32
-    expect_rejected<Error>(data, a, "o: output strides overlap");
+    // O and dO are read (overlapping reads are allowed); dV, written, overlaps its own rows.
+    expect_rejected<Error>(data, a, "dv: output strides overlap");
     a.forward.shape.v_head_dim = 513;
     expect_rejected<Error>(data, a, "v_head_dim must be in 1..512");
   }
@@ -262,6 +263,46 @@ TEST(BackwardValidation, EmptyQueryRowsWithDenseStridesGiveZeroKeyGradients) {
   EXPECT_NO_THROW(attention_backward(a));
   for (float x : dk) ASSERT_EQ(x, 0.0f);
   for (float x : dv) ASSERT_EQ(x, 0.0f);
+}
+
+// O is an input of the backward (read for D = rowsum(dO o O), never
+// written): a broadcast O (stride 0, one row standing for every row of its
+// head) gives the gradients of the dense O holding those rows, bit for bit,
+// and an O that lies over dO is read as it is. Both were refused as the
+// forward's output ("o: output strides must be positive", "o: output overlaps").
+TEST(BackwardValidation, OIsReadAsAnInputBroadcastOrOverlapping) {
+  BackwardData data(plain_case(), best_isa());
+  const auto o_stride = data.args.o.stride;
+  const int64_t rows = data.bc.c.seqlen_q, heads = data.bc.c.heads, dv = data.bc.c.head_dim;
+  std::vector<float> o_rows0(data.fwd.o32.size());  // every row of each head = its row 0
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < dv; ++c)
+        o_rows0[size_t(h * o_stride[1] + r * o_stride[2] + c * o_stride[3])] =
+            data.fwd.o32[size_t(h * o_stride[1] + c * o_stride[3])];
+  BackwardArgs dense_args = data.args;
+  dense_args.o = InputView{o_rows0.data(), o_stride};
+  attention_backward(dense_args);
+  const std::vector<float> dq = data.dq.f32, dk = data.dk.f32, dv_grad = data.dv.f32;
+
+  BackwardArgs broadcast = data.args;
+  broadcast.o = InputView{data.fwd.o32.data(), {o_stride[0], o_stride[1], 0, o_stride[3]}};
+  std::fill(data.dq.f32.begin(), data.dq.f32.end(), 123.0f);
+  attention_backward(broadcast);
+  EXPECT_EQ(data.dq.f32, dq);
+  EXPECT_EQ(data.dk.f32, dk);
+  EXPECT_EQ(data.dv.f32, dv_grad);
+
+  // O over dO (the same buffer): D = rowsum(dO o dO), as a dense copy gives it.
+  BackwardArgs same = data.args;
+  same.o = same.d_o;
+  attention_backward(same);
+  const std::vector<float> dq_same = data.dq.f32;
+  std::vector<float> d_o_copy(data.d_o.f32);
+  BackwardArgs copied = data.args;
+  copied.o = InputView{d_o_copy.data(), data.args.d_o.stride};
+  attention_backward(copied);
+  EXPECT_EQ(data.dq.f32, dq_same);
 }
 
 }  // namespace
