@@ -316,6 +316,10 @@ class ForwardMainloop {
     if constexpr (requires { K::kFewRowsDotScores; })
       dot_scores_ = direct_ && p.args.dtype == DType::bf16 && p.args.k.stride[3] == 1 &&
                     K::few_rows_dot_scores_take(kv_dtype_);
+    // The other few-rows scores (FMAs, integer pieces) take Q unscaled where
+    // the softmax can take the scale (deferred_score_scale), as the packed
+    // products do.
+    few_rows_deferred_ = direct_ && !dot_scores_ ? deferred_score_scale(p) : 1.0f;
     // P V likewise on bf16 dot products where the caller asks for P in bf16
     // (bf16_probabilities) and V is a bf16, fp8 e4m3 or int8 cache read with
     // unit stride (a quantized cache's scales are on P first, scale_columns);
@@ -614,7 +618,9 @@ class ForwardMainloop {
   int64_t head_of(const WorkItem& w, int64_t s) const { return w.head_begin + s / rows_; }
   int64_t query_of(const WorkItem& w, int64_t s) const { return w.q_begin + s % rows_; }
 
-  // The few-rows products take Q as packed fp32 rows, pre-scaled.
+  // The few-rows products take Q as packed fp32 rows: unscaled for the bf16
+  // dot products (their kernel scales the sums) and where the softmax takes
+  // the scale (few_rows_deferred_), else pre-scaled.
   void load_q_tiles(const Sequence& seq, const WorkItem& w) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     const int64_t esize = int64_t(dtype_size(a_.dtype));
@@ -624,7 +630,8 @@ class ForwardMainloop {
                         (seq.q_batch * a_.q.stride[0] + head_of(w, s) * a_.q.stride[1] +
                          row * a_.q.stride[2]) * esize;
       if (direct_)
-        K::load_row(src, a_.dtype, d, a_.q.stride[3], dot_scores_ ? 1.0f : p_.score_scale, few_rows_q_ + s * dp);
+        K::load_row(src, a_.dtype, d, a_.q.stride[3],
+                    dot_scores_ || few_rows_deferred_ != 1.0f ? 1.0f : p_.score_scale, few_rows_q_ + s * dp);
       else operands_.load_q_row(s, src, a_.q.stride[3]);
     }
   }
@@ -705,7 +712,7 @@ class ForwardMainloop {
       K::row_max_rows(s_rows, kv_pad_, rows, n, tile_max);
       float deferred = 1.0f;  // a scale the scores still lack (Operands::deferred_scale)
       if constexpr (Operands::kDeferredScale) {
-        if (!direct_) deferred = operands_.deferred_scale();
+        deferred = direct_ ? few_rows_deferred_ : operands_.deferred_scale();
         if (deferred != 1.0f) {
           // The exponentials fold the scale in (exp2(fma(s, scale, -max)))
           // unless a row's max reaches kScoreFoldLimit (problem.hpp): such
@@ -824,7 +831,7 @@ class ForwardMainloop {
   float* v_scales_ = nullptr;  // quantized_: this step's per-key V scales
   int64_t kv_pad_ = 0;
   int64_t rows_ = 0;  // query rows of the current item
-  float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) pre-scaled fp32 Q
+  float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) fp32 Q (load_q_tiles: scaled or not)
   bool int8_scores_ = false;       // direct_ on an int8 cache with usable K::kFewRowsInt8Scores
   bool item_int8_scores_ = false;  // ... and this item's Q rows are finite (split into pieces)
   int8_t* q_pieces_ = nullptr;    // (heads * rows * 4 + 16, D rounded up to 64) int8 pieces of Q
@@ -837,6 +844,7 @@ class ForwardMainloop {
   const void** key_rows_ = nullptr;
   bool direct_ = false;                // few-rows products (see the constructor)
   bool dot_scores_ = false;            // direct_ scores on bf16 dot products, Q unscaled
+  float few_rows_deferred_ = 1.0f;     // direct_ (other than dot_scores_): the scale left to the softmax
   bool dot_probabilities_ = false;     // direct_ P V with P rounded: to bf16 on vdpbf16ps, or int16 on VNNI
   bool k_ahead_in_pv_ = false;         // ... whose kernel asks for the next step's K rows (not the scores)
   int64_t k_row_bytes_ = 0;            // ... and their length: head_dim elements of the cache's type

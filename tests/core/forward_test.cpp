@@ -195,17 +195,22 @@ TEST(HugeScores, RowsKeepTheirMaxKeyOnEveryPath) {
 // query element that made rows whose products cancel (one or three keys, D =
 // 256, scale 1: |S| small next to sum |q k|) break the rule on the LSE in
 // 17-29 of 40 seeds (worst 3.7x its tolerance). The scale now waits for the
-// exponentials (deferred_score_scale), on every path.
+// exponentials (deferred_score_scale), on every path: the packed products
+// (64 query rows) and decode's few-rows products (one query row of 8 heads
+// sharing a KV head, 8 sequences).
 TEST(LargeScores, SixteenBitProductsAreExactOnEveryPath) {
   for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx}) {
     if (!isa_available(isa)) continue;
     for (DType dtype : {DType::bf16, DType::f16})
       for (int64_t keys : {1, 3})
+        for (bool decode : {false, true})
         for (uint64_t seed = 1; seed <= 12; ++seed) {
           Case c;
           c.dtype = dtype;
-          c.heads = c.kv_heads = 1;
-          c.seqlen_q = 64;
+          c.batch = decode ? 8 : 1;  // 64 query rows either way
+          c.heads = decode ? 8 : 1;
+          c.kv_heads = 1;
+          c.seqlen_q = decode ? 1 : 64;
           c.seqlen_k = keys;
           c.head_dim = 256;
           c.scale = 1.0f;
@@ -214,8 +219,8 @@ TEST(LargeScores, SixteenBitProductsAreExactOnEveryPath) {
           data.args.isa = isa;
           attention_forward(data.args);
           const Comparison cmp = compare_with_reference(data);
-          EXPECT_TRUE(cmp.ok()) << isa_name(isa) << " " << dtype_name(dtype) << " keys " << keys << " seed "
-                                << seed << ": " << cmp.describe();
+          EXPECT_TRUE(cmp.ok()) << isa_name(isa) << " " << dtype_name(dtype) << (decode ? " decode" : "")
+                                << " keys " << keys << " seed " << seed << ": " << cmp.describe();
         }
   }
 }
