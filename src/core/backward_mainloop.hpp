@@ -69,7 +69,7 @@ class BackwardMainloop {
       a_hi_ = bf16_piece(layout_.a_hi);
       a_lo_ = bf16_piece(layout_.a_lo);
     }
-    deferred_ = bf16_ ? 1.0f : deferred_score_scale(p.fwd);
+    deferred_ = deferred_score_scale(p.fwd);
   }
 
   // Rows rows[0, count) of head h in sequence b: the max of their scores S (and sink)
@@ -280,15 +280,16 @@ class BackwardMainloop {
 
   // s_ (m, n_pad) = S = Q K^T in log2 units (scale * log2(e) Q K^T) of the m
   // loaded query rows and the packed key tile, or unscaled where deferred_
-  // leaves the scale to the exponentials (exponentials()); the bf16 products
-  // scale the fp32 sums afterwards.
+  // leaves the scale to the exponentials (exponentials()); elsewhere the
+  // bf16 products scale the fp32 sums afterwards.
   void scores(int64_t m, int64_t n) {
     const int64_t n_pad = round_up(n, kPanelWidth);
     if constexpr (kHasBf16) {
       if (bf16_) {
         const int64_t k = layout_.bf16_d;
         K::bf16_gemm(m, n_pad, k, q16_, nullptr, k, k_d_pairs_, kPanelWidth * k, s_, kv_pad_, false);
-        for (int64_t t = 0; t < m; ++t) K::scale(s_ + t * kv_pad_, n, p_.fwd.score_scale);
+        if (deferred_ == 1.0f)
+          for (int64_t t = 0; t < m; ++t) K::scale(s_ + t * kv_pad_, n, p_.fwd.score_scale);
         return;
       }
     }
@@ -430,7 +431,7 @@ class BackwardMainloop {
   const ForwardArgs& a_;
   const BackwardScratchLayout layout_;
   bool bf16_ = false;  // bf16 products (p.fwd.product == bf16_dot on a Kernels that has them)
-  float deferred_ = 1.0f;  // the scale the fp32 scores leave to the exponentials (1: none)
+  float deferred_ = 1.0f;  // the scale the scores leave to the exponentials (1: none), as the forward's
   uint16_t *q16_ = nullptr, *k_d_pairs_ = nullptr, *k_pairs_ = nullptr, *v_pairs_ = nullptr, *d_o16_ = nullptr, *d_o_pairs_ = nullptr,
            *q_pairs_ = nullptr, *a_hi_ = nullptr, *a_lo_ = nullptr;
   int64_t kv_pad_ = 0, bq_pad_ = 0;
