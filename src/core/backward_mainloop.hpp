@@ -9,9 +9,10 @@
 // One work item = (sequence, KV head, key chunk). For each key tile of the
 // chunk: pack K, K^T and V^T once; then for every query head of the group and
 // every query tile that sees the key tile:
-//   S  = scale * log2(e) * Q K^T   (log2 units)
+//   S  = scale * log2(e) * Q K^T   (log2 units; Q K^T alone where the scale
+//        waits for the exponentials, deferred_score_scale, as in the forward)
 //   S  = C tanh(S / C)        (soft cap C, when on; the mask step)
-//   P  = exp2(S - LSE2)       (mask on partial tiles only)
+//   P  = exp2(S - LSE2)       (mask on partial tiles only; exponentials())
 //   dV += (P o Z)^T dO      (V's head dim Dv; Q and K take D)
 //   dP = dO V^T
 //   dS = P o (Z o dP - D)     (o (1 - tanh^2) through a soft cap)
@@ -23,11 +24,12 @@
 // bf16_dot: the avx512bf16 and amx rungs) run all five products as bf16 dot
 // products with fp32 sums, in the forward's pair layout (bf16_kernels.hpp):
 // S = Q K^T and dP = dO V^T on the inputs themselves (exact products; Q
-// unscaled, the scale applied to the fp32 scores, as the forward's
-// Bf16Operands::scores), and dV, dQ, dK with their fp32 A operand (P^T, dS,
+// unscaled, the scale folded into the exponentials or applied to the fp32
+// scores, as the forward's Bf16Operands::scores), and dV, dQ, dK with their fp32 A operand (P^T, dS,
 // dS^T) split into bf16 hi + lo, as the forward splits P. Every rung forms S
 // with one helper (scores()), shared with the normalizer pass.
-// Otherwise the products run on FP32 FMAs (K::gemm), Q pre-scaled.
+// Otherwise the products run on FP32 FMAs (K::gemm), Q unscaled where the
+// scale waits for the exponentials, else pre-scaled.
 // Measured (AMD EPYC Zen 5, avx512bf16, 2 threads, bf16, H8 N2048 D128, no
 // mask; shared host at load ~3.5 on 2 cores, paired medians of 9):
 // 212 ms with S on the dot products against 237 with S on FMAs (0.89), and
@@ -241,7 +243,8 @@ class BackwardMainloop {
     float* dq = p_.dq_partial + dq_slot(p_, w.chunk, w.batch, h, i_begin) * dp;
     if (bf16_) bf16_product_of_split(dp_, kv_pad_, rows, n, k_pairs_, layout_.bf16_kv, dq, dp);
     else K::gemm(rows, dp, n, dp_, kv_pad_, k_rows_, dp, dq, dp, true);
-    // dK += dS^T Q: (n, rows) x (rows, D_pad) (Q unscaled for the bf16 products).
+    // dK += dS^T Q: (n, rows) x (rows, D_pad) (Q unscaled for the bf16 products
+    // and a deferred scale: store_kv_gradients' factor takes it).
     transpose_tile(dp_, rows, n);
     if (bf16_) bf16_product_of_split(transposed_, bq_pad_, n, rows, q_pairs_, layout_.bf16_q, dk_, dp);
     else K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
@@ -383,9 +386,11 @@ class BackwardMainloop {
   }
 
   // row[0, n) := P = exp2(S - lse2) of one row's scores: with a deferred
-  // scale exp2(fma(S, scale, -lse2)), the forward's folded exponentials, or
-  // where |lse2| reaches kScoreFoldLimit the scores scaled first, as the
-  // forward takes them there (recompute_normalizers follows the same rule).
+  // scale exp2(fma(S, scale, -lse2)), the forward's folded form, or where
+  // |lse2| reaches kScoreFoldLimit the scores scaled first. The forward
+  // decides per chunk of rows from its tile maxima, this per row from the
+  // LSE: the two forms differ by a rounding (~2^-12 log2 units at the limit).
+  // recompute_normalizers follows this rule, so its normalizer and P agree.
   void exponentials(float* row, int64_t n, float lse2) {
     if (deferred_ == 1.0f) {
       K::exp2_sum(row, n, lse2);

@@ -13,7 +13,8 @@ constexpr float kC4 = 0.00961802527308464f;
 constexpr float kC5 = 0.0013400432653725147f;
 constexpr float kC6 = 0.00015469732170458883f;
 // Below this, 2^x is under fp32's smallest normal: the result is flushed to 0
-// (its weight next to the row's largest term, 2^0, is below 2^-126).
+// (its weight next to the row's largest term, 2^0 to ~2^8 with the online
+// softmax's rescale slack, is below 2^-126).
 constexpr float kMinInput = -126.0f;
 constexpr float kMaxInput = 127.0f;
 

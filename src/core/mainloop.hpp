@@ -9,7 +9,9 @@
 //       of kPanelWidth; b and c 64-byte aligned
 //   row_max(x, n) -> max (NaN if any is NaN), exp2_sum(x, n, sub) -> sum
 //   (x := exp2(x - sub)), row_max_rows / exp2_sum_rows (the same over several
-//   rows of a tile), scale(x, n, alpha), load_row(src, dtype, n, stride,
+//   rows of a tile), exp2_sum_rows_scaled (x := exp2(x * scale - sub), for
+//   scores whose scale waits for the exponentials: deferred_score_scale),
+//   scale(x, n, alpha), load_row(src, dtype, n, stride,
 //   scale, dst, panel), store_row(src, scale, n, dtype, dst, stride),
 //   pack_transposed(rows, n_rows, dtype, d, stride, dst, ld, panel)
 //
@@ -695,7 +697,7 @@ class ForwardMainloop {
 
   // Online softmax over stacked rows [s0, s0 + m) of one score tile: S becomes
   // P = exp2(S - row_max); the accumulator and the row sum are rescaled only
-  // when the row max grew. Rows go in chunks, one pass at a time over the
+  // when a tile's max passes the row's by more than kRescaleSlack. Rows go in chunks, one pass at a time over the
   // chunk (maxima, scalar updates, exponentials), so the kernels can
   // interleave rows.
   void online_softmax(const WorkItem& w, int64_t s0, int64_t m, int64_t n, int64_t j0, int64_t t0) {
@@ -742,7 +744,7 @@ class ForwardMainloop {
           continue;
         }
         // The row's max moves only when a tile's max exceeds it by more than
-        // kRescaleSlack: P then stays below 2^kRescaleSlack, and the row's
+        // kRescaleSlack: P then stays within about 2^kRescaleSlack, and the row's
         // accumulator and sum are rescaled once instead of at every rise (in
         // random rows ~3 of a 512-key row's 8 tiles raised the max). With the
         // LSE skipped where unread (epilogue), one thread, 12 heads, D = 64,

@@ -88,9 +88,13 @@ struct Problem {
 // or tiles there take their scores scaled first (scale_keeping_finite) and
 // P = exp2(s - max).
 inline constexpr float kScoreFoldLimit = 4096.0f;
+// A scale * log2(e) beyond FLT_MAX (scales above ~2.36e38) is inf: folded in,
+// it turned every row empty (O = 0, LSE = -inf); pre-multiplied, the rows come
+// out NaN, the documented limit (docs/accuracy.md).
 static inline float deferred_score_scale(const Problem& p) {
-  const bool fold = p.score_scale > 0.0f && p.args.mask.kind != MaskSpec::Kind::additive &&
-                    p.softcap_log2 == 0.0f && p.args.alibi_slopes == nullptr;
+  const bool fold = p.score_scale > 0.0f && p.score_scale <= 3.4028235e38f &&
+                    p.args.mask.kind != MaskSpec::Kind::additive && p.softcap_log2 == 0.0f &&
+                    p.args.alibi_slopes == nullptr;
   return fold ? p.score_scale : 1.0f;
 }
 

@@ -244,7 +244,7 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
 
   // Row r: s := exp2(s * scale - sub[r]) (one rounding: an FMA), sums[r] =
   // its sum: the softmax of raw scores whose scale the products left out
-  // (the bf16 operands, mainloop.hpp).
+  // (mainloop.hpp, deferred_score_scale).
   static void exp2_sum_rows_scaled(float* s, int64_t ld, int64_t rows, int64_t n, float scale,
                                    const float* sub, float* sums) {
     int64_t r = 0;
