@@ -264,8 +264,7 @@ class BackwardMainloop {
         return;
       }
     }
-    K::load_row(src, a_.dtype, d, a_.q.stride[3], deferred_ != 1.0f ? 1.0f : p_.fwd.score_scale,
-                q_ + t * p_.fwd.head_dim_padded);
+    K::load_row(src, a_.dtype, d, a_.q.stride[3], query_scale(p_.fwd), q_ + t * p_.fwd.head_dim_padded);
   }
 
   // The key tile key_ptrs_[0, n) as the scores' B operand: K^T fp32

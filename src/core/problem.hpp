@@ -98,6 +98,12 @@ static inline float deferred_score_scale(const Problem& p) {
   return fold ? p.score_scale : 1.0f;
 }
 
+// The factor fp32 Q rows are loaded with for the FMA products: 1 where the
+// softmax takes the scale (deferred_score_scale), else scale * log2(e).
+static inline float query_scale(const Problem& p) {
+  return deferred_score_scale(p) != 1.0f ? 1.0f : p.score_scale;
+}
+
 // Stacked query rows the decode (few-rows) tile products take at most: every
 // ISA's Kernels::kFewRowsMax (checked in mainloop.hpp). plan_forward plans
 // decode work items around it.
