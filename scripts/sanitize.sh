@@ -101,7 +101,7 @@ tsan_filter='Concurrency.*:CApiErrors.LastErrorIsPerThread'
 # CI's TSan build compiles only the test files of the tests it runs (TILEATTN_TEST_FILES,
 # tests/CMakeLists.txt); run_tests fails if a filter matches no test, so a test that
 # moves to another file is noticed.
-tsan_files_ci='core/thread_pool_test.cpp;capi/errors_test.cpp;reliability/concurrency_test.cpp'
+tsan_files_ci='core/thread_pool_test.cpp;core/thread_runtime_test.cpp;capi/errors_test.cpp;reliability/concurrency_test.cpp'
 
 ci_asan() {
   # One clang ASan+UBSan build (build-fuzz) serves these tests and the
@@ -115,8 +115,9 @@ ci_tsan() {
   build build-tsan thread OFF -DTILEATTN_TEST_FILES="$tsan_files_ci" -DTILEATTN_LIBRARY_OPTIMIZATION=-O1 \
     -- reliability_tests capi_tests core_tests
   run_tests build-tsan "$tsan_filter" reliability_tests capi_tests
-  # The thread pool's own tests (polling, late workers, region closing).
-  run_tests build-tsan 'ThreadPool.*' core_tests
+  # The thread pool's own tests (polling, late workers, region closing) and
+  # the regions on another runtime's threads.
+  run_tests build-tsan 'ThreadPool.*:ThreadRuntime.*' core_tests
 }
 
 case "$mode" in

@@ -41,6 +41,31 @@ const CpuFeatures& cpu_features();
 const CacheSizes& cache_sizes();
 int hardware_threads();
 
+// Whose threads run tileattn's parallel regions: its own pool (the default),
+// or another threading runtime's, so that an application whose runtime keeps
+// its threads polling between its own operations (OpenMP's default: PyTorch's
+// libgomp threads poll 6-8 ms after each region, Intel Xeon model 207) does
+// not have tileattn's threads share cores with them. run(fn, ctx, threads)
+// must call fn(ctx, t, n) once on each of n <= threads threads, t = 0 ..
+// n - 1 (the calling thread should be t = 0; n may be 1), and return when
+// every call has returned; fn does not throw. Over OpenMP:
+//   void run(void (*fn)(void*, int, int), void* ctx, int threads) {
+//   #pragma omp parallel num_threads(threads)
+//     fn(ctx, omp_get_thread_num(), omp_get_num_threads());
+//   }
+// The Python package installs one over the OpenMP runtime PyTorch loaded
+// (docs/python.md, "Threads").
+struct ThreadRuntime {
+  const char* name;  // what thread_runtime() reports
+  void (*run)(void (*fn)(void* ctx, int thread, int threads), void* ctx, int threads);
+};
+// Every later call's parallel regions run on `runtime` (nullptr: the pool
+// again). It must stay valid while installed; calls already running keep
+// what they started with.
+void set_thread_runtime(const ThreadRuntime* runtime);
+// "pool", or the installed runtime's name.
+const char* thread_runtime();
+
 // True when this build has the path and the CPU (with OS support) can run it.
 bool isa_available(Isa isa);
 // The best available path: avx512 > avx2 > generic.

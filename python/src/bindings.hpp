@@ -74,5 +74,6 @@ void bind_kvcache_arrays(nb::module_& m);
 void bind_backward(nb::module_& m);
 void bind_buffer(nb::module_& m);
 void bind_machine(nb::module_& m);
+void bind_threads(nb::module_& m);
 
 }  // namespace tileattn::python

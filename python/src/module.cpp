@@ -26,4 +26,5 @@ NB_MODULE(_tileattn, m) {
   tileattn::python::bind_backward(m);
   tileattn::python::bind_buffer(m);
   tileattn::python::bind_machine(m);
+  tileattn::python::bind_threads(m);
 }

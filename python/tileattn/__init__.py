@@ -4,7 +4,8 @@
     o = tileattn.flash_attention(q, k, v, is_causal=True)
 
 Functions: flash_attention, attention_with_kvcache, merge_states, info,
-set_num_threads / get_num_threads, set_bf16_probabilities / get_bf16_probabilities; drop-ins with the originals' signatures:
+set_num_threads / get_num_threads, set_thread_runtime / get_thread_runtime,
+set_bf16_probabilities / get_bf16_probabilities; drop-ins with the originals' signatures:
 scaled_dot_product_attention (PyTorch's) and flash_attn_func, flash_attn_varlen_func,
 flash_attn_with_kvcache (FlashAttention-2's). With PyTorch installed also the
 FlashAttention module (a Llama-style attention layer), its configuration
@@ -13,7 +14,9 @@ so NumPy users never load it.
 """
 from ._flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from ._forward import flash_attention
-from ._kernel import get_bf16_probabilities, get_num_threads, set_bf16_probabilities, set_num_threads
+from ._kernel import apply_auto_thread_runtime as _apply_auto_thread_runtime
+from ._kernel import (get_bf16_probabilities, get_num_threads, get_thread_runtime, set_bf16_probabilities,
+                      set_num_threads, set_thread_runtime)
 from ._kvcache import attention_with_kvcache
 from ._merge import merge_states
 from ._sdpa import scaled_dot_product_attention
@@ -27,7 +30,8 @@ _TORCH_NAMES = {"FlashAttention": "_module", "AttentionConfig": "_module",
 __all__ = ["flash_attention", "attention_with_kvcache", "merge_states", "info",
            "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache",
-           "set_num_threads", "get_num_threads", "set_bf16_probabilities", "get_bf16_probabilities", *_TORCH_NAMES]
+           "set_num_threads", "get_num_threads", "set_thread_runtime", "get_thread_runtime",
+           "set_bf16_probabilities", "get_bf16_probabilities", *_TORCH_NAMES]
 
 
 def _register_torch_ops_if_torch_is_loaded():
@@ -39,6 +43,7 @@ def _register_torch_ops_if_torch_is_loaded():
 
 
 _register_torch_ops_if_torch_is_loaded()
+_apply_auto_thread_runtime()  # TILEATTN_THREAD_RUNTIME, and "auto" where torch came first
 
 
 def info():

@@ -52,6 +52,60 @@ def get_bf16_probabilities():
     return bool(_C.get_bf16_probabilities())
 
 
+_THREAD_RUNTIMES = ("auto", "openmp", "pool")
+_runtime = {"chosen": None}  # None until set_thread_runtime or TILEATTN_THREAD_RUNTIME says
+
+
+def set_thread_runtime(runtime):
+    """Whose threads run tileattn's kernels: "openmp", the OpenMP runtime PyTorch loaded
+    (its intra-op threads, which poll for the next operation for milliseconds after each
+    one, so a call right after a projection starts on all of them at once); "pool",
+    tileattn's own threads (a worker that sleeps 50 us after each call); or "auto" (the
+    default), "openmp" once PyTorch is in use with its OpenMP parallel backend, else
+    "pool". The environment variable TILEATTN_THREAD_RUNTIME sets the same at import.
+    Process-wide; results are the same either way (docs/python.md, "Threads")."""
+    if runtime not in _THREAD_RUNTIMES:
+        raise ValueError(f"runtime: expected one of {', '.join(map(repr, _THREAD_RUNTIMES))}, got {runtime!r}")
+    if runtime == "openmp" and _C.use_openmp_runtime() is None:
+        raise RuntimeError("runtime: 'openmp' needs an OpenMP runtime loaded in this process "
+                           "(PyTorch loads one: import torch first); none is")
+    if runtime == "pool":
+        _C.use_thread_pool()
+    _runtime["chosen"] = runtime
+    if runtime == "auto":
+        apply_auto_thread_runtime()
+
+
+def get_thread_runtime():
+    """The threads tileattn's kernels run on now: "pool", or "openmp (<library>)"."""
+    return _C.thread_runtime()
+
+
+def apply_auto_thread_runtime():
+    """Under "auto": PyTorch's OpenMP runtime once torch is imported and parallelizes with
+    OpenMP (torch.__config__.parallel_info()), else the pool. Called when tileattn's torch
+    ops load (at the first call with tensors, or at import when torch came first)."""
+    import sys
+    chosen = _runtime["chosen"] or _env_thread_runtime()
+    if chosen != "auto":
+        if _runtime["chosen"] is None:
+            set_thread_runtime(chosen)
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and "parallel backend: OpenMP" in torch.__config__.parallel_info():
+        if _C.use_openmp_runtime() is not None:
+            return
+    _C.use_thread_pool()
+
+
+def _env_thread_runtime():
+    import os
+    value = os.environ.get("TILEATTN_THREAD_RUNTIME", "auto") or "auto"
+    if value not in _THREAD_RUNTIMES:
+        raise ValueError(f"TILEATTN_THREAD_RUNTIME: expected one of {', '.join(_THREAD_RUNTIMES)}, got {value!r}")
+    return value
+
+
 def get_num_threads():
     """Threads tileattn's kernels will use: the count set (at most the hardware's), or every
     hardware thread when none was set."""

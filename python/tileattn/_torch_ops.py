@@ -14,6 +14,9 @@ from . import _arrays, _kernel, _torch_backward
 from . import _tileattn as _C
 from ._problem import heads_rows
 
+# torch is in use: under "auto", tileattn's kernels run on torch's OpenMP threads from now on.
+_kernel.apply_auto_thread_runtime()
+
 # Dynamo recognises this function (by identity) and treats it as True while compiling.
 is_compiling = torch.compiler.is_compiling
 # The public functions' per-call test, in Python where Dynamo sees it: a plain function that

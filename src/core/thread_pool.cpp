@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "tileattn/machine.hpp"
 #include "tileattn/types.hpp"
 
 namespace tileattn::detail {
@@ -87,6 +88,34 @@ std::chrono::nanoseconds spin_window() {
 // against 23 us on one).
 std::chrono::nanoseconds caller_spin_window() { return 10 * spin_window(); }
 
+// The items of one parallel region and how threads take them: in index
+// order through an atomic counter, or, for the test hook, thread w of n
+// takes items w, w + n, ... The first exception a body throws is kept (the
+// caller rethrows it) and ends the handing out.
+struct Region {
+  const std::function<void(int64_t, int)>* body = nullptr;
+  int64_t count = 0;
+  bool round_robin = false;
+  std::atomic<int64_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  void drain(int worker, int threads) {
+    for (int64_t taken = 0;; ++taken) {
+      const int64_t item = round_robin ? worker + taken * threads : next.fetch_add(1, std::memory_order_relaxed);
+      if (round_robin && next.load(std::memory_order_relaxed) >= count) return;  // an item threw
+      if (item >= count) return;
+      try {
+        (*body)(item, worker);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next.store(count, std::memory_order_relaxed);
+      }
+    }
+  }
+};
+
 class ThreadPool {
  public:
   explicit ThreadPool(int workers) {
@@ -107,11 +136,11 @@ class ThreadPool {
   // Caller must hold busy_. `round_robin`: wait for all `helpers` to join,
   // then thread w runs items w, w + helpers + 1, ... (the test hook).
   void run(int64_t count, int helpers, const std::function<void(int64_t, int)>& body, bool round_robin) {
-    body_ = &body;
-    count_ = count;
-    next_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    round_robin_ = round_robin;
+    Region region;
+    region.body = &body;
+    region.count = count;
+    region.round_robin = round_robin;
+    region_ = &region;
     joined_.store(0, std::memory_order_relaxed);
     {
       // Under the mutex: a worker about to sleep checks the generation under
@@ -125,7 +154,7 @@ class ThreadPool {
     if (round_robin) {
       while (joined_.load(std::memory_order_acquire) < helpers) std::this_thread::yield();
     }
-    drain(0);
+    region.drain(0, helpers + 1);
     {
       // Every item is claimed: close the region, so that a worker that wakes
       // only now stays out of it, and wait only for those that joined. A
@@ -139,29 +168,13 @@ class ThreadPool {
       std::unique_lock<std::mutex> lock(mutex_);
       done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
     }
-    body_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    region_ = nullptr;
+    if (region.error) std::rethrow_exception(region.error);
   }
 
   std::mutex busy_;  // one parallel region at a time
 
  private:
-  void drain(int worker) {
-    const int64_t stride = helpers_ + 1;
-    for (int64_t taken = 0;; ++taken) {
-      int64_t item = round_robin_ ? worker + taken * stride : next_.fetch_add(1, std::memory_order_relaxed);
-      if (round_robin_ && next_.load(std::memory_order_relaxed) >= count_) return;  // an item threw
-      if (item >= count_) return;
-      try {
-        (*body_)(item, worker);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(count_, std::memory_order_relaxed);
-      }
-    }
-  }
-
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
@@ -185,7 +198,7 @@ class ThreadPool {
         pending_.fetch_add(1, std::memory_order_relaxed);
         joined_.fetch_add(1, std::memory_order_release);
       }
-      drain(worker);
+      region_->drain(worker, helpers_ + 1);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lock(mutex_);
         done_.notify_all();
@@ -198,16 +211,12 @@ class ThreadPool {
   std::condition_variable wake_, done_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> generation_{0};
-  const std::function<void(int64_t, int)>* body_ = nullptr;
-  int64_t count_ = 0;
-  std::atomic<int64_t> next_{0};
+  Region* region_ = nullptr;  // set before the region opens
   int helpers_ = 0;       // guarded by mutex_
-  bool round_robin_ = false;      // set before the region opens
   std::atomic<int> joined_{0};    // workers that joined this region
   bool open_ = false;     // guarded by mutex_: workers may still join the region
   std::atomic<int> pending_{0};  // workers that joined and have not finished
   std::atomic<int> sleeping_{0};  // workers waiting on wake_
-  std::exception_ptr error_;
 };
 
 // TILEATTN_SPIN_US is checked before the workers exist: each reads it on its
@@ -229,6 +238,46 @@ ThreadCensus& census() {
   static ThreadCensus c;
   return c;
 }
+void record_census(int threads, int64_t items) {
+  std::lock_guard<std::mutex> lock(census_mutex());
+  ThreadCensus& c = census();
+  c.max_threads = std::max(c.max_threads, threads);
+  c.max_items = std::max(c.max_items, items);
+}
+
+
+std::atomic<const ThreadRuntime*>& runtime_slot() {
+  static std::atomic<const ThreadRuntime*> runner{nullptr};
+  return runner;
+}
+
+// The region on the installed runner's threads: each takes items as the
+// pool's threads do; a thread numbered past `threads` (a runtime that gave
+// more than asked) takes none, since the callers' scratch has `threads` slots.
+void run_on(const ThreadRuntime& runner, int64_t count, int threads, const std::function<void(int64_t, int)>& body,
+            bool round_robin) {
+  struct Call {
+    Region region;
+    int threads;
+    std::atomic<bool> started{false};
+  } call;
+  call.region.body = &body;
+  call.region.count = count;
+  call.region.round_robin = round_robin;
+  call.threads = threads;
+  runner.run(
+      [](void* ctx, int thread, int team) {
+        Call& c = *static_cast<Call*>(ctx);
+        c.started.store(true, std::memory_order_relaxed);
+        if (thread < 0 || thread >= c.threads) return;
+        c.region.drain(thread, team < c.threads ? team : c.threads);
+      },
+      &call, threads);
+  // Items no thread took (the runtime ran none): here.
+  if (!call.started.load(std::memory_order_relaxed)) call.region.round_robin = false;
+  if (!call.region.round_robin) call.region.drain(0, 1);
+  if (call.region.error) std::rethrow_exception(call.region.error);
+}
 
 }  // namespace
 
@@ -237,6 +286,20 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
   spin_window();  // a bad TILEATTN_SPIN_US fails here, on the caller's thread
   int helpers = threads - 1;
   if (helpers > count - 1) helpers = static_cast<int>(count - 1);
+  if (const ThreadRuntime* runner = runtime_slot().load(std::memory_order_acquire); runner && helpers > 0) {
+    if (every_thread_runs_items()) {
+      std::atomic<uint64_t> seen{0};
+      const std::function<void(int64_t, int)> counted = [&](int64_t item, int worker) {
+        seen.fetch_or(uint64_t{1} << (worker & 63), std::memory_order_relaxed);
+        body(item, worker);
+      };
+      run_on(*runner, count, helpers + 1, counted, true);
+      record_census(__builtin_popcountll(seen.load()), count);
+      return;
+    }
+    run_on(*runner, count, helpers + 1, body, false);
+    return;
+  }
   ThreadPool& p = pool();
   if (helpers > p.workers()) helpers = p.workers();
   std::unique_lock<std::mutex> busy(p.busy_, std::try_to_lock);
@@ -252,10 +315,7 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
     } else {
       p.run(count, helpers, counted, true);
     }
-    std::lock_guard<std::mutex> lock(census_mutex());
-    ThreadCensus& c = census();
-    c.max_threads = std::max(c.max_threads, __builtin_popcountll(seen.load()));
-    c.max_items = std::max(c.max_items, count);
+    record_census(__builtin_popcountll(seen.load()), count);
     return;
   }
   if (helpers <= 0 || !busy.owns_lock()) {
@@ -267,7 +327,9 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
   p.run(count, helpers, body, false);
 }
 
-bool pool_workers_asleep() { return pool().sleeping() > 0; }
+bool pool_workers_asleep() {
+  return runtime_slot().load(std::memory_order_acquire) == nullptr && pool().sleeping() > 0;
+}
 
 int64_t spin_window_ns() { return spin_window().count(); }
 
@@ -285,3 +347,16 @@ ThreadCensus thread_census() {
 }
 
 }  // namespace tileattn::detail
+
+namespace tileattn {
+
+void set_thread_runtime(const ThreadRuntime* runtime) {
+  detail::runtime_slot().store(runtime, std::memory_order_release);
+}
+
+const char* thread_runtime() {
+  const ThreadRuntime* runtime = detail::runtime_slot().load(std::memory_order_acquire);
+  return runtime ? runtime->name : "pool";
+}
+
+}  // namespace tileattn

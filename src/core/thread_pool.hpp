@@ -21,6 +21,8 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
 // Whether a pool worker sleeps now: a parallel region would wake it, which
 // takes ~40-100 us (thread_pool.cpp), instead of finding it polling after a
 // region that ended within TILEATTN_SPIN_US.
+// False under another thread runtime (set_thread_runtime, machine.hpp): its
+// threads' state is unknown.
 bool pool_workers_asleep();
 
 // How long a worker polls for the next region before it sleeps, in ns

@@ -1,0 +1,92 @@
+"""Attention inside a model's decode step: a q/k/v projection on PyTorch's threads, then the
+attention, then the output projection, as a transformer layer runs them. Times the attention
+alone, with tileattn on torch's OpenMP threads (set_thread_runtime("openmp")), tileattn on its
+own pool ("pool") and PyTorch's SDPA, the three taking turns step by step in one process, and
+prints the medians and their ratios (docs/python.md, "Threads").
+
+    .venv/bin/python bench/model_step.py [--heads 32] [--kv-heads 8] [--cached 4096] [--dim 128]
+        [--dtype bf16|fp32] [--steps 120] [--threads 0]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+try:
+    import torch
+    import torch.nn.functional as F
+
+    import tileattn
+except ModuleNotFoundError as e:
+    sys.exit(f"model_step.py: {e}. Run it with the project's interpreter, .venv/bin/python.")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--cached", type=int, default=4096, help="tokens in the KV cache")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--threads", type=int, default=0, help="0: every hardware thread")
+    args = ap.parse_args()
+    for flag in ("heads", "kv_heads", "cached", "dim", "steps"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')}: must be at least 1")
+    if args.heads % args.kv_heads:
+        ap.error(f"--kv-heads: {args.kv_heads} must divide --heads {args.heads}")
+    if args.threads < 0:
+        ap.error("--threads: must be at least 0")
+    threads = args.threads or tileattn.info()["threads"]
+    torch.set_num_threads(threads)
+    tileattn.set_num_threads(threads)
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        sys.exit("model_step.py: this torch build does not parallelize with OpenMP; nothing to compare")
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    gen = torch.Generator().manual_seed(0)
+    hidden = args.heads * args.dim
+    w_qkv = (torch.randn(hidden, (args.heads + 2 * args.kv_heads) * args.dim, generator=gen) * 0.01).to(dtype)
+    w_o = (torch.randn(hidden, hidden, generator=gen) * 0.01).to(dtype)
+    x = torch.randn(1, hidden, generator=gen).to(dtype)
+    q = torch.randn(1, args.heads, 1, args.dim, generator=gen).to(dtype)
+    k, v = (torch.randn(1, args.kv_heads, args.cached, args.dim, generator=gen).to(dtype) for _ in range(2))
+
+    def tileattn_attention():
+        return tileattn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    def sdpa_attention():
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    # name: (tileattn's thread runtime or None, the attention)
+    contenders = {"tileattn openmp": ("openmp", tileattn_attention), "tileattn pool": ("pool", tileattn_attention),
+                  "torch sdpa": (None, sdpa_attention)}
+    names = list(contenders)
+    times = {name: [] for name in names}
+    with torch.inference_mode():
+        for step in range(args.steps + 1):
+            for j in range(len(names)):
+                name = names[(step + j) % len(names)]
+                runtime, attend = contenders[name]
+                if runtime:
+                    tileattn.set_thread_runtime(runtime)
+                x @ w_qkv  # the projection before: torch's threads poll after it
+                start = time.perf_counter()
+                o = attend()
+                elapsed = time.perf_counter() - start
+                o.reshape(1, -1)[:, :hidden] @ w_o
+                if step > 0:  # step 0 warms every path up
+                    times[name].append(elapsed * 1e3)
+    tileattn.set_thread_runtime("auto")
+    print(f"decode step: {args.heads} heads / {args.kv_heads} KV heads, D {args.dim}, {args.cached} cached tokens, "
+          f"{args.dtype}, {threads} threads, {args.steps} steps (attention alone; medians)")
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name in names:
+        print(f"  {name:16s} {medians[name]:8.3f} ms")
+    print(f"  pool / openmp: {medians['tileattn pool'] / medians['tileattn openmp']:.2f}   "
+          f"sdpa / tileattn openmp: {medians['torch sdpa'] / medians['tileattn openmp']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
