@@ -61,7 +61,8 @@ struct ThreadRuntime {
 };
 // Every later call's parallel regions run on `runtime` (nullptr: the pool
 // again). It must stay valid while installed; calls already running keep
-// what they started with.
+// what they started with. Throws Error for a null name or run (and changes
+// nothing).
 void set_thread_runtime(const ThreadRuntime* runtime);
 // "pool", or the installed runtime's name.
 const char* thread_runtime();

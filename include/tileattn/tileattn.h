@@ -417,6 +417,31 @@ tileattn_status tileattn_choose_tiles(int32_t isa, int64_t head_dim, int32_t dty
 tileattn_status tileattn_dense_strides(int32_t layout, int64_t batch, int64_t heads,
                                        int64_t rows, int64_t dim, int64_t stride[4]);
 
+/* ---- threads ------------------------------------------------------------ */
+
+/** Another threading runtime for tileattn's parallel regions (see
+    tileattn_set_thread_runtime): run(fn, ctx, threads) must call
+    fn(ctx, t, n) once on each of n <= threads threads, t = 0 .. n - 1 (the
+    calling thread should be t = 0; n may be 1), and return when every call
+    has returned; fn does not fail. Over OpenMP:
+      static void run(void (*fn)(void*, int, int), void* ctx, int threads) {
+      #pragma omp parallel num_threads(threads)
+        fn(ctx, omp_get_thread_num(), omp_get_num_threads());
+      } */
+typedef struct tileattn_thread_runtime {
+  const char* name; /**< what tileattn_thread_runtime_name() reports; not NULL */
+  void (*run)(void (*fn)(void* ctx, int thread, int threads), void* ctx, int threads);
+} tileattn_thread_runtime;
+/** Every later call's parallel regions run on `runtime`'s threads instead of
+    tileattn's own pool (NULL: the pool again), so that an application whose
+    runtime keeps its threads polling between its operations (OpenMP's
+    default) does not have tileattn's threads share cores with them. The
+    struct must stay valid while installed. Results are the same bits either
+    way. Fails (invalid argument) for a runtime with a NULL name or run. */
+tileattn_status tileattn_set_thread_runtime(const tileattn_thread_runtime* runtime);
+/** "pool", or the installed runtime's name. Never NULL. */
+const char* tileattn_thread_runtime_name(void);
+
 /* ---- attention ---------------------------------------------------------- */
 
 /** Sets struct_size and every default: no mask, windows -1, scale NaN

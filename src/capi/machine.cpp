@@ -1,5 +1,6 @@
 // Machine queries: CPU features, caches, ISA paths and tile shapes.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "capi/convert.hpp"
@@ -17,6 +18,21 @@ void copy_truncated(char* destination, std::size_t capacity, const std::string& 
 }
 
 constexpr std::size_t kCpuInfoV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_cpu_info, brand);
+
+// The C runtime installed last, behind one C++ ThreadRuntime that forwards
+// to it (its run has no user data to carry the pointer).
+std::atomic<const tileattn_thread_runtime*>& installed_c_runtime() {
+  static std::atomic<const tileattn_thread_runtime*> runtime{nullptr};
+  return runtime;
+}
+
+void run_on_c_runtime(void (*fn)(void*, int, int), void* ctx, int threads) {
+  installed_c_runtime().load(std::memory_order_acquire)->run(fn, ctx, threads);
+}
+
+// What the C++ side holds while a C runtime is installed; the C API reports
+// the C runtime's own name instead of this one.
+const ThreadRuntime kCRuntime{"C API thread runtime", run_on_c_runtime};
 
 }  // namespace
 
@@ -117,6 +133,26 @@ tileattn_status tileattn_dense_strides(int32_t layout, int64_t batch, int64_t he
                                            batch, heads, rows, dim);
     for (int i = 0; i < 4; ++i) stride[i] = s[i];
   });
+}
+
+tileattn_status tileattn_set_thread_runtime(const tileattn_thread_runtime* runtime) {
+  return capi::guarded(__func__, [&] {
+    if (!runtime) {
+      set_thread_runtime(nullptr);
+      return;
+    }
+    capi::require(runtime->name, "runtime->name");
+    if (!runtime->run) throw Error("runtime->run is null");
+    installed_c_runtime().store(runtime, std::memory_order_release);
+    set_thread_runtime(&kCRuntime);
+  });
+}
+
+const char* tileattn_thread_runtime_name(void) {
+  const char* name = thread_runtime();
+  if (name == kCRuntime.name)
+    if (const tileattn_thread_runtime* c = installed_c_runtime().load(std::memory_order_acquire)) return c->name;
+  return name;
 }
 
 }  // extern "C"

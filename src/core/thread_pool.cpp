@@ -351,6 +351,8 @@ ThreadCensus thread_census() {
 namespace tileattn {
 
 void set_thread_runtime(const ThreadRuntime* runtime) {
+  if (runtime && !runtime->name) throw Error("set_thread_runtime: runtime->name is null");
+  if (runtime && !runtime->run) throw Error("set_thread_runtime: runtime->run is null");
   detail::runtime_slot().store(runtime, std::memory_order_release);
 }
 

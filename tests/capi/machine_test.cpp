@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -236,6 +237,70 @@ TEST(CApiTuneConfig, FilePathBuffer) {
   char small[2] = {'x', 'x'};
   EXPECT_EQ(tileattn_tune_file_path(small, sizeof small, nullptr), TILEATTN_INVALID_ARGUMENT);
   EXPECT_EQ(small[0], 'x');
+}
+
+// A C thread runtime that starts its threads per region and counts regions.
+std::atomic<int> c_regions{0};
+void c_run(void (*fn)(void*, int, int), void* ctx, int threads) {
+  c_regions.fetch_add(1);
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back([=] { fn(ctx, t, threads); });
+  fn(ctx, 0, threads);
+  for (std::thread& h : helpers) h.join();
+}
+
+// A causal forward of 4 heads x 256 rows, D 64, through C on 3 threads.
+std::vector<float> c_forward() {
+  const int64_t h = 4, n = 256, d = 64;
+  std::vector<float> q(size_t(h * n * d)), k(q.size()), v(q.size()), o(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = float(i % 97) / 48.0f - 1.0f;
+    k[i] = float(i % 89) / 44.0f - 1.0f;
+    v[i] = float(i % 83) / 41.0f - 1.0f;
+  }
+  tileattn_forward_args a;
+  tileattn_forward_args_init(&a);
+  a.batch = 1;
+  a.heads = a.kv_heads = h;
+  a.seqlen_q = a.seqlen_k = n;
+  a.head_dim = d;
+  int64_t stride[4];
+  tileattn_dense_strides(TILEATTN_LAYOUT_BHSD, 1, h, n, d, stride);
+  a.q = {q.data(), {stride[0], stride[1], stride[2], stride[3]}};
+  a.k = {k.data(), {stride[0], stride[1], stride[2], stride[3]}};
+  a.v = {v.data(), {stride[0], stride[1], stride[2], stride[3]}};
+  a.o = {o.data(), {stride[0], stride[1], stride[2], stride[3]}};
+  a.causal = 1;
+  a.threads = 3;
+  EXPECT_EQ(tileattn_forward(&a), TILEATTN_OK) << tileattn_last_error();
+  return o;
+}
+
+TEST(CApiThreads, RegionsRunOnTheInstalledRuntimeWithThePoolsBits) {
+  ASSERT_STREQ(tileattn_thread_runtime_name(), "pool");
+  const std::vector<float> on_pool = c_forward();
+  const tileattn_thread_runtime runtime{"my runtime", c_run};
+  ASSERT_EQ(tileattn_set_thread_runtime(&runtime), TILEATTN_OK) << tileattn_last_error();
+  EXPECT_STREQ(tileattn_thread_runtime_name(), "my runtime");
+  EXPECT_STREQ(thread_runtime(), "C API thread runtime");  // the C++ side's name for it
+  c_regions.store(0);
+  const std::vector<float> on_runtime = c_forward();
+  EXPECT_GE(c_regions.load(), 1) << "the forward did not run on the installed runtime";
+  EXPECT_TRUE(on_runtime == on_pool) << "the runtime's threads gave other bits";
+  ASSERT_EQ(tileattn_set_thread_runtime(nullptr), TILEATTN_OK);
+  EXPECT_STREQ(tileattn_thread_runtime_name(), "pool");
+  c_regions.store(0);
+  EXPECT_TRUE(c_forward() == on_pool);
+  EXPECT_EQ(c_regions.load(), 0);
+}
+
+TEST(CApiThreads, ARuntimeWithoutNameOrRunIsRefusedAndChangesNothing) {
+  const tileattn_thread_runtime no_run{"no run", nullptr}, no_name{nullptr, c_run};
+  EXPECT_EQ(tileattn_set_thread_runtime(&no_run), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("runtime->run"), std::string::npos) << tileattn_last_error();
+  EXPECT_EQ(tileattn_set_thread_runtime(&no_name), TILEATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tileattn_last_error()).find("runtime->name"), std::string::npos) << tileattn_last_error();
+  EXPECT_STREQ(tileattn_thread_runtime_name(), "pool");
 }
 
 }  // namespace

@@ -97,6 +97,13 @@ TEST(ThreadRuntime, ItemsRunOnceOnTheRuntimesThreadsWhateverTeamItGives) {
   EXPECT_STREQ(thread_runtime(), "pool");
 }
 
+TEST(ThreadRuntime, ARuntimeWithoutNameOrRunIsRefused) {
+  const ThreadRuntime no_run{"no run", nullptr}, no_name{nullptr, run_team};
+  EXPECT_THROW(set_thread_runtime(&no_run), Error);
+  EXPECT_THROW(set_thread_runtime(&no_name), Error);
+  EXPECT_STREQ(thread_runtime(), "pool");
+}
+
 TEST(ThreadRuntime, ExceptionReachesTheCaller) {
   WithTestRuntime runtime(Team::as_asked);
   for (int r = 0; r < 10; ++r) {
