@@ -3,7 +3,7 @@ prefill, then token-by-token decode, timed with tileattn and with PyTorch's
 scaled_dot_product_attention in the same run (the same layer, weights and inputs).
 
     .venv/bin/python examples/llama_layer.py [--prompt 512] [--steps 32] [--batch 1] [--dtype fp32|bf16]
-        [--threads 0] [--checkpoint PATH --layer 0]
+        [--threads 0] [--kv-heads 8] [--checkpoint PATH --layer 0]
 
 Random weights unless --checkpoint names a Llama-style safetensors file or folder (read
 locally with tileattn.load_huggingface_weights). Prints ms per decoded token for the whole
@@ -58,13 +58,15 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="0: every hardware thread")
     ap.add_argument("--checkpoint", help="Llama-style safetensors file or folder")
     ap.add_argument("--layer", type=int, default=0, help="decoder layer to load from --checkpoint")
+    ap.add_argument("--kv-heads", type=int, default=8, choices=[1, 2, 4, 8, 16, 32],
+                    help="KV heads of the 32 query heads (32: a Llama-2-7B-like MHA layer)")
     args = ap.parse_args()
 
     if args.threads:
         torch.set_num_threads(args.threads)
         tileattn.set_num_threads(args.threads)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    config = tileattn.AttentionConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+    config = tileattn.AttentionConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=args.kv_heads,
                                       head_dim=128, rope_theta=500000.0,
                                       max_position_embeddings=args.prompt + args.steps, dtype=dtype)
     torch.manual_seed(0)

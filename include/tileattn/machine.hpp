@@ -60,9 +60,10 @@ struct ThreadRuntime {
   void (*run)(void (*fn)(void* ctx, int thread, int threads), void* ctx, int threads);
 };
 // Every later call's parallel regions run on `runtime` (nullptr: the pool
-// again). It must stay valid while installed; calls already running keep
-// what they started with. Throws Error for a null name or run (and changes
-// nothing).
+// again). Calls already running keep the runtime they started with, so it
+// must stay valid until every call started while it was installed has
+// returned (a static object is simplest). Throws Error for a null name or
+// run (and changes nothing).
 void set_thread_runtime(const ThreadRuntime* runtime);
 // "pool", or the installed runtime's name.
 const char* thread_runtime();

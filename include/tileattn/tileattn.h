@@ -435,9 +435,11 @@ typedef struct tileattn_thread_runtime {
 /** Every later call's parallel regions run on `runtime`'s threads instead of
     tileattn's own pool (NULL: the pool again), so that an application whose
     runtime keeps its threads polling between its operations (OpenMP's
-    default) does not have tileattn's threads share cores with them. The
-    struct must stay valid while installed. Results are the same bits either
-    way. Fails (invalid argument) for a runtime with a NULL name or run. */
+    default) does not have tileattn's threads share cores with them. Calls
+    already running keep the runtime they started with, so the struct must
+    stay valid until every call started while it was installed has returned
+    (a static struct is simplest). Results are the same bits either way.
+    Fails (invalid argument, nothing changed) for a NULL name or run. */
 tileattn_status tileattn_set_thread_runtime(const tileattn_thread_runtime* runtime);
 /** "pool", or the installed runtime's name. Never NULL. */
 const char* tileattn_thread_runtime_name(void);

@@ -53,17 +53,19 @@ def get_bf16_probabilities():
 
 
 _THREAD_RUNTIMES = ("auto", "openmp", "pool")
-_runtime = {"chosen": None}  # None until set_thread_runtime or TILEATTN_THREAD_RUNTIME says
+_runtime = {"chosen": None}  # set_thread_runtime's choice; None: TILEATTN_THREAD_RUNTIME's, else "auto"
 
 
 def set_thread_runtime(runtime):
     """Whose threads run tileattn's kernels: "openmp", the OpenMP runtime PyTorch loaded
     (its intra-op threads, which poll for the next operation for milliseconds after each
-    one, so a call right after a projection starts on all of them at once); "pool",
-    tileattn's own threads (a worker that sleeps 50 us after each call); or "auto" (the
-    default), "openmp" once PyTorch is in use with its OpenMP parallel backend, else
-    "pool". The environment variable TILEATTN_THREAD_RUNTIME sets the same at import.
-    Process-wide; results are the same either way (docs/python.md, "Threads")."""
+    one, so a call right after a projection starts on all of them at once; at most
+    torch.get_num_threads() of them); "pool", tileattn's own threads (a worker that sleeps
+    50 us after each call); or "auto" (the default), "openmp" once PyTorch is in use with
+    its OpenMP parallel backend, else "pool". The environment variable
+    TILEATTN_THREAD_RUNTIME gives the default choice. Process-wide; results are the same
+    either way (docs/python.md, "Threads"). RuntimeError for "openmp" when no OpenMP runtime
+    is loaded (nothing changes then)."""
     if runtime not in _THREAD_RUNTIMES:
         raise ValueError(f"runtime: expected one of {', '.join(map(repr, _THREAD_RUNTIMES))}, got {runtime!r}")
     if runtime == "openmp" and _C.use_openmp_runtime() is None:
@@ -81,15 +83,23 @@ def get_thread_runtime():
     return _C.thread_runtime()
 
 
-def apply_auto_thread_runtime():
-    """Under "auto": PyTorch's OpenMP runtime once torch is imported and parallelizes with
-    OpenMP (torch.__config__.parallel_info()), else the pool. Called when tileattn's torch
-    ops load (at the first call with tensors, or at import when torch came first)."""
+def apply_auto_thread_runtime(torch_loading=False):
+    """Applies the choice (set_thread_runtime's, else TILEATTN_THREAD_RUNTIME's, else "auto"):
+    "auto" takes PyTorch's OpenMP runtime once torch is imported and parallelizes with OpenMP
+    (torch.__config__.parallel_info()), else the pool. Called at import and when tileattn's
+    torch ops load (torch_loading: at the first call with tensors, or at import when torch
+    came first). A TILEATTN_THREAD_RUNTIME=openmp that finds no OpenMP runtime keeps the pool,
+    with a warning once torch is loading (a NumPy-only process may have none)."""
     import sys
     chosen = _runtime["chosen"] or _env_thread_runtime()
-    if chosen != "auto":
-        if _runtime["chosen"] is None:
-            set_thread_runtime(chosen)
+    if chosen == "pool":
+        _C.use_thread_pool()
+        return
+    if chosen == "openmp":
+        if _C.use_openmp_runtime() is None and torch_loading:
+            import warnings
+            warnings.warn("TILEATTN_THREAD_RUNTIME=openmp: no OpenMP runtime is loaded in this process; "
+                          "tileattn's kernels run on its own thread pool", RuntimeWarning, stacklevel=2)
         return
     torch = sys.modules.get("torch")
     if torch is not None and "parallel backend: OpenMP" in torch.__config__.parallel_info():

@@ -15,7 +15,7 @@ from . import _tileattn as _C
 from ._problem import heads_rows
 
 # torch is in use: under "auto", tileattn's kernels run on torch's OpenMP threads from now on.
-_kernel.apply_auto_thread_runtime()
+_kernel.apply_auto_thread_runtime(torch_loading=True)
 
 # Dynamo recognises this function (by identity) and treats it as True while compiling.
 is_compiling = torch.compiler.is_compiling

@@ -104,16 +104,23 @@ TEST(ThreadRuntime, ARuntimeWithoutNameOrRunIsRefused) {
   EXPECT_STREQ(thread_runtime(), "pool");
 }
 
+// Whatever team the runtime gives, and with the test hook's dealing too.
 TEST(ThreadRuntime, ExceptionReachesTheCaller) {
-  WithTestRuntime runtime(Team::as_asked);
-  for (int r = 0; r < 10; ++r) {
-    EXPECT_THROW(parallel_for(64, 2,
-                              [](int64_t item, int) {
-                                if (item == 13) throw std::runtime_error("item 13");
-                              }),
-                 std::runtime_error);
-    expect_each_item_once_on_the_runtime(64, 2);
-  }
+  for (Team policy : {Team::as_asked, Team::one, Team::more, Team::none})
+    for (bool round_robin : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "policy " << int(policy) << " round robin " << round_robin);
+      WithTestRuntime runtime(policy);
+      set_every_thread_runs_items(round_robin);
+      for (int r = 0; r < 5; ++r) {
+        EXPECT_THROW(parallel_for(64, 2,
+                                  [](int64_t item, int) {
+                                    if (item == 13) throw std::runtime_error("item 13");
+                                  }),
+                     std::runtime_error);
+        expect_each_item_once_on_the_runtime(64, 2);
+      }
+      set_every_thread_runs_items(false);
+    }
 }
 
 // The determinism tests' hook deals the items round-robin to the team the

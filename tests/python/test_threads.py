@@ -100,19 +100,87 @@ def test_environment_variable_and_bad_values(restore_runtime):
     assert tileattn.get_thread_runtime() == before
 
 
-def test_openmp_without_an_openmp_runtime_says_so():
+@needs_openmp_torch
+def test_environment_openmp_whatever_the_import_order():
+    # tileattn before torch: the preference waits for torch's ops to load (the first call).
     code = """
+        import warnings
+        warnings.simplefilter("error")
         import tileattn
+        at_import = tileattn.get_thread_runtime()
+        import torch
+        tileattn.flash_attention(torch.randn(1, 2, 64, 32), torch.randn(1, 2, 64, 32), torch.randn(1, 2, 64, 32))
+        print(at_import, "|", tileattn.get_thread_runtime())
+    """
+    at_import, after = run_python(code, TILEATTN_THREAD_RUNTIME="openmp").split(" | ")
+    assert at_import == "pool" and after.startswith("openmp (")
+    # A NumPy-only process has no OpenMP runtime to take: the pool, and no error at import.
+    code = """
+        import numpy as np, tileattn
+        x = np.ones((1, 2, 64, 32), np.float32)
+        tileattn.flash_attention(x, x, x)
+        print(tileattn.get_thread_runtime())
+    """
+    out = run_python(code, TILEATTN_THREAD_RUNTIME="openmp")
+    assert out == "pool" or out.startswith("openmp (")  # "openmp" where NumPy's BLAS loaded one
+
+
+def openmp_loaded_code(body):
+    return textwrap.dedent("""
+        import tileattn
+        loaded = any(name in line for line in open("/proc/self/maps")
+                     for name in ("libgomp", "libomp", "libiomp5"))
+    """) + textwrap.dedent(body)
+
+
+def test_openmp_without_an_openmp_runtime_says_so_and_changes_nothing():
+    code = openmp_loaded_code("""
         try:
             tileattn.set_thread_runtime("openmp")
         except RuntimeError as e:
-            print("refused:", e)
+            print(loaded, "refused", tileattn.get_thread_runtime(), "|", e)
         else:
-            print("accepted:", tileattn.get_thread_runtime())
+            print(loaded, "accepted", tileattn.get_thread_runtime(), "|")
+    """)
+    loaded, verdict, runtime, message = run_python(code).split(" ", 3)
+    if loaded == "True":  # NumPy's BLAS may load one itself: then it is taken
+        assert verdict == "accepted" and runtime.startswith("openmp")
+    else:
+        assert verdict == "refused" and runtime == "pool"
+        assert "needs an OpenMP runtime" in message
+
+
+@needs_openmp_torch
+def test_a_forked_child_and_dataloader_workers_finish():
+    # libgomp cannot start the parent's team in a forked child: tileattn goes back to the pool
+    # there (a call that waited for the team would never return: the alarm fails the child).
+    code = """
+        import os, signal, numpy as np, torch, tileattn
+        torch.set_num_threads(2)
+        tileattn.set_num_threads(2)
+        q = torch.randn(1, 8, 256, 64)
+        tileattn.flash_attention(q, q, q)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)
+            o = tileattn.flash_attention(q, q, q).numpy()  # no torch operation here: those hang in a child
+            os._exit(0 if tileattn.get_thread_runtime() == "pool" and np.isfinite(o).all() else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child", status)
+
+        class Items(torch.utils.data.Dataset):
+            def __len__(self):
+                return 2
+            def __getitem__(self, i):
+                return tileattn.flash_attention(q, q, q).sum()
+
+        loader = torch.utils.data.DataLoader(Items(), num_workers=1, timeout=60,
+                                             multiprocessing_context="fork")
+        print("batches", len(list(loader)), tileattn.get_thread_runtime())
     """
-    out = run_python(code)
-    # NumPy may load an OpenMP runtime itself (an OpenMP OpenBLAS): then it is used.
-    assert out.startswith("refused: runtime: 'openmp' needs an OpenMP runtime") or out.startswith("accepted: openmp (")
+    child, batches = run_python(code).splitlines()
+    assert child == "child 0"
+    assert batches.startswith("batches 2 openmp (")
 
 
 def test_numpy_calls_follow_the_runtime(restore_runtime):
@@ -122,4 +190,5 @@ def test_numpy_calls_follow_the_runtime(restore_runtime):
     on_pool = tileattn.flash_attention(q, k, v)
     if OPENMP_TORCH:
         tileattn.set_thread_runtime("openmp")
+        assert tileattn.get_thread_runtime().startswith("openmp (")
     assert np.array_equal(tileattn.flash_attention(q, k, v), on_pool)
