@@ -47,8 +47,9 @@ _apply_auto_thread_runtime()  # TILEATTN_THREAD_RUNTIME, and "auto" where torch 
 
 
 def info():
-    """ISA path chosen, CPU features, cache sizes and hardware threads, as a dict."""
-    return dict(_machine_info())
+    """ISA path chosen, CPU features, cache sizes, hardware threads and the thread runtime
+    (get_thread_runtime()), as a dict."""
+    return {**_machine_info(), "thread_runtime": get_thread_runtime()}
 
 
 def __getattr__(name):

@@ -41,11 +41,20 @@ struct DecodeLikeCall {
   ForwardArgs args;
 };
 
-// Sleeps until the pool's workers do (they poll for TILEATTN_SPIN_US first).
+// Sleeps until the pool's workers do (they poll for TILEATTN_SPIN_US first),
+// seen asleep at two checks 5 ms apart: a worker that a region woke but the
+// loaded machine has not run yet still counts as asleep, then wakes, finds
+// the region closed and polls again before it sleeps (a CI run with three
+// lanes on two cores saw it awake 2 ms after it had looked asleep).
 bool workers_fall_asleep() {
-  for (int i = 0; i < 100 && !pool_workers_asleep(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return pool_workers_asleep();
+  for (int i = 0; i < 200; ++i) {
+    if (pool_workers_asleep()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (pool_workers_asleep()) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
 }
 
 TEST(ForwardThreads, SmallCallRunsOnTheCallerWhileTheWorkersSleep) {

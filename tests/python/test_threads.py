@@ -33,6 +33,7 @@ def run_python(code, **env):
 @needs_openmp_torch
 def test_torch_in_use_means_its_openmp_threads():
     assert tileattn.get_thread_runtime().startswith("openmp (")
+    assert tileattn.info()["thread_runtime"] == tileattn.get_thread_runtime()
 
 
 @needs_openmp_torch
