@@ -245,16 +245,15 @@ void record_census(int threads, int64_t items) {
   c.max_items = std::max(c.max_items, items);
 }
 
-
 std::atomic<const ThreadRuntime*>& runtime_slot() {
-  static std::atomic<const ThreadRuntime*> runner{nullptr};
-  return runner;
+  static std::atomic<const ThreadRuntime*> runtime{nullptr};
+  return runtime;
 }
 
-// The region on the installed runner's threads: each takes items as the
+// The region on the installed runtime's threads: each takes items as the
 // pool's threads do; a thread numbered past `threads` (a runtime that gave
 // more than asked) takes none, since the callers' scratch has `threads` slots.
-void run_on(const ThreadRuntime& runner, int64_t count, int threads, const std::function<void(int64_t, int)>& body,
+void run_on(const ThreadRuntime& runtime, int64_t count, int threads, const std::function<void(int64_t, int)>& body,
             bool round_robin) {
   struct Call {
     Region region;
@@ -265,7 +264,7 @@ void run_on(const ThreadRuntime& runner, int64_t count, int threads, const std::
   call.region.count = count;
   call.region.round_robin = round_robin;
   call.threads = threads;
-  runner.run(
+  runtime.run(
       [](void* ctx, int thread, int team) {
         Call& c = *static_cast<Call*>(ctx);
         c.started.store(true, std::memory_order_relaxed);
@@ -286,18 +285,18 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t, 
   spin_window();  // a bad TILEATTN_SPIN_US fails here, on the caller's thread
   int helpers = threads - 1;
   if (helpers > count - 1) helpers = static_cast<int>(count - 1);
-  if (const ThreadRuntime* runner = runtime_slot().load(std::memory_order_acquire); runner && helpers > 0) {
+  if (const ThreadRuntime* runtime = runtime_slot().load(std::memory_order_acquire); runtime && helpers > 0) {
     if (every_thread_runs_items()) {
       std::atomic<uint64_t> seen{0};
       const std::function<void(int64_t, int)> counted = [&](int64_t item, int worker) {
         seen.fetch_or(uint64_t{1} << (worker & 63), std::memory_order_relaxed);
         body(item, worker);
       };
-      run_on(*runner, count, helpers + 1, counted, true);
+      run_on(*runtime, count, helpers + 1, counted, true);
       record_census(__builtin_popcountll(seen.load()), count);
       return;
     }
-    run_on(*runner, count, helpers + 1, body, false);
+    run_on(*runtime, count, helpers + 1, body, false);
     return;
   }
   ThreadPool& p = pool();
