@@ -2,10 +2,12 @@
 attention, then the output projection, as a transformer layer runs them. Times the attention
 alone, with tileattn on torch's OpenMP threads (set_thread_runtime("openmp")), tileattn on its
 own pool ("pool") and PyTorch's SDPA, the three taking turns step by step in one process, and
-prints the medians and their ratios (docs/python.md, "Threads").
+prints the medians and their ratios (docs/python.md, "Threads"). With --train N: a training
+step of the same block over N tokens (causal; projections, attention, loss.backward()), timed
+whole.
 
     .venv/bin/python bench/model_step.py [--heads 32] [--kv-heads 8] [--cached 4096] [--dim 128]
-        [--dtype bf16|fp32] [--steps 120] [--threads 0]
+        [--dtype bf16|fp32] [--steps 120] [--threads 0] [--train N]
 """
 import argparse
 import statistics
@@ -30,14 +32,16 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--threads", type=int, default=0, help="0: every hardware thread")
+    ap.add_argument("--train", type=int, default=0, metavar="N",
+                    help="time a training step over N tokens instead of a decode step")
     args = ap.parse_args()
     for flag in ("heads", "kv_heads", "cached", "dim", "steps"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')}: must be at least 1")
     if args.heads % args.kv_heads:
         ap.error(f"--kv-heads: {args.kv_heads} must divide --heads {args.heads}")
-    if args.threads < 0:
-        ap.error("--threads: must be at least 0")
+    if args.threads < 0 or args.train < 0:
+        ap.error("--threads, --train: must be at least 0")
     threads = args.threads or tileattn.info()["threads"]
     torch.set_num_threads(threads)
     tileattn.set_num_threads(threads)
@@ -45,6 +49,8 @@ def main():
         sys.exit("model_step.py: this torch build does not parallelize with OpenMP; nothing to compare")
 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    if args.train:
+        return train_steps(args, dtype, threads)
     gen = torch.Generator().manual_seed(0)
     hidden = args.heads * args.dim
     w_qkv = (torch.randn(hidden, (args.heads + 2 * args.kv_heads) * args.dim, generator=gen) * 0.01).to(dtype)
@@ -84,6 +90,48 @@ def main():
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name in names:
         print(f"  {name:16s} {medians[name]:8.3f} ms")
+    print(f"  pool / openmp: {medians['tileattn pool'] / medians['tileattn openmp']:.2f}   "
+          f"sdpa / tileattn openmp: {medians['torch sdpa'] / medians['tileattn openmp']:.2f}")
+
+
+def train_steps(args, dtype, threads):
+    """Training steps of one attention block over args.train tokens, the three contenders
+    taking turns; prints the medians of the whole steps."""
+    gen = torch.Generator().manual_seed(0)
+    h, hkv, d, n = args.heads, args.kv_heads, args.dim, args.train
+    hidden = h * d
+    x = torch.randn(1, n, hidden, generator=gen).to(dtype)
+    w_qkv = (torch.randn(hidden, (h + 2 * hkv) * d, generator=gen) * 0.02).to(dtype).requires_grad_()
+    w_o = (torch.randn(hidden, hidden, generator=gen) * 0.02).to(dtype).requires_grad_()
+
+    def step(runtime):
+        q, k, v = (x @ w_qkv).split([h * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.view(1, n, h, d), k.view(1, n, hkv, d), v.view(1, n, hkv, d)
+        if runtime:
+            o = tileattn.flash_attention(q, k, v, is_causal=True, layout="bshd")
+        else:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=True).transpose(1, 2)
+        (o.reshape(1, n, hidden) @ w_o).float().square().mean().backward()
+
+    contenders = {"tileattn openmp": "openmp", "tileattn pool": "pool", "torch sdpa": None}
+    names = list(contenders)
+    times = {name: [] for name in names}
+    for i in range(args.steps + 1):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            if contenders[name]:
+                tileattn.set_thread_runtime(contenders[name])
+            start = time.perf_counter()
+            step(contenders[name])
+            if i > 0:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    tileattn.set_thread_runtime("auto")
+    print(f"training step: {h} heads / {hkv} KV heads, D {d}, {n} tokens causal, {args.dtype}, {threads} threads, "
+          f"{args.steps} steps (projections, attention, backward; medians)")
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name in names:
+        print(f"  {name:16s} {medians[name]:8.2f} ms")
     print(f"  pool / openmp: {medians['tileattn pool'] / medians['tileattn openmp']:.2f}   "
           f"sdpa / tileattn openmp: {medians['torch sdpa'] / medians['tileattn openmp']:.2f}")
 
