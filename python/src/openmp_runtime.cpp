@@ -120,6 +120,13 @@ void bind_threads(nb::module_& m) {
         "run parallel regions on the OpenMP runtime already loaded in the process; its name, or None");
   m.def("use_thread_pool", [] { set_thread_runtime(nullptr); }, "run parallel regions on tileattn's own pool");
   m.def("thread_runtime", [] { return std::string(thread_runtime()); }, "'pool' or the OpenMP runtime in use");
+  m.def(
+      "thread_runtime_max_threads",
+      [] {
+        const OpenMp& o = openmp();
+        return std::string(thread_runtime()) == o.name && o.max_threads ? std::max(1, o.max_threads()) : 0;
+      },
+      "the OpenMP runtime's team limit for this thread (omp_get_max_threads) while it is in use, else 0");
 }
 
 }  // namespace tileattn::python

@@ -15,7 +15,8 @@ _MAX_THREADS = 2**31 - 1  # the bindings take a C int: a larger count would fail
 
 
 def set_num_threads(threads):
-    """Threads tileattn's kernels use; 0 (the default) means every hardware thread."""
+    """Threads tileattn's kernels use; 0 (the default) means every hardware thread. On
+    PyTorch's OpenMP threads (set_thread_runtime) at most torch.get_num_threads() run."""
     if isinstance(threads, bool):
         raise TypeError("threads: expected an int >= 0, got bool")
     try:
@@ -118,10 +119,13 @@ def _env_thread_runtime():
 
 def get_num_threads():
     """Threads tileattn's kernels will use: the count set (at most the hardware's), or every
-    hardware thread when none was set."""
+    hardware thread when none was set; on PyTorch's OpenMP threads (get_thread_runtime()) at
+    most torch.get_num_threads() (OpenMP's omp_get_max_threads on the calling thread)."""
     hardware = _C.hardware_threads()
     threads = _settings["threads"]
-    return hardware if threads == 0 or threads > hardware else threads
+    threads = hardware if threads == 0 or threads > hardware else threads
+    team = _C.thread_runtime_max_threads()
+    return min(threads, team) if team else threads
 
 
 def dtype_code(x):

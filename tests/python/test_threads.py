@@ -37,6 +37,21 @@ def test_torch_in_use_means_its_openmp_threads():
 
 
 @needs_openmp_torch
+def test_torchs_thread_count_caps_the_team(restore_runtime):
+    code = """
+        import torch, tileattn
+        tileattn.set_num_threads(0)
+        torch.set_num_threads(1)
+        one = tileattn.get_num_threads()
+        tileattn.set_thread_runtime("pool")
+        print(one, tileattn.get_num_threads())
+    """
+    capped, on_pool = run_python(code).split()
+    assert capped == "1"
+    assert on_pool == str(tileattn.info()["threads"])
+
+
+@needs_openmp_torch
 def test_results_equal_the_pools(restore_runtime):
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 6, 300, 64, generator=gen) for _ in range(3))
