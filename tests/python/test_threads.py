@@ -100,6 +100,37 @@ def test_openmp_calls_start_no_threads_of_their_own():
         assert int(after) > int(before), "the pool's workers were expected to start"
 
 
+@needs_openmp_torch
+def test_openmp_calls_run_on_several_of_torchs_threads():
+    # CPU time of each thread of the process across ten calls of ~40 ms: on torch's team of two,
+    # two threads (the caller and torch's worker, no thread of tileattn's) each take a good share.
+    if tileattn.info()["threads"] < 2:
+        pytest.skip("one hardware thread: a team of one")
+    code = """
+        import os, torch, tileattn
+        torch.set_num_threads(2)
+        tileattn.set_num_threads(2)
+        x = torch.randn(256, 256)
+        (x @ x).sum()  # torch's team exists from here on
+        def cpu_ticks():
+            ticks = {}
+            for tid in os.listdir("/proc/self/task"):
+                fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+                ticks[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+            return ticks
+        q = torch.randn(1, 8, 2048, 64)
+        before = cpu_ticks()
+        for _ in range(10):
+            tileattn.flash_attention(q, q, q)
+        after = cpu_ticks()
+        busy = sorted((after[t] - before.get(t, 0) for t in after), reverse=True)
+        print(tileattn.get_thread_runtime(), sorted(before) == sorted(after), busy[0], busy[1])
+    """
+    runtime, same_threads, first, second = run_python(code).rsplit(" ", 3)
+    assert runtime.startswith("openmp (") and same_threads == "True"
+    assert int(second) >= 0.3 * int(first), f"one thread did the work: {first} and {second} ticks"
+
+
 def test_environment_variable_and_bad_values(restore_runtime):
     assert run_python("import torch, tileattn; print(tileattn.get_thread_runtime())",
                       TILEATTN_THREAD_RUNTIME="pool") == "pool"
