@@ -65,31 +65,47 @@ def main():
     def sdpa_attention():
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-    # name: (tileattn's thread runtime or None, the attention)
-    contenders = {"tileattn openmp": ("openmp", tileattn_attention), "tileattn pool": ("pool", tileattn_attention),
-                  "torch sdpa": (None, sdpa_attention)}
-    names = list(contenders)
-    times = {name: [] for name in names}
+    def decode_step(runtime):
+        """The attention's milliseconds in one decode step."""
+        x @ w_qkv  # the projection before: torch's threads poll after it
+        start = time.perf_counter()
+        o = tileattn_attention() if runtime else sdpa_attention()
+        elapsed = time.perf_counter() - start
+        o.reshape(1, -1)[:, :hidden] @ w_o
+        return elapsed * 1e3
+
     with torch.inference_mode():
-        for step in range(args.steps + 1):
-            for j in range(len(names)):
-                name = names[(step + j) % len(names)]
-                runtime, attend = contenders[name]
-                if runtime:
-                    tileattn.set_thread_runtime(runtime)
-                x @ w_qkv  # the projection before: torch's threads poll after it
-                start = time.perf_counter()
-                o = attend()
-                elapsed = time.perf_counter() - start
-                o.reshape(1, -1)[:, :hidden] @ w_o
-                if step > 0:  # step 0 warms every path up
-                    times[name].append(elapsed * 1e3)
+        medians = take_turns(decode_step, args.steps)
+    report(f"decode step: {args.heads} heads / {args.kv_heads} KV heads, D {args.dim}, {args.cached} cached tokens, "
+           f"{args.dtype}, {threads} threads, {args.steps} steps (attention alone; medians)", medians, "ms", 3)
+
+
+# name: tileattn's thread runtime, or None for SDPA
+CONTENDERS = {"tileattn openmp": "openmp", "tileattn pool": "pool", "torch sdpa": None}
+
+
+def take_turns(step, steps):
+    """Runs step(runtime) for every contender, steps + 1 rounds (the first warms every path
+    up), the contenders' order rotating round by round; returns each one's median of the
+    milliseconds step() returned."""
+    names = list(CONTENDERS)
+    times = {name: [] for name in names}
+    for i in range(steps + 1):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            if CONTENDERS[name]:
+                tileattn.set_thread_runtime(CONTENDERS[name])
+            ms = step(CONTENDERS[name])
+            if i > 0:
+                times[name].append(ms)
     tileattn.set_thread_runtime("auto")
-    print(f"decode step: {args.heads} heads / {args.kv_heads} KV heads, D {args.dim}, {args.cached} cached tokens, "
-          f"{args.dtype}, {threads} threads, {args.steps} steps (attention alone; medians)")
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    for name in names:
-        print(f"  {name:16s} {medians[name]:8.3f} ms")
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def report(title, medians, unit, digits):
+    print(title)
+    for name, ms in medians.items():
+        print(f"  {name:16s} {ms:8.{digits}f} {unit}")
     print(f"  pool / openmp: {medians['tileattn pool'] / medians['tileattn openmp']:.2f}   "
           f"sdpa / tileattn openmp: {medians['torch sdpa'] / medians['tileattn openmp']:.2f}")
 
@@ -114,26 +130,14 @@ def train_steps(args, dtype, threads):
                                                is_causal=True, enable_gqa=True).transpose(1, 2)
         (o.reshape(1, n, hidden) @ w_o).float().square().mean().backward()
 
-    contenders = {"tileattn openmp": "openmp", "tileattn pool": "pool", "torch sdpa": None}
-    names = list(contenders)
-    times = {name: [] for name in names}
-    for i in range(args.steps + 1):
-        for j in range(len(names)):
-            name = names[(i + j) % len(names)]
-            if contenders[name]:
-                tileattn.set_thread_runtime(contenders[name])
-            start = time.perf_counter()
-            step(contenders[name])
-            if i > 0:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    tileattn.set_thread_runtime("auto")
-    print(f"training step: {h} heads / {hkv} KV heads, D {d}, {n} tokens causal, {args.dtype}, {threads} threads, "
-          f"{args.steps} steps (projections, attention, backward; medians)")
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    for name in names:
-        print(f"  {name:16s} {medians[name]:8.2f} ms")
-    print(f"  pool / openmp: {medians['tileattn pool'] / medians['tileattn openmp']:.2f}   "
-          f"sdpa / tileattn openmp: {medians['torch sdpa'] / medians['tileattn openmp']:.2f}")
+    def timed_step(runtime):
+        start = time.perf_counter()
+        step(runtime)
+        return (time.perf_counter() - start) * 1e3
+
+    medians = take_turns(timed_step, args.steps)
+    report(f"training step: {h} heads / {hkv} KV heads, D {d}, {n} tokens causal, {args.dtype}, {threads} threads, "
+           f"{args.steps} steps (projections, attention, backward; medians)", medians, "ms", 2)
 
 
 if __name__ == "__main__":

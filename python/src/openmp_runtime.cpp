@@ -124,7 +124,7 @@ void bind_threads(nb::module_& m) {
       "thread_runtime_max_threads",
       [] {
         const OpenMp& o = openmp();
-        return std::string(thread_runtime()) == o.name && o.max_threads ? std::max(1, o.max_threads()) : 0;
+        return thread_runtime() == o.runtime.name && o.max_threads ? std::max(1, o.max_threads()) : 0;
       },
       "the OpenMP runtime's team limit for this thread (omp_get_max_threads) while it is in use, else 0");
 }

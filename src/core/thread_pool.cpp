@@ -280,50 +280,42 @@ void run_on(const ThreadRuntime& runtime, int64_t count, int threads, const std:
 
 }  // namespace
 
-void parallel_for(int64_t count, int threads, const std::function<void(int64_t, int)>& body) {
-  if (count <= 0) return;
-  spin_window();  // a bad TILEATTN_SPIN_US fails here, on the caller's thread
-  int helpers = threads - 1;
-  if (helpers > count - 1) helpers = static_cast<int>(count - 1);
-  if (const ThreadRuntime* runtime = runtime_slot().load(std::memory_order_acquire); runtime && helpers > 0) {
-    if (every_thread_runs_items()) {
-      std::atomic<uint64_t> seen{0};
-      const std::function<void(int64_t, int)> counted = [&](int64_t item, int worker) {
-        seen.fetch_or(uint64_t{1} << (worker & 63), std::memory_order_relaxed);
-        body(item, worker);
-      };
-      run_on(*runtime, count, helpers + 1, counted, true);
-      record_census(__builtin_popcountll(seen.load()), count);
-      return;
-    }
-    run_on(*runtime, count, helpers + 1, body, false);
-    return;
-  }
+namespace {
+
+// One region of `count` items on the installed runtime's threads, else on the
+// pool's (the caller alone where the pool is busy or no helper is wanted).
+// `round_robin`: the test hook's dealing.
+void run_region(int64_t count, int helpers, const std::function<void(int64_t, int)>& body, bool round_robin) {
+  if (const ThreadRuntime* runtime = runtime_slot().load(std::memory_order_acquire); runtime && helpers > 0)
+    return run_on(*runtime, count, helpers + 1, body, round_robin);
   ThreadPool& p = pool();
   if (helpers > p.workers()) helpers = p.workers();
   std::unique_lock<std::mutex> busy(p.busy_, std::try_to_lock);
-  if (every_thread_runs_items()) {
-    // The test hook: count the distinct threads that run items.
-    std::atomic<uint64_t> seen{0};
-    const std::function<void(int64_t, int)> counted = [&](int64_t item, int worker) {
-      seen.fetch_or(uint64_t{1} << (worker & 63), std::memory_order_relaxed);
-      body(item, worker);
-    };
-    if (helpers <= 0 || !busy.owns_lock()) {
-      for (int64_t i = 0; i < count; ++i) counted(i, 0);
-    } else {
-      p.run(count, helpers, counted, true);
-    }
-    record_census(__builtin_popcountll(seen.load()), count);
-    return;
-  }
   if (helpers <= 0 || !busy.owns_lock()) {
     // Single-threaded, or another caller holds the pool: run here. Results are
     // the same, since each item is computed whole by one thread.
     for (int64_t i = 0; i < count; ++i) body(i, 0);
     return;
   }
-  p.run(count, helpers, body, false);
+  p.run(count, helpers, body, round_robin);
+}
+
+}  // namespace
+
+void parallel_for(int64_t count, int threads, const std::function<void(int64_t, int)>& body) {
+  if (count <= 0) return;
+  spin_window();  // a bad TILEATTN_SPIN_US fails here, on the caller's thread
+  int helpers = threads - 1;
+  if (helpers > count - 1) helpers = static_cast<int>(count - 1);
+  if (!every_thread_runs_items()) return run_region(count, helpers, body, false);
+  // The test hook: count the distinct threads that run items.
+  std::atomic<uint64_t> seen{0};
+  const std::function<void(int64_t, int)> counted = [&](int64_t item, int worker) {
+    seen.fetch_or(uint64_t{1} << (worker & 63), std::memory_order_relaxed);
+    body(item, worker);
+  };
+  run_region(count, helpers, counted, true);
+  record_census(__builtin_popcountll(seen.load()), count);
 }
 
 bool pool_workers_asleep() {
