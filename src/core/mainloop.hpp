@@ -196,22 +196,42 @@ class Bf16Operands {
   // P = exp2(S * scale - row_max) (scale 1: S - row_max) of `rows` rows of the
   // step's scores (s: its row r0), as the bf16 hi + lo rows accumulate reads;
   // sums: their fp32 sums. S is left as it is.
-  // Queued tile blocks run between groups of four rows, so that the tile
-  // unit multiplies while the vector units compute exponentials.
+  // The queued tile blocks run one 32-k step (four tdpbf16ps) at a time,
+  // spread evenly between the exponentials' 32-column pieces, so that the
+  // tile unit multiplies while the vector units compute exponentials.
+  // Measured (AMX Xeon model 167, bf16, H8 N4096 D128, 2 threads): whole
+  // blocks between pairs of rows left no overlap (66 ms against 25 ms for
+  // the vector work alone plus 38 ms for the tile work alone); a
+  // micro-benchmark of four tdpbf16ps against exponential-like vector work
+  // ran 0.78x the time of 64-product chunks with one step per chunk, and
+  // 1.1x with 8 or 16 products per chunk (docs/architecture.md).
   void exponentials(const float* s, int64_t lds, int64_t r0, int64_t rows, int64_t n, float scale,
                     const float* row_max, float* sums) {
     const int64_t k = round_up(n, kBf16PairBlock);
-    for (int64_t r = 0; r < rows; r += kRowsPerBlock) {
-      const int64_t g = min64(kRowsPerBlock, rows - r);
-      K::exp2_split_rows(s + r * lds, lds, g, n, k, scale, row_max + r, sums + r, p_hi_ + (r0 + r) * bf16_kv_pad_,
-                         p_lo_ ? p_lo_ + (r0 + r) * bf16_kv_pad_ : nullptr, bf16_kv_pad_);
-      run_queued_block();
+    // Pieces of 32 columns of one row (tick's unit) and the steps left.
+    const int64_t pieces = rows * (k / 32);
+    int64_t steps = 0;
+    if constexpr (requires { K::kAsyncProducts; }) {
+      for (int i = next_; i < queued_; ++i) steps += K::bf16_block_steps(queue_[i]);
+      steps -= step_;
     }
+    int64_t credit = 0;  // steps owed, in units of 1 / pieces
+    auto tick = [&](int64_t done) {
+      if (steps == 0) return;
+      credit += done * steps;
+      for (; credit >= pieces; credit -= pieces) run_queued_step();
+    };
+    // Rows one at a time where tile steps interleave (a tick every two
+    // vectors of exponentials; four rows interleaved ticked twice as coarsely
+    // and took 1.06x the time, H8 N4096 D128, 2 threads), else four.
+    constexpr int kGroup = requires { K::kAsyncProducts; } ? 1 : 4;
+    K::template exp2_split_rows<kGroup>(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
+                                        p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, tick);
   }
 
-  // Runs the queued blocks that have not run yet.
+  // Runs the queued blocks' steps that have not run yet.
   void finish_products() {
-    while (next_ < queued_) run_queued_block();
+    while (next_ < queued_) run_queued_step();
     next_ = queued_ = 0;
   }
   // Row r of P is zero (a NaN row or a row with no visible key yet).
@@ -234,11 +254,6 @@ class Bf16Operands {
   }
 
  private:
-  // Exponential rows per queued block run: amx, bf16, H2 N2048 D128, 1
-  // thread, min of 15 calls: 2 rows 8.9-9.1 ms, 4 rows 9.2, 1 row 9.6, no
-  // queue (every product where it is called) 9.4-9.6. The overlap is
-  // partial: the tile products run at about half the AMX peak (docs/architecture.md).
-  static constexpr int64_t kRowsPerBlock = 2;
   static constexpr int kMaxQueued = 64;
 
   // Queues C (m, n) (+)= A B [+ A_lo B] as blocks of 32 rows by up to 32
@@ -253,7 +268,7 @@ class Bf16Operands {
       for (int64_t j = 0; j < n; j += 32)
         queue_[queued_++] = Bf16Block{a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, k,
                                       int(min64(32, n - j)), accumulate};
-      paced_ = prefetch;  // run_queued_block() asks for its share
+      paced_ = prefetch;  // run_queued_step() asks for its share after each block
       return true;
     }
     (void)m, (void)n, (void)k, (void)a, (void)a_lo, (void)lda, (void)b, (void)b_panel, (void)c, (void)ldc;
@@ -261,13 +276,17 @@ class Bf16Operands {
     return false;
   }
 
-  // The oldest queued block that has not run, if any (only kAsyncProducts
-  // kernels queue blocks).
-  void run_queued_block() {
+  // The next step of the oldest queued block that has not finished, if any
+  // (only kAsyncProducts kernels queue blocks).
+  void run_queued_step() {
     if constexpr (requires { K::kAsyncProducts; }) {
       if (next_ < queued_) {
-        K::bf16_block(queue_[next_++]);
-        if (paced_) paced_->issue_paced();
+        K::bf16_block_step(queue_[next_], step_);
+        if (++step_ == K::bf16_block_steps(queue_[next_])) {
+          step_ = 0;
+          ++next_;
+          if (paced_) paced_->issue_paced();
+        }
       }
     }
   }
@@ -275,7 +294,8 @@ class Bf16Operands {
   const Problem& p_;
   int64_t bf16_k_, bf16_kv_pad_;
   Bf16Block queue_[kMaxQueued];
-  int queued_ = 0, next_ = 0;  // queue_[next_, queued_) have not run
+  int queued_ = 0, next_ = 0;  // queue_[next_, queued_) have not finished
+  int64_t step_ = 0;            // queue_[next_]'s next step
   RowPrefetch* paced_ = nullptr;  // the next tile's lines, a share per block run
   uint16_t* q_tile_;  // (stacked rows + 16, bf16_k)
   uint16_t* k_tile_;  // kv_pad / 16 panels of (bf16_k / 2, 16, 2)

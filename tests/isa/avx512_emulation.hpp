@@ -209,6 +209,9 @@ inline __m512 _mm512_min_ps(__m512 a, __m512 b) {
 inline __m512 _mm512_roundscale_ps(__m512 a, int imm) {
   return per_lane([&](int i) { return lane::round_to_integer(a.f32[i], imm); });
 }
+inline __m512 _mm512_reduce_ps(__m512 a, int imm) {
+  return per_lane([&](int i) { return lane::reduce(a.f32[i], imm); });
+}
 inline __m512 _mm512_scalef_ps(__m512 a, __m512 b) {
   return per_lane([&](int i) { return lane::scalef(a.f32[i], b.f32[i]); });
 }

@@ -69,6 +69,29 @@ inline float round_to_integer(float x, int imm) {
   return std::copysign(r, x);  // -0.3 rounds to -0, as the hardware does
 }
 
+// VREDUCEPS with imm8[7:4] = 0: x - round_to_integer(x), the subtraction
+// rounded in the same mode (measured on the AMX Xeon, model 167: with
+// rounding down, -1e-40 gives the float just below 1, and an exact zero is
+// -0). Infinities give +0 in either mode, NaNs come back quieted.
+inline float reduce(float x, int imm) {
+  if (is_nan(x)) return quiet(x);
+  if (std::isinf(x)) return 0.0f;
+  const int mode = (imm & 0x4) ? 0 : (imm & 0x3);
+  const double big = round_to_integer(x, imm);
+  // The exact v = x - big against r, its nearest float (x - big is exact in
+  // float except for a tiny x rounded away from 0, where r is 0 or +-1):
+  // v - r = x + u with u = -big - r exact in double, so comparing x with -u
+  // is exact.
+  const float r = float(double(x) - big);
+  const double u = -big - double(r);
+  const int side = x > -u ? 1 : x < -u ? -1 : 0;  // sign of v - r
+  if (r == 0.0f && side == 0) return mode == 1 ? -0.0f : 0.0f;
+  if (mode == 1 && side < 0) return std::nextafter(r, -INFINITY);
+  if (mode == 2 && side > 0) return std::nextafter(r, INFINITY);
+  if (mode == 3 && (r > 0.0f ? side < 0 : side > 0)) return std::nextafter(r, 0.0f);
+  return r;
+}
+
 // VSCALEFPS: a * 2^floor(b), with the SDM's special-case table (as the Bochs
 // simulator also implements it): NaNs propagate (a's first), except that a
 // quiet NaN scaled by 2^+-inf gives +inf / +0; 0 * 2^+inf and inf * 2^-inf

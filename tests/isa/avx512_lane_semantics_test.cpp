@@ -3,7 +3,8 @@
 // counterpart with the same lane operation (MAXPS, ROUNDPS = VRNDSCALEPS with
 // scale 0, CMPPS predicates, VFMADD, VCVTPH2PS, VCVTPS2PH), the two must agree
 // bit for bit, NaN payloads included. VSCALEFPS has no such counterpart and is
-// checked against the SDM's table. Only the checking functions are compiled
+// checked against the SDM's table, VREDUCEPS against itself where the CPU
+// has it. Only the checking functions are compiled
 // for AVX2 (target attributes), so the binary still starts on older CPUs,
 // where these tests are skipped, not passed.
 #include <gtest/gtest.h>
@@ -126,6 +127,47 @@ TEST(Avx512LaneSemantics, RoundingMatchesRoundps) {
   check_rounding<_MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC>(v);
   check_rounding<_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC>(v);
   check_rounding<_MM_FROUND_CUR_DIRECTION>(v);  // MXCSR: nearest-even in these tests
+}
+
+// VREDUCEPS (AVX512DQ; no AVX2 counterpart): against the instruction itself
+// where the CPU has AVX-512 (8 lanes of a 512-bit reduction), and everywhere
+// against the values measured on the AMX Xeon (model 167).
+template <int Imm>
+__attribute__((target("avx512f,avx512dq"))) void hw_reduce(const float* a, const float*, float* out) {
+  alignas(64) float lanes[16] = {};
+  std::memcpy(lanes, a, 8 * sizeof(float));
+  _mm512_store_ps(lanes, _mm512_reduce_ps(_mm512_load_ps(lanes), Imm));
+  std::memcpy(out, lanes, 8 * sizeof(float));
+}
+
+TEST(Avx512LaneSemantics, ReduceMatchesVreduceps) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::pair<float, uint32_t> measured[] = {
+      {inf, 0x00000000u},     {-inf, 0x00000000u},    {-0.3f, 0xbe99999au}, {0.5f, 0x3f000000u},
+      {1.5f, 0xbf000000u},    {2.5f, 0x3f000000u},    {-0.5f, 0xbf000000u}, {8388608.0f, 0x00000000u},
+      {-1e30f, 0x00000000u},  {-0.0f, 0x00000000u},   {126.7f, 0xbe999a00u}, {-125.5f, 0x3f000000u},
+      {3.4e38f, 0x00000000u}, {1e-40f, bits(1e-40f)}, {lane::from_bits(0x7f800001u), 0x7fc00001u}};
+  for (const auto& [x, want] : measured)
+    EXPECT_EQ(bits(lane::reduce(x, kNearest)), want) << "reduce(" << x << ")";
+  constexpr int kDown = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+  EXPECT_EQ(bits(lane::reduce(-1e-40f, kDown)), 0x3f7fffffu);
+  EXPECT_EQ(bits(lane::reduce(8388608.0f, kDown)), 0x80000000u);
+  EXPECT_EQ(bits(lane::reduce(inf, kDown)), 0x00000000u);
+  if (!isa_available(Isa::avx512)) GTEST_SKIP() << "table checked; needs AVX-512 to compare with the instruction";
+  std::vector<float> v = special_values();
+  for (int k = -12; k <= 12; ++k) {
+    v.push_back(float(k) + 0.5f);
+    v.push_back(float(k) + 0.49999997f);
+    v.push_back(float(k) - 0.3f);
+  }
+  for (float x : random_values(4000, 4)) v.push_back(x);
+  compare_pairs(v, {0.0f}, hw_reduce<kNearest>, [](float x, float) { return lane::reduce(x, kNearest); },
+                "reduce");
+  compare_pairs(v, {0.0f}, hw_reduce<kDown>, [](float x, float) { return lane::reduce(x, kDown); }, "reduce");
+  constexpr int kUp = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC, kZero = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+  compare_pairs(v, {0.0f}, hw_reduce<kUp>, [](float x, float) { return lane::reduce(x, kUp); }, "reduce");
+  compare_pairs(v, {0.0f}, hw_reduce<kZero>, [](float x, float) { return lane::reduce(x, kZero); }, "reduce");
 }
 
 template <int Predicate>

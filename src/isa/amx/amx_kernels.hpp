@@ -28,7 +28,8 @@
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
 // C tiles (RT x CT of 16 x 16 at c, row stride ldc_bytes) (+)= A (RT row
-// tiles) B (CT column panels) over k (a multiple of 32) [+ A_lo B].
+// tiles) B (CT column panels) over k (a multiple of 32) [+ A_lo B], one
+// step of 32 k per call (amx_block runs them all).
 //
 // Steps of 32 k (with A_lo, each k twice: A then A_lo, on the same B). Tile
 // registers are not renamed: a tile load waits for every tdpbf16ps still
@@ -38,63 +39,78 @@ namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 // thread, 2x2 blocks with k = 128, operands in L1, TSC ticks per tdpbf16ps):
 // all four loads before the four products 54-58; this order 16-21; no loads
 // at all 15-16.
+// Step 0 also loads (or zeroes) C and the first operands, the last step
+// stores C: between the steps of one block the tile registers hold its
+// state, so a caller may run vector code between them (Bf16Operands'
+// exponentials do) but no other tile code.
 template <int RT, int CT, bool kLo>
-static inline void amx_block(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda, const uint16_t* b,
-                             int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+static inline void amx_block_step(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
+                                  const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                                  int64_t s) {
   const int64_t a_stride = lda * 2, c_stride = ldc * 4;
-  if (accumulate) {
-    _tile_loadd(0, c, c_stride);
-    if constexpr (CT > 1) _tile_loadd(1, c + 16, c_stride);
-    if constexpr (RT > 1) _tile_loadd(2, c + 16 * ldc, c_stride);
-    if constexpr (RT > 1 && CT > 1) _tile_loadd(3, c + 16 * ldc + 16, c_stride);
-  } else {
-    _tile_zero(0);
-    if constexpr (CT > 1) _tile_zero(1);
-    if constexpr (RT > 1) _tile_zero(2);
-    if constexpr (RT > 1 && CT > 1) _tile_zero(3);
-  }
   constexpr int64_t kParts = kLo ? 2 : 1;
   const int64_t steps = k / 32 * kParts;
   // Step s: k offset 32 * (s / kParts), A for s % kParts == 0, else A_lo.
-  const auto a_of = [&](int64_t s) { return (kLo && s % kParts ? a_lo : a) + s / kParts * 32; };
-  const auto b_of = [&](int64_t s) { return b + s / kParts * 32 * 16; };
-  const auto load_a0 = [&](int64_t s) { _tile_loadd(4, a_of(s), a_stride); };
-  const auto load_a1 = [&](int64_t s) { _tile_loadd(5, a_of(s) + 16 * lda, a_stride); };
-  const auto load_b0 = [&](int64_t s) { _tile_loadd(6, b_of(s), 64); };
-  const auto load_b1 = [&](int64_t s) { _tile_loadd(7, b_of(s) + b_panel, 64); };
-  load_a0(0);
-  load_b0(0);
-  if constexpr (CT > 1) load_b1(0);
-  if constexpr (RT > 1) load_a1(0);
-  for (int64_t s = 0; s < steps; ++s) {
-    const bool next = s + 1 < steps;                      // a step follows
-    const bool next_b = next && (s + 1) % kParts == 0;  // ... with new B tiles
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (CT == 1) {
-      if (next) load_a0(s + 1);
-      if (RT == 1 && next_b) load_b0(s + 1);
+  const auto a_of = [&](int64_t t) { return (kLo && t % kParts ? a_lo : a) + t / kParts * 32; };
+  const auto b_of = [&](int64_t t) { return b + t / kParts * 32 * 16; };
+  const auto load_a0 = [&](int64_t t) { _tile_loadd(4, a_of(t), a_stride); };
+  const auto load_a1 = [&](int64_t t) { _tile_loadd(5, a_of(t) + 16 * lda, a_stride); };
+  const auto load_b0 = [&](int64_t t) { _tile_loadd(6, b_of(t), 64); };
+  const auto load_b1 = [&](int64_t t) { _tile_loadd(7, b_of(t) + b_panel, 64); };
+  if (s == 0) {
+    if (accumulate) {
+      _tile_loadd(0, c, c_stride);
+      if constexpr (CT > 1) _tile_loadd(1, c + 16, c_stride);
+      if constexpr (RT > 1) _tile_loadd(2, c + 16 * ldc, c_stride);
+      if constexpr (RT > 1 && CT > 1) _tile_loadd(3, c + 16 * ldc + 16, c_stride);
     } else {
-      _tile_dpbf16ps(1, 4, 7);
-      if (next) load_a0(s + 1);
-      if (RT == 1 && next_b) load_b1(s + 1);
-      if (RT == 1 && next_b) load_b0(s + 1);
+      _tile_zero(0);
+      if constexpr (CT > 1) _tile_zero(1);
+      if constexpr (RT > 1) _tile_zero(2);
+      if constexpr (RT > 1 && CT > 1) _tile_zero(3);
     }
-    if constexpr (RT > 1) {
-      _tile_dpbf16ps(2, 5, 6);
-      if (next_b) load_b0(s + 1);
-      if constexpr (CT == 1) {
-        if (next) load_a1(s + 1);
-      } else {
-        _tile_dpbf16ps(3, 5, 7);
-        if (next) load_a1(s + 1);
-        if (next_b) load_b1(s + 1);
-      }
+    load_a0(0);
+    load_b0(0);
+    if constexpr (CT > 1) load_b1(0);
+    if constexpr (RT > 1) load_a1(0);
+  }
+  const bool next = s + 1 < steps;                      // a step follows
+  const bool next_b = next && (s + 1) % kParts == 0;  // ... with new B tiles
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (CT == 1) {
+    if (next) load_a0(s + 1);
+    if (RT == 1 && next_b) load_b0(s + 1);
+  } else {
+    _tile_dpbf16ps(1, 4, 7);
+    if (next) load_a0(s + 1);
+    if (RT == 1 && next_b) load_b1(s + 1);
+    if (RT == 1 && next_b) load_b0(s + 1);
+  }
+  if constexpr (RT > 1) {
+    _tile_dpbf16ps(2, 5, 6);
+    if (next_b) load_b0(s + 1);
+    if constexpr (CT == 1) {
+      if (next) load_a1(s + 1);
+    } else {
+      _tile_dpbf16ps(3, 5, 7);
+      if (next) load_a1(s + 1);
+      if (next_b) load_b1(s + 1);
     }
   }
-  _tile_stored(0, c, c_stride);
-  if constexpr (CT > 1) _tile_stored(1, c + 16, c_stride);
-  if constexpr (RT > 1) _tile_stored(2, c + 16 * ldc, c_stride);
-  if constexpr (RT > 1 && CT > 1) _tile_stored(3, c + 16 * ldc + 16, c_stride);
+  if (!next) {
+    _tile_stored(0, c, c_stride);
+    if constexpr (CT > 1) _tile_stored(1, c + 16, c_stride);
+    if constexpr (RT > 1) _tile_stored(2, c + 16 * ldc, c_stride);
+    if constexpr (RT > 1 && CT > 1) _tile_stored(3, c + 16 * ldc + 16, c_stride);
+  }
+}
+
+// The whole block: every step of amx_block_step.
+template <int RT, int CT, bool kLo>
+static inline void amx_block(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda, const uint16_t* b,
+                             int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+  const int64_t steps = k / 32 * (kLo ? 2 : 1);
+  for (int64_t s = 0; s < steps; ++s) amx_block_step<RT, CT, kLo>(k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, s);
 }
 
 // One band of rows (RT row tiles) across every column panel.
@@ -334,13 +350,16 @@ struct AmxKernels : Kernels, Bf16Packing {
   // vector instructions after it (up to its reorder window), so the main loop
   // queues 32-row blocks and runs them between softmax rows (bf16_block).
   static constexpr bool kAsyncProducts = true;
-  static void bf16_block(const Bf16Block& j) {
+  static int64_t bf16_block_steps(const Bf16Block& j) { return j.k / 32 * (j.a_lo ? 2 : 1); }
+  // Step s of block j (amx_block_step): steps 0 .. bf16_block_steps(j) - 1
+  // in order, with no other tile code between them.
+  static void bf16_block_step(const Bf16Block& j, int64_t s) {
     if (j.a_lo) {
-      if (j.cols == 32) amx_block<2, 2, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
-      else amx_block<2, 1, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
+      if (j.cols == 32) amx_block_step<2, 2, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
+      else amx_block_step<2, 1, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
     } else {
-      if (j.cols == 32) amx_block<2, 2, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
-      else amx_block<2, 1, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate);
+      if (j.cols == 32) amx_block_step<2, 2, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
+      else amx_block_step<2, 1, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
     }
   }
   // A work item's products run between these: the tile configuration is

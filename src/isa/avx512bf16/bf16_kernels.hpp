@@ -160,9 +160,11 @@ struct Bf16Packing {
   }
 
   // exp2_split_group over `rows` rows, four at a time (scale 1: unscaled; lo
-  // null: hi alone).
+  // null: hi alone), kGroup rows interleaved; tick(g) after each 32 columns
+  // of g rows.
+  template <int kGroup, class Tick>
   static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
-                              const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16);
+                              const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16, Tick&& tick);
 };
 
 // The softmax's exponentials of one row group, written straight into the
@@ -171,10 +173,12 @@ struct Bf16Packing {
 // sub[g]) in hi / lo rows of k elements (row stride ld16, zero past n), and
 // sums[g] their fp32 sum, added in exp2_sum_rows' lane order. The scores
 // stay as they are: no fp32 P is stored and read back. kLo false: hi alone
-// (ForwardArgs::bf16_probabilities).
-template <int G, bool kScaled, bool kLo>
+// (ForwardArgs::bf16_probabilities). tick(G) after each 32 columns: the
+// caller's work to interleave (queued tile steps on AMX).
+template <int G, bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64_t k, float scale,
-                                    const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16) {
+                                    const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
+                                    Tick& tick) {
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i high_words = high_word_index();
   __m512 sv[G], sum[G];
@@ -193,38 +197,41 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
       if constexpr (!kLo) {
         _mm512_storeu_si512(hi + g * ld16 + c, bf16_bits(_mm512_cvtne2ps_pbh(e1, e0)));  // e0's words, then e1's
-        continue;
+      } else {
+        __m512i h, l;
+        split_hi_lo(e0, e1, high_words, h, l);
+        _mm512_storeu_si512(hi + g * ld16 + c, h);
+        _mm512_storeu_si512(lo + g * ld16 + c, l);
       }
-      __m512i h, l;
-      split_hi_lo(e0, e1, high_words, h, l);
-      _mm512_storeu_si512(hi + g * ld16 + c, h);
-      _mm512_storeu_si512(lo + g * ld16 + c, l);
     }
+    tick(G);
   }
   for (int g = 0; g < G; ++g) sums[g] = _mm512_reduce_add_ps(sum[g]);
 }
 
-template <bool kScaled, bool kLo>
+template <int kGroup, bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_rows_of(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
-                                      const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16) {
+                                      const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
+                                      Tick& tick) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    exp2_split_group<4, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
-                                      kLo ? lo + r * ld16 : nullptr, ld16);
+  for (; r + kGroup <= rows; r += kGroup)
+    exp2_split_group<kGroup, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
+                                      kLo ? lo + r * ld16 : nullptr, ld16, tick);
   for (; r < rows; ++r)
     exp2_split_group<1, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
-                                      kLo ? lo + r * ld16 : nullptr, ld16);
+                                      kLo ? lo + r * ld16 : nullptr, ld16, tick);
 }
 
+template <int kGroup, class Tick>
 inline void Bf16Packing::exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k,
                                          float scale, const float* sub, float* sums, uint16_t* hi, uint16_t* lo,
-                                         int64_t ld16) {
+                                         int64_t ld16, Tick&& tick) {
   if (scale != 1.0f) {
-    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16);
-    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16);
+    if (lo) exp2_split_rows_of<kGroup, true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, tick);
+    else exp2_split_rows_of<kGroup, true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, tick);
   } else {
-    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16);
-    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16);
+    if (lo) exp2_split_rows_of<kGroup, false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, tick);
+    else exp2_split_rows_of<kGroup, false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, tick);
   }
 }
 
