@@ -348,7 +348,8 @@ struct AmxKernels : Kernels, Bf16Packing {
   static constexpr bool kBf16Products = true;
   // The tile unit runs a block's tdpbf16ps while the core goes on with the
   // vector instructions after it (up to its reorder window), so the main loop
-  // queues 32-row blocks and runs them between softmax rows (bf16_block).
+  // queues 32-row blocks and runs them a step at a time between pieces of
+  // the softmax's exponentials (bf16_block_step).
   static constexpr bool kAsyncProducts = true;
   static int64_t bf16_block_steps(const Bf16Block& j) { return j.k / 32 * (j.a_lo ? 2 : 1); }
   // Step s of block j (amx_block_step): steps 0 .. bf16_block_steps(j) - 1
