@@ -65,7 +65,8 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
     if (wide.block_kv != base.block_kv) {
       EXPECT_NE(wide.reason.find("wider tiles"), std::string::npos) << wide.reason;
     }
-    // A causal band: amx takes 256x256 (where it fits L2), avx512bf16 128
+    // A causal band: amx takes 256x256 (where it fits L2; 512x256 for MHA with
+    // enough query tiles, below), avx512bf16 128
     // keys (where they fit); a sliding window keeps the cache model's tiles on both.
     b.mask = MaskCase::causal;
     CaseData banded(b);
@@ -74,6 +75,19 @@ TEST(ForwardTiles, PerCallAdjustmentsShow) {
     if (isa == Isa::amx && fits_l2(256, 256)) {
       EXPECT_EQ(causal.block_q, 256);
       EXPECT_EQ(causal.block_kv, 256);
+      // With enough 512-row query tiles, causal MHA takes 512x256 on amx and
+      // GQA keeps 256x256 (forward.cpp).
+      Case tall_causal = tall;
+      tall_causal.mask = MaskCase::causal;
+      Case gqa_causal = tall_causal;
+      gqa_causal.kv_heads = 4;
+      CaseData mha_data(tall_causal), gqa_data(gqa_causal);
+      mha_data.args.isa = gqa_data.args.isa = isa;
+      const TileShape mha_tiles = forward_tiles(mha_data.args), gqa_tiles = forward_tiles(gqa_data.args);
+      EXPECT_EQ(mha_tiles.block_q, fits_l2(512, 256) ? 512 : 256);
+      EXPECT_EQ(mha_tiles.block_kv, 256);
+      EXPECT_EQ(gqa_tiles.block_q, 256);
+      EXPECT_EQ(gqa_tiles.block_kv, 256);
     } else if (isa == Isa::avx512bf16) {
       EXPECT_EQ(causal.block_q, base.block_q);
       EXPECT_EQ(causal.block_kv, fits_l2(base.block_q, 128) ? std::max(128, base.block_kv) : base.block_kv);
