@@ -102,6 +102,19 @@ TEST(Avx512LaneSemantics, MaxAndMinReturnTheSecondOperandOnNaNAndZeros) {
   compare_pairs(r, r, hw_max, lane::max, "max");
 }
 
+// Inputs for the rounding instructions: the special values, ties and near-ties
+// around small integers, then random ones.
+std::vector<float> rounding_values(uint32_t seed) {
+  std::vector<float> v = special_values();
+  for (int k = -12; k <= 12; ++k) {
+    v.push_back(float(k) + 0.5f);
+    v.push_back(float(k) + 0.49999997f);
+    v.push_back(float(k) - 0.3f);
+  }
+  for (float x : random_values(4000, seed)) v.push_back(x);
+  return v;
+}
+
 template <int Imm>
 __attribute__((target("avx2"))) void hw_round(const float* a, const float*, float* out) {
   _mm256_storeu_ps(out, _mm256_round_ps(_mm256_loadu_ps(a), Imm));
@@ -115,13 +128,7 @@ void check_rounding(const std::vector<float>& v) {
 
 TEST(Avx512LaneSemantics, RoundingMatchesRoundps) {
   REQUIRE_AVX2();
-  std::vector<float> v = special_values();
-  for (int k = -12; k <= 12; ++k) {
-    v.push_back(float(k) + 0.5f);
-    v.push_back(float(k) + 0.49999997f);
-    v.push_back(float(k) - 0.3f);
-  }
-  for (float x : random_values(4000, 2)) v.push_back(x);
+  const std::vector<float> v = rounding_values(2);
   check_rounding<_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC>(v);
   check_rounding<_MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC>(v);
   check_rounding<_MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC>(v);
@@ -155,13 +162,7 @@ TEST(Avx512LaneSemantics, ReduceMatchesVreduceps) {
   EXPECT_EQ(bits(lane::reduce(8388608.0f, kDown)), 0x80000000u);
   EXPECT_EQ(bits(lane::reduce(inf, kDown)), 0x00000000u);
   if (!isa_available(Isa::avx512)) GTEST_SKIP() << "table checked; needs AVX-512 to compare with the instruction";
-  std::vector<float> v = special_values();
-  for (int k = -12; k <= 12; ++k) {
-    v.push_back(float(k) + 0.5f);
-    v.push_back(float(k) + 0.49999997f);
-    v.push_back(float(k) - 0.3f);
-  }
-  for (float x : random_values(4000, 4)) v.push_back(x);
+  const std::vector<float> v = rounding_values(4);
   compare_pairs(v, {0.0f}, hw_reduce<kNearest>, [](float x, float) { return lane::reduce(x, kNearest); },
                 "reduce");
   compare_pairs(v, {0.0f}, hw_reduce<kDown>, [](float x, float) { return lane::reduce(x, kDown); }, "reduce");
