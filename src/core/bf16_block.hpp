@@ -1,5 +1,6 @@
 // A queued block of a bf16 tile product: the unit of work the main loop's
-// bf16 operands hand to the tile kernels between softmax rows (mainloop.hpp).
+// bf16 operands hand to the tile kernels, run a 32-k step at a time between
+// pieces of the softmax's exponentials (mainloop.hpp).
 #pragma once
 
 #include <cstdint>

@@ -74,7 +74,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // (H8 N4096 D128, 1 thread, noisy host, alternating, min / p25 of 25:
   // 93-100 / 121-135 ms against 111 / 141 for 256x64 and 105 / 134 for
   // 512x256, whose diagonal tiles waste more). Since the diagonal tiles'
-  // bands stop at their last visible key (mainloop.hpp band_keys), causal
+  // bands stop at their last visible key (ForwardMainloop::run's band_keys), causal
   // MHA on amx takes 512x256 (2026-12-05, 2 threads, medians of 3-5, ms
   // 256x256 / 512x256: H8 N4096 D128 32.5 / 30.4, H32 N2048 34.1 / 33.3,
   // H16 N4096 D64 44.3 / 43.9, H4 N8192 62.6 / 60.0) and GQA keeps
@@ -98,7 +98,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
     static constexpr Wide kAmxCausalTiles[] = {{256, 256}, {256, 128}};
     static constexpr Wide kDotTiles[] = {{0, 256}, {0, 128}};
     static constexpr Wide kDotCausalTiles[] = {{0, 128}};
-    const bool mha = args.shape.kv_heads <= 0 || args.shape.kv_heads == args.shape.heads;
+    const bool mha = p.group == 1;
     const Wide* wide = !amx ? (unbanded ? kDotTiles : kDotCausalTiles) : unbanded || mha ? kAmxTiles : kAmxCausalTiles;
     const int count = !amx ? (unbanded ? 2 : 1) : unbanded || mha ? 3 : 2;
     for (int i = 0; i < count; ++i) {

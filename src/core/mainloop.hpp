@@ -221,11 +221,11 @@ class Bf16Operands {
       credit += done * steps;
       for (; credit >= pieces; credit -= pieces) run_queued_step();
     };
-    // Rows one at a time where tile steps interleave (a tick every two
-    // vectors of exponentials; H8 N4096 D128, 2 threads, medians of 7: four
-    // rows 60.2 ms against two 56.4, two 63.6 against one 61.7), else four.
-    constexpr int kGroup = requires { K::kAsyncProducts; } ? 1 : 4;
-    K::template exp2_split_rows<kGroup>(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
+    // Rows one at a time: a tick every two vectors of exponentials (amx, H8
+    // N4096 D128, 2 threads, medians of 7: four rows 60.2 ms against two
+    // 56.4, two 63.6 against one 61.7); avx512bf16 took them one at a time
+    // before the ticks too (four interleaved there is unmeasured).
+    K::template exp2_split_rows<1>(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
                                         p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, tick);
   }
 
@@ -282,7 +282,7 @@ class Bf16Operands {
     if constexpr (requires { K::kAsyncProducts; }) {
       if (next_ < queued_) {
         K::bf16_block_step(queue_[next_], step_);
-        if (++step_ == K::bf16_block_steps(queue_[next_])) {
+        if (++step_ >= K::bf16_block_steps(queue_[next_])) {
           step_ = 0;
           ++next_;
           if (paced_) paced_->issue_paced();
@@ -463,51 +463,59 @@ class ForwardMainloop {
         }
         prefetch_.reset(nullptr, 0, 0);
         if (next_n > 0 && !direct_) queue_next_tile(seq, w.batch, next_kv_head, next_begin, next_n);
-        const int64_t n_pad = round_up(n, kPanelWidth);
         // Stacked rows of the product of heads [g0, g0 + heads_per_gemm).
         const auto group_rows = [&](int64_t g0) {
           return row_subset ? tile_rows.last - tile_rows.first : min64(heads_per_gemm, heads_per_kv - g0) * rows_;
+        };
+        // Stacked row where the rows of the product of heads [g0, g0 +
+        // heads_per_gemm) start.
+        const auto group_start = [&](int64_t g0) {
+          return (g * heads_per_kv + g0) * rows_ + (row_subset ? tile_rows.first - w.q_begin : 0);
+        };
+        // The step's rows go in bands of the operands' product rows (few-rows
+        // products: one band).
+        const auto band_rows_of = [&](int64_t m) { return direct_ ? m : operands_.product_rows(m); };
+        // Keys of this tile that the band of stacked rows [sb, sb + mb) of a
+        // group of m rows sees: in a band-partial tile (the causal diagonal)
+        // a band of one head's rows stops after its last visible key, the
+        // keys after it being masked for every row of the band; a 256x256
+        // diagonal tile in 32-row bands computes 56% of its pairs. One band
+        // (mb = m: the fp32 operands, whose V panels are strided by the
+        // tile's n) and bands over two heads keep the tile's keys.
+        const auto band_keys = [&](int64_t sb, int64_t mb, int64_t m) {
+          if (!band_partial || direct_ || mb >= m || sb / rows_ != (sb + mb - 1) / rows_) return n;
+          const KeyRange k = visible_keys(p_.band, seq, query_of(w, sb), query_of(w, sb + mb - 1) + 1);
+          return max64(1, min64(n, k.last - j_begin));
         };
         if constexpr (requires { operands_.queued_blocks(int64_t(), int64_t()); }) {
           // Queued tile blocks (AMX) ask for the next tile's lines in equal
           // shares, one per block run.
           int64_t blocks = 0;
-          for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm)
-            blocks += operands_.queued_blocks(group_rows(g0), n_pad);
+          for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm) {
+            const int64_t m = group_rows(g0), s0 = group_start(g0), band_rows = band_rows_of(m);
+            for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
+              const int64_t mb = min64(band_rows, m - b0);
+              blocks += operands_.queued_blocks(mb, round_up(band_keys(s0 + b0, mb, m), kPanelWidth));
+            }
+          }
           prefetch_.pace(blocks);
         }
         for (int64_t g0 = 0; g0 < heads_per_kv; g0 += heads_per_gemm) {
-          int64_t s0 = (g * heads_per_kv + g0) * rows_;
-          const int64_t m = group_rows(g0);
-          if (row_subset) {
-            s0 += tile_rows.first - w.q_begin;
-            if (m == 0) continue;
-          }
-          // The step's rows in bands of the operands' product rows (few-rows
-          // products: one band).
+          const int64_t s0 = group_start(g0), m = group_rows(g0);
+          if (m == 0) continue;
           // Band b's scores are queued before band b - 1's softmax, and its
           // P V after it, each band in its own rows of the score and P tiles:
           // tile products that run asynchronously (AMX) then overlap the
           // softmax of the band between them; others run where they are called.
-          const int64_t band_rows = direct_ ? m : operands_.product_rows(m);
-          // The keys a band's rows see in a band-partial tile of one head's
-          // rows (the causal diagonal): its products stop after the band's
-          // last visible key, the keys after it being masked for every row
-          // of the band. A 256x256 diagonal tile in 32-row bands skips ~44%
-          // of its pairs.
-          const auto band_keys = [&](int64_t b0) {
-            if (!band_partial || heads_per_gemm != 1 || direct_) return n;
-            const int64_t mb = min64(band_rows, m - b0);
-            const KeyRange k = visible_keys(p_.band, seq, query_of(w, s0 + b0), query_of(w, s0 + b0 + mb - 1) + 1);
-            return max64(1, min64(n, k.last - j_begin));
-          };
-          int64_t nb = band_keys(0);
+          const int64_t band_rows = band_rows_of(m);
+          const auto keys_of_band = [&](int64_t b0) { return band_keys(s0 + b0, min64(band_rows, m - b0), m); };
+          int64_t nb = keys_of_band(0);
           scores(s0, band_rows, nb, round_up(nb, kPanelWidth), 0);
           operands_.finish_products();
           for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
             const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0), b1 = b0 + band_rows;
             if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, nb, band_partial, b0);
-            const int64_t nb_next = b1 < m ? band_keys(b1) : 0;
+            const int64_t nb_next = b1 < m ? keys_of_band(b1) : 0;
             if (b1 < m) scores(s0 + b1, min64(band_rows, m - b1), nb_next, round_up(nb_next, kPanelWidth), b1);
             online_softmax(w, sb, mb, nb, j_begin, b0);
             operands_.finish_products();  // the next band's scores, the last band's P V

@@ -51,8 +51,8 @@ static inline bool max_abs_if_finite(const float* x, int64_t n, float& max_abs) 
 
 // 2^x in the lanes of `keep`, 0 in the others; x above 127 counts as 127,
 // x < -126 (and -inf) gives 0, NaN stays NaN. vscalefps applies 2^n. 12
-// instructions: no lower clamp (a lane below -126, whose f may be NaN, is
-// zeroed by the mask), and the compare folds that mask into `keep`
+// instructions: no lower clamp (a lane below -126, -inf included, is zeroed
+// by the mask whatever its f and n), and the compare folds that mask into `keep`
 // (not-less-than, unordered true: NaN passes) for the masked scalef to
 // write the zeros. The same bits as clamping both ends, zeroing the tiny
 // lanes and then the lanes outside `keep` (15 instructions).

@@ -159,9 +159,8 @@ struct Bf16Packing {
     }
   }
 
-  // exp2_split_group over `rows` rows, four at a time (scale 1: unscaled; lo
-  // null: hi alone), kGroup rows interleaved; tick(g) after each 32 columns
-  // of g rows.
+  // exp2_split_group over `rows` rows, kGroup at a time (scale 1: unscaled;
+  // lo null: hi alone); tick(g) after each 32 columns of g rows.
   template <int kGroup, class Tick>
   static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                               const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16, Tick&& tick);
