@@ -74,12 +74,13 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // (H8 N4096 D128, 1 thread, noisy host, alternating, min / p25 of 25:
   // 93-100 / 121-135 ms against 111 / 141 for 256x64 and 105 / 134 for
   // 512x256, whose diagonal tiles waste more). Since the diagonal tiles'
-  // bands stop at their last visible key (ForwardMainloop::run's band_keys), causal
-  // MHA on amx takes 512x256 (2026-12-05, 2 threads, medians of 3-5, ms
-  // 256x256 / 512x256: H8 N4096 D128 32.5 / 30.4, H32 N2048 34.1 / 33.3,
-  // H16 N4096 D64 44.3 / 43.9, H4 N8192 62.6 / 60.0) and GQA keeps
-  // 256x256 (32/8 N2048 31.0 / 32.0, N4096 110.9 / 117.6: each item's
-  // accumulators for the group's heads double with the rows). Causal bands on avx512bf16:
+  // bands stop at their last visible key (ForwardMainloop::run's
+  // band_keys), causal MHA on amx takes 512x256 (AMX Xeon model 167,
+  // 2026-12-05, 2 threads, medians of 3-5, ms 256x256 / 512x256: H8 N4096
+  // D128 32.5 / 30.4, H32 N2048 34.1 / 33.3, H16 N4096 D64 44.3 / 43.9, H4
+  // N8192 62.6 / 60.0) and GQA keeps 256x256 (32/8 N2048 31.0 / 32.0, N4096
+  // 110.9 / 117.6: each item's accumulators for the group's heads double
+  // with the rows). Causal bands on avx512bf16:
   // 128 keys (AMD EPYC Zen 4, 2 threads, 2026-12-04, alternating, medians of
   // 3: 256x128 took 0.96 of 256x64's time at H8 N4096 D128 with
   // bf16_probabilities and 0.98 without, 0.94 at H16 N4096 D64, 0.99 at GQA

@@ -196,7 +196,8 @@ class Bf16Operands {
   // P = exp2(S * scale - row_max) (scale 1: S - row_max) of `rows` rows of the
   // step's scores (s: its row r0), as the bf16 hi + lo rows accumulate reads;
   // sums: their fp32 sums. S is left as it is.
-  // The queued tile blocks run one 32-k step (four tdpbf16ps) at a time,
+  // The queued tile blocks run one 32-k step (four tdpbf16ps, two in a
+  // 16-column block) at a time,
   // spread evenly between the exponentials' 32-column pieces, so that the
   // tile unit multiplies while the vector units compute exponentials.
   // Measured (AMX Xeon model 167, bf16, H8 N4096 D128, 2 threads): whole
@@ -221,12 +222,12 @@ class Bf16Operands {
       credit += done * steps;
       for (; credit >= pieces; credit -= pieces) run_queued_step();
     };
-    // Rows one at a time: a tick every two vectors of exponentials (amx, H8
-    // N4096 D128, 2 threads, medians of 7: four rows 60.2 ms against two
-    // 56.4, two 63.6 against one 61.7); avx512bf16 took them one at a time
-    // before the ticks too (four interleaved there is unmeasured).
-    K::template exp2_split_rows<1>(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
-                                        p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, tick);
+    // Rows one at a time: a tick every two vectors of exponentials (amx, AMX
+    // Xeon model 167, H8 N4096 D128, 2 threads, medians of 7: four rows 60.2
+    // ms against two 56.4, two 63.6 against one 61.7); avx512bf16 took them
+    // one at a time before the ticks too (four interleaved there is unmeasured).
+    K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
+                       p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, tick);
   }
 
   // Runs the queued blocks' steps that have not run yet.

@@ -159,9 +159,9 @@ struct Bf16Packing {
     }
   }
 
-  // exp2_split_group over `rows` rows, kGroup at a time (scale 1: unscaled;
-  // lo null: hi alone); tick(g) after each 32 columns of g rows.
-  template <int kGroup, class Tick>
+  // exp2_split_group over `rows` rows, one at a time (scale 1: unscaled; lo
+  // null: hi alone); tick(1) after each 32 columns of a row.
+  template <class Tick>
   static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                               const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16, Tick&& tick);
 };
@@ -208,29 +208,25 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
   for (int g = 0; g < G; ++g) sums[g] = _mm512_reduce_add_ps(sum[g]);
 }
 
-template <int kGroup, bool kScaled, bool kLo, class Tick>
+template <bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_rows_of(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                                       const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
                                       Tick& tick) {
-  int64_t r = 0;
-  for (; r + kGroup <= rows; r += kGroup)
-    exp2_split_group<kGroup, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
-                                      kLo ? lo + r * ld16 : nullptr, ld16, tick);
-  for (; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r)
     exp2_split_group<1, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
                                       kLo ? lo + r * ld16 : nullptr, ld16, tick);
 }
 
-template <int kGroup, class Tick>
+template <class Tick>
 inline void Bf16Packing::exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k,
                                          float scale, const float* sub, float* sums, uint16_t* hi, uint16_t* lo,
                                          int64_t ld16, Tick&& tick) {
   if (scale != 1.0f) {
-    if (lo) exp2_split_rows_of<kGroup, true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, tick);
-    else exp2_split_rows_of<kGroup, true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, tick);
+    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, tick);
+    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, tick);
   } else {
-    if (lo) exp2_split_rows_of<kGroup, false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, tick);
-    else exp2_split_rows_of<kGroup, false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, tick);
+    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, tick);
+    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, tick);
   }
 }
 
