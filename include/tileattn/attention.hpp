@@ -162,9 +162,9 @@ struct ForwardArgs {
   // the decode dot scores run (AVX512-VBMI CPUs) for a bf16 K/V, and for an
   // fp8 e4m3 or int8 KV cache (attention_with_kvcache), and on the avx512
   // rung with AVX512-VNNI for an int8 KV cache (Q and P rounded to 16-bit
-  // integers; on avx512bf16 its scores with Q so rounded,
+  // integers; on avx512bf16 and amx its scores with Q so rounded,
   // KvCacheArgs::bf16_probabilities). Elsewhere
-  // (fp32 / fp16 inputs, the fp32 rungs, the amx rung's few-rows products)
+  // (fp32 / fp16 inputs, the fp32 rungs, the amx rung's few-rows P V)
   // it changes nothing.
   bool bf16_probabilities = false;
   float dropout_p = 0.0f;  // in [0, 1); see training issue

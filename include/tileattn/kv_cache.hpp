@@ -96,7 +96,7 @@ struct KvCacheArgs {
   // (vdpbf16ps; CPUs with AVX512-VBMI, as the decode dot scores). With
   // AVX512-VNNI an int8 cache's few-rows scores run on vpdpwssd with Q
   // rounded to 16-bit integers per row (the LSE moves by ~2^-17 of a score)
-  // on the avx512 and avx512bf16 rungs, and on the avx512 rung its P V too,
+  // on the avx512, avx512bf16 and amx rungs, and on the avx512 rung its P V too,
   // with P rounded to 16-bit integers per row and 32 keys (within 2^-16 of
   // their largest P); the amx rung's few-rows decode products keep P at
   // fp32 precision.

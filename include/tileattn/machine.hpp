@@ -20,8 +20,8 @@ struct CpuFeatures {
   // AMX-TILE and AMX-BF16 with the tile state enabled by the OS (XCR0 bits
   // 17-18): the amx rung's bf16 products (Isa::amx).
   bool amx_bf16 = false;
-  // AMX-INT8 with the tile state enabled (the amx rung's decode scores of
-  // int8 caches, tdpbssd).
+  // AMX-INT8 with the tile state enabled: reported only (no kernel takes
+  // it; int8 decode scores on tdpbssd lost to the FMA ones, docs/inference.md).
   bool amx_int8 = false;
   std::string vendor, brand;
   // CPUID leaf 1's display family and model (base + extended fields):

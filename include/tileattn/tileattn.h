@@ -327,7 +327,8 @@ typedef struct tileattn_kv_cache_args {
                                    on avx512bf16 (with AVX512-VBMI) the few-rows decode
                                    products of a bf16, fp8 e4m3 or int8 cache (bf16 queries);
                                    on avx512 with AVX512-VNNI those of an int8 cache, with Q
-                                   and P rounded to 16-bit integers (KvCacheArgs) */
+                                   and P rounded to 16-bit integers (on avx512bf16 and amx
+                                   its scores, with Q so rounded; KvCacheArgs) */
   const float* alibi_slopes;   /**< as in ::tileattn_forward_args; NULL: off */
   int64_t alibi_batch_stride;
   const float* sinks;          /**< as in ::tileattn_forward_args, [heads]; NULL: off */

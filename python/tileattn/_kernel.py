@@ -39,10 +39,10 @@ def set_bf16_probabilities(enabled):
     AVX512-VBMI (e.g. AMD Zen 4 and later), in the few-rows products of smaller decode steps of a
     bf16, fp8 e4m3 or int8 cache; on the AVX-512 rung of a CPU with AVX512-VNNI (e.g. Intel
     Xeons without AMX), an int8 cache's few-rows products run on vpdpwssd with Q and P rounded
-    to 16-bit integers (docs/accuracy.md). Process-wide, for every later call
+    to 16-bit integers, and on the AMX rung its scores with Q so rounded (docs/accuracy.md). Process-wide, for every later call
     (flash_attention, the drop-ins, the transformers integration, attention_with_kvcache);
     False (the default) keeps P at fp32 precision. Changes nothing for fp32 and fp16 inputs,
-    on the fp32 rungs (but for that int8 decode), or in the AMX rung's few-rows products."""
+    on the fp32 rungs (but for that int8 decode), or in the AMX rung's few-rows P V."""
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
     _C.set_bf16_probabilities(enabled)

@@ -360,14 +360,14 @@ class ForwardMainloop {
     k_row_bytes_ = p.args.shape.head_dim * int64_t(dtype_size(kv_dtype_));
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
-    // AMX-INT8 tiles, amx_kernels.hpp int8_tiles; or AVX512-VNNI for bf16
-    // queries with bf16_probabilities, few_rows_vnni.hpp): Q split once per
-    // item into integer pieces, keys read in place with unit element stride.
+    // AVX512-VNNI for bf16 queries with bf16_probabilities, few_rows_vnni.hpp):
+    // Q rounded once per item to int16 rows, keys read in place with unit
+    // element stride.
     if constexpr (requires { K::kFewRowsInt8Scores; })
       int8_scores_ = direct_ && kv_dtype_ == DType::i8 && p.args.k.stride[3] == 1 &&
                      K::few_rows_int8_usable(p.args.dtype, p.args.bf16_probabilities, p.args.shape.head_dim);
-    q_pieces_ = reinterpret_cast<int8_t*>(scratch + layout_.q_pieces);
-    q_steps_ = scratch + layout_.q_steps;
+    q16_ = reinterpret_cast<int16_t*>(scratch + layout_.q16);
+    q16_steps_ = scratch + layout_.q16_steps;
     // The few-rows products' fp32 Q (at most kFewRowsMax rows of D_pad) sits
     // in the Q tile: its bf16 form holds 16 slack rows of >= D_pad elements.
     few_rows_q_ = scratch + layout_.q_tile;
@@ -393,8 +393,7 @@ class ForwardMainloop {
     if constexpr (requires { K::kFewRowsInt8Scores; }) {
       if (int8_scores_) {
         item_int8_scores_ = K::few_rows_int8_split(w.head_count * rows_, a_.shape.head_dim, few_rows_q_,
-                                                   p_.head_dim_padded, q_pieces_, q_steps_);
-        if (item_int8_scores_) K::few_rows_int8_begin();  // AMX: the tile configuration, for this item
+                                                   p_.head_dim_padded, q16_, q16_steps_);
       }
     }
     std::memset(acc_, 0, sizeof(float) * stacked * dvp);
@@ -529,8 +528,6 @@ class ForwardMainloop {
       }
     }
     if (!direct_) operands_.end_item();
-    if constexpr (requires { K::kFewRowsInt8Scores; })
-      if (item_int8_scores_) K::few_rows_int8_end();
     epilogue(seq, w);
   }
 
@@ -567,13 +564,12 @@ class ForwardMainloop {
   }
 
   // The few-rows scores (direct_), unscaled by a quantized cache's K scales:
-  // on integer products (AMX-INT8 tiles, VNNI), on bf16 dot products, or on FMAs.
+  // on integer products (VNNI), on bf16 dot products, or on FMAs.
   void few_rows_scores(int64_t s0, int64_t m, int64_t n, int64_t t0, const RowsToPrefetch& ahead) {
     const int64_t dp = p_.head_dim_padded, d = a_.shape.head_dim;
     if constexpr (requires { K::kFewRowsInt8Scores; }) {
       if (item_int8_scores_) {
-        const int64_t piece_row_bytes = round_up(d, 64);
-        return K::few_rows_int8_scores(m, n, d, q_pieces_ + s0 * 4 * piece_row_bytes, q_steps_ + s0 * 4, k_rows_,
+        return K::few_rows_int8_scores(m, n, d, q16_ + s0 * K::few_rows_q16_stride(d), q16_steps_ + s0, k_rows_,
                                        s_tile_ + t0 * kv_pad_, kv_pad_, ahead);
       }
     }
@@ -878,10 +874,9 @@ class ForwardMainloop {
   int64_t rows_ = 0;  // query rows of the current item
   float* few_rows_q_ = nullptr;  // direct_: (heads * rows, D_pad) fp32 Q (load_q_tiles: scaled or not)
   bool int8_scores_ = false;       // direct_ on an int8 cache with usable K::kFewRowsInt8Scores
-  bool item_int8_scores_ = false;  // ... and this item's Q rows are finite (split into pieces)
-  int8_t* q_pieces_ = nullptr;    // (heads * rows * 4 + 16, D rounded up to 64) int8 pieces of Q
-                                  // (AMX-INT8), or one int16 row per query row (VNNI)
-  float* q_steps_ = nullptr;      // (heads * rows, 4) the pieces' steps (VNNI: the first)
+  bool item_int8_scores_ = false;  // ... and this item's Q rows are finite (rounded to int16)
+  int16_t* q16_ = nullptr;         // (heads * rows, K::few_rows_q16_stride(D)) Q rounded to int16
+  float* q16_steps_ = nullptr;     // (heads * rows) their steps
   float* acc_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;

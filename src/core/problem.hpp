@@ -226,10 +226,9 @@ struct ForwardScratchLayout {
   int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape
   int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)
   int64_t kv_scales = 0;      // quantized K/V: this tile's K scales, then its V scales (2 x kv_pad)
-  int64_t q_pieces = 0;       // int8 cache, few rows: Q split into int8 pieces for tile scores
-                              // (rows x 4 + 16 slack piece rows of D rounded up to 64 bytes;
-                              // isa/amx/amx_kernels.hpp, int8_tiles)
-  int64_t q_steps = 0;        // the pieces' steps, (rows, 4) fp32
+  int64_t q16 = 0;            // int8 cache, few rows: Q rounded to int16 for the VNNI scores,
+                              // (rows, q16_row_stride(D)) (isa/avx512/few_rows_vnni.hpp)
+  int64_t q16_steps = 0;      // their steps, (rows) fp32
   int64_t total = 0;          // floats in all
 };
 ForwardScratchLayout forward_scratch_layout(const Problem& p);

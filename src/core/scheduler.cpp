@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "core/problem.hpp"
+#include "isa/avx512/few_rows_vnni.hpp"
 
 namespace tileattn::detail {
 
@@ -81,14 +82,11 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   l.p_lo = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));
   l.kv_scales = take(p.args.kv.quant != KvQuant::none ? 2 * l.kv_pad : 0);
-  // The int8 tile scores' pieces (isa/amx/amx_kernels.hpp, int8_tiles): 4
-  // int8 rows per query row of D rounded up to 64 bytes and 16 slack rows,
-  // and 4 steps per row; only where the few-rows products read an int8 cache.
-  // The VNNI scores (isa/avx512/few_rows_vnni.hpp) keep one int16 row and one
-  // step per query row in the same space.
-  const bool int8_pieces = p.args.kv.quant == KvQuant::int8 && p.heads_per_item * p.block_q <= kFewRowsMax;
-  l.q_pieces = take(int8_pieces ? (rows * 4 + 16) * round_up(p.args.shape.head_dim, 64) / 4 : 0);
-  l.q_steps = take(int8_pieces ? rows * 4 : 0);
+  // The VNNI scores' Q (isa/avx512/few_rows_vnni.hpp): one int16 row and one
+  // step per query row, only where the few-rows products read an int8 cache.
+  const bool int8_rows = p.args.kv.quant == KvQuant::int8 && p.heads_per_item * p.block_q <= kFewRowsMax;
+  l.q16 = take(int8_rows ? rows * q16_row_stride(p.args.shape.head_dim) / 2 : 0);
+  l.q16_steps = take(int8_rows ? rows : 0);
   return l;
 }
 

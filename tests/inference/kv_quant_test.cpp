@@ -160,10 +160,11 @@ TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
 // and bf16 queries: on avx512bf16 with VBMI the few-rows P V runs on
 // vdpbf16ps with P (times each key's V scale) rounded to bf16
 // (few_rows_dot.hpp: fp8 V through the byte permutes, int8 through fp32);
-// on avx512 and avx512bf16 with VNNI an int8 cache's scores run on vpdpwssd
-// with Q rounded to 16-bit integers (few_rows_vnni.hpp, an error ~2^-17 of
-// the scores'), and on avx512 (avx512bf16 takes vdpbf16ps there) its P V with
-// P rounded to 16-bit integers; elsewhere the flag changes nothing here. The output moves by
+// on avx512, avx512bf16 and amx with VNNI an int8 cache's scores run on
+// vpdpwssd with Q rounded to 16-bit integers (few_rows_vnni.hpp, an error
+// ~2^-17 of the scores'), and on avx512 (avx512bf16 takes vdpbf16ps there,
+// amx keeps P at fp32) its P V with P rounded to 16-bit integers; elsewhere
+// the flag changes nothing here. The output moves by
 // at most 2^-8 max |V| (V dequantized: within 2^-4 of the bf16 values it
 // came from for fp8, half a scale for int8) plus both outputs' bf16
 // rounding; paged (pages of 3) equals contiguous bit for bit.
@@ -171,7 +172,8 @@ TEST(KvQuant, QuantizedBf16ProbabilitiesOnTheDotProducts) {
   for (KvQuant quant : {KvQuant::fp8_e4m3, KvQuant::int8})
     for (Isa isa : isa_paths()) {
       const bool dot = isa == Isa::avx512bf16 && cpu_features().avx512_vbmi;
-      const bool vnni = quant == KvQuant::int8 && (isa == Isa::avx512 || isa == Isa::avx512bf16) &&
+      const bool vnni = quant == KvQuant::int8 &&
+                        (isa == Isa::avx512 || isa == Isa::avx512bf16 || isa == Isa::amx) &&
                         cpu_features().avx512_vnni;
       for (const auto& [head_dim, cached] : std::vector<std::pair<int64_t, std::vector<int32_t>>>{
                {128, {1100}}, {40, {5, 99}}, {96, {333}}}) {

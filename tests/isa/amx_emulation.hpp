@@ -1,6 +1,6 @@
 // A portable model of the AMX tile instructions that src/isa/amx/amx_kernels.hpp
 // uses (_tile_loadconfig, _tile_loadd, _tile_stored, _tile_zero,
-// _tile_dpbf16ps, _tile_dpbssd, _tile_release), so that its kernels and the main loop on
+// _tile_dpbf16ps, _tile_release), so that its kernels and the main loop on
 // them run on CPUs without AMX.
 //
 // Use, in a test translation unit that never includes <immintrin.h>, after
@@ -160,31 +160,6 @@ inline void _tile_dpbf16ps(int c, int a, int b) {
       std::memcpy(s.data[c][m] + 4 * n, &acc, 4);
     }
   }
-}
-
-// tdpbssd (SDM): C[m][n] += sum over k of A[m].s8[k] * B[k / 4].s8[4n + k % 4],
-// products and sums in int32, wrapping; shapes as for tdpbf16ps (A's bytes
-// per row / 4 = B's rows).
-inline std::atomic<int64_t> dpbssd_count{0};  // tdpbssd run so far, for tests that check the path
-inline void _tile_dpbssd(int c, int a, int b) {
-  dpbssd_count.fetch_add(1);
-  const char* what = "_tile_dpbssd without a tile configuration (#UD)";
-  checked_tile(c, what), checked_tile(a, what), checked_tile(b, what);
-  if (c == a || c == b || a == b) fault("_tile_dpbssd: operands not three different tiles (#UD)");
-  TileState& s = state();
-  const int m_rows = s.rows[c], n_cols = s.bytes_per_row[c] / 4, k_quads = s.bytes_per_row[a] / 4;
-  if (s.rows[a] != m_rows || s.rows[b] != k_quads || s.bytes_per_row[b] != s.bytes_per_row[c])
-    fault("_tile_dpbssd: tile shapes do not fit (#UD)");
-  for (int m = 0; m < m_rows; ++m)
-    for (int n = 0; n < n_cols; ++n) {
-      uint32_t acc;
-      std::memcpy(&acc, s.data[c][m] + 4 * n, 4);
-      for (int k = 0; k < 4 * k_quads; ++k) {
-        const int8_t x = static_cast<int8_t>(s.data[a][m][k]), y = static_cast<int8_t>(s.data[b][k / 4][4 * n + k % 4]);
-        acc += static_cast<uint32_t>(int32_t(x) * int32_t(y));  // wraps as the hardware's int32 sums
-      }
-      std::memcpy(s.data[c][m] + 4 * n, &acc, 4);
-    }
 }
 
 }  // namespace tileattn::amx_emulation

@@ -279,45 +279,43 @@ TEST_F(Avx512EmulatedDecode, QuantizedKeysAndValuesMatchFloat64) {
         }
 }
 
-// An int8 cache on the emulated amx rung: its few-rows scores run on the
-// AMX-INT8 tile model (amx_kernels.hpp, int8_tiles) where the head dim is a
-// multiple of 4 (60, 128; 59 keeps the FMA scores), P V on the FMA products;
-// against the float64 reference over the dequantized K/V, split keys
-// included; the tile model's tdpbssd count shows which scores ran.
-TEST_F(Avx512EmulatedDecode, Int8CacheOnTheAmxTileModelMatchesFloat64) {
+// An int8 cache on the emulated amx rung (its few-rows products on FMAs, as
+// the avx512 rung's), against the float64 reference over the dequantized K/V,
+// split keys included.
+TEST_F(Avx512EmulatedDecode, Int8CacheOnTheEmulatedAmxRungMatchesFloat64) {
   for (DType dtype : kDTypes)
     for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
       for (int64_t head_dim : {60, 128, 59})
         for (int64_t seqlen_k : {100, 1100}) {
           CaseData data(decode_case(st, dtype, head_dim, seqlen_k));
           const QuantizedCopy quantized(data, KvQuant::int8);
-          SCOPED_TRACE(data.c.name() + " int8 on the amx tile model");
-          const int64_t before = emulated_tile_dpbssd_count();
+          SCOPED_TRACE(data.c.name() + " int8 on the emulated amx rung");
           ASSERT_TRUE(emulated_bf16_forward(quantized.args, Isa::amx));
-          EXPECT_EQ(emulated_tile_dpbssd_count() > before, head_dim % 4 == 0);
           expect_matches_float64(quantized, data);
         }
 }
 
-// An fp8 e4m3 cache on the emulated avx512bf16 rung: with bf16 queries its
-// few-rows scores run on vdpbf16ps with the keys turned into bf16 by byte
-// permutes (few_rows_dot.hpp; head dims 59 and 96 end in a partial 64-element
-// step), other query dtypes keep the FMA scores; P V on the FMA products
-// either way. Against the float64 reference over the dequantized K/V, split
-// keys included; the emulation's vpermt2b count shows which scores ran.
+// An fp8 e4m3 cache on the emulated avx512bf16 and amx rungs (the amx rung
+// takes the avx512bf16 rung's decode scores): with bf16 queries the few-rows
+// scores run on vdpbf16ps with the keys turned into bf16 by byte permutes
+// (few_rows_dot.hpp; head dims 59 and 96 end in a partial 64-element step),
+// other query dtypes keep the FMA scores; P V on the FMA products either way.
+// Against the float64 reference over the dequantized K/V, split keys
+// included; the emulation's vpermt2b count shows which scores ran.
 TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
-  for (DType dtype : kDTypes)
-    for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
-      for (int64_t head_dim : {59, 96, 128})
-        for (int64_t seqlen_k : {100, 1100}) {
-          CaseData data(decode_case(st, dtype, head_dim, seqlen_k));
-          const QuantizedCopy quantized(data, KvQuant::fp8_e4m3);
-          SCOPED_TRACE(data.c.name() + " fp8 on the emulated avx512bf16 rung");
-          const int64_t before = emulated_byte_permute_count();
-          ASSERT_TRUE(emulated_bf16_forward(quantized.args, Isa::avx512bf16));
-          EXPECT_EQ(emulated_byte_permute_count() > before, dtype == DType::bf16);
-          expect_matches_float64(quantized, data);
-        }
+  for (Isa isa : {Isa::avx512bf16, Isa::amx})
+    for (DType dtype : kDTypes)
+      for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
+        for (int64_t head_dim : {59, 96, 128})
+          for (int64_t seqlen_k : {100, 1100}) {
+            CaseData data(decode_case(st, dtype, head_dim, seqlen_k));
+            const QuantizedCopy quantized(data, KvQuant::fp8_e4m3);
+            SCOPED_TRACE(data.c.name() + " fp8 on the emulated " + isa_name(isa) + " rung");
+            const int64_t before = emulated_byte_permute_count();
+            ASSERT_TRUE(emulated_bf16_forward(quantized.args, isa));
+            EXPECT_EQ(emulated_byte_permute_count() > before, dtype == DType::bf16);
+            expect_matches_float64(quantized, data);
+          }
 }
 
 // bf16_probabilities on the emulated avx512bf16 rung: the few-rows P V of a

@@ -34,18 +34,6 @@ Bf16KernelSet bf16_kernel_set_of(std::string name, bool amx) {
     K::bf16_gemm(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
     K::bf16_end();
   };
-  if constexpr (requires { K::kFewRowsInt8Tiles; })
-    s.int8_scores = [](int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
-                       float* out, int64_t lds) {
-      const int64_t row_bytes = (d + 63) / 64 * 64;
-      std::vector<int8_t> pieces(size_t((m * 4 + 16) * row_bytes));
-      std::vector<float> steps(size_t(m * 4));
-      if (!K::few_rows_int8_split(m, d, q, ldq, pieces.data(), steps.data())) return false;
-      K::bf16_begin();
-      K::few_rows_int8_scores(m, n, d, pieces.data(), steps.data(), key_rows, out, lds);
-      K::bf16_end();
-      return true;
-    };
   return s;
 }
 

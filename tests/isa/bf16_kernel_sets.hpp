@@ -24,14 +24,6 @@ struct Bf16KernelSet {
   // bf16_begin(); bf16_gemm(...); bf16_end(), as one work item runs them.
   void (*gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) = nullptr;
-  // AmxKernels only (else null): the decode scores of an int8 cache on
-  // AMX-INT8 tiles (amx_kernels.hpp, int8_tiles) as a work item runs them:
-  // m <= 8 fp32 query rows of d (row stride ldq) split into pieces, then
-  // s[r, c] = q[r] . key_rows[c] (int8, d bytes) for c < n, with the tile
-  // configuration loaded around. false where the split refuses (a row that
-  // is not finite). The native one needs AMX-INT8 (cpu_features().amx_int8).
-  bool (*int8_scores)(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq, const void* const* key_rows,
-                      float* s, int64_t lds) = nullptr;
 };
 
 Bf16KernelSet emulated_dot_kernels();

@@ -41,7 +41,6 @@ bool emulated_bf16_forward(const ForwardArgs& args, Isa isa) {
   return true;
 }
 
-int64_t emulated_tile_dpbssd_count() { return amx_emulation::dpbssd_count.load(); }
 
 int64_t emulated_byte_permute_count() { return avx512_emulation::byte_permute_count.load(); }
 

@@ -16,10 +16,6 @@ namespace tileattn::testing {
 // AVX2/FMA/F16C): the caller then skips.
 [[nodiscard]] bool emulated_bf16_forward(const ForwardArgs& args, Isa isa);
 
-// tdpbssd instructions the AMX tile model has run so far, all threads (the
-// int8 decode scores of the amx rung, amx_kernels.hpp int8_tiles).
-int64_t emulated_tile_dpbssd_count();
-
 // vpermt2b instructions the AVX-512 emulation has run so far, all threads
 // (the fp8 -> bf16 conversion of the avx512bf16 rung's decode scores,
 // few_rows_dot.hpp).

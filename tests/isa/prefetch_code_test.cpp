@@ -54,7 +54,7 @@ Disassembly prefetches_by_function(const std::string& library, const std::string
 TEST(PrefetchCode, EveryFewRowsScoreProductHasItsPrefetches) {
   ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
   int products = 0;
-  for (const char* product : {"few_rows16::scores<", "few_rows::scores<", "few_rows_dot::scores<", "int8_tiles::scores(",
+  for (const char* product : {"few_rows16::scores<", "few_rows::scores<", "few_rows_dot::scores<",
                               "avx512_vnni::(anonymous namespace)::int8_scores<"}) {
     const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, product);
     ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;

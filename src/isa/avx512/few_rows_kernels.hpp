@@ -401,28 +401,24 @@ struct FewRows16Kernels {
   // Few-rows scores of an int8 cache on AVX512-VNNI (few_rows_vnni.hpp), in
   // the opt-in of reduced precision (bf16_probabilities, bf16 queries) where
   // CPUID has VNNI: the main loop rounds a work item's query rows to 16-bit
-  // integers once (few_rows_int8_split; each row in the space of the 4 int8
-  // piece rows AMX-INT8 tiles take, so one scratch layout serves both) and
-  // scores keys on vpdpwssd. Not by default: Q's rounding moves the LSE by
+  // integers once (few_rows_int8_split; rows of q16_row_stride(d), one step
+  // each) and scores keys on vpdpwssd. Not by default: Q's rounding moves the LSE by
   // more than the accuracy rule allows (docs/inference.md, "int8 scores on
   // VNNI", with the measurements).
   static constexpr bool kFewRowsInt8Scores = true;
   static bool few_rows_int8_usable(DType query, bool bf16_probabilities, int64_t /*d: any*/) {
     return bf16_probabilities && query == DType::bf16 && cpu_features().avx512_vnni;
   }
-  static int64_t q16_row_stride(int64_t d) { return 2 * ((d + 63) / 64 * 64); }  // int16s: 4 piece rows of bytes
-  static bool few_rows_int8_split(int64_t m, int64_t d, const float* q, int64_t ldq, int8_t* pieces,
+  static int64_t few_rows_q16_stride(int64_t d) { return q16_row_stride(d); }
+  static bool few_rows_int8_split(int64_t m, int64_t d, const float* q, int64_t ldq, int16_t* q16,
                                   float* steps) {
-    return few_rows_split_q16(m, d, q, ldq, reinterpret_cast<int16_t*>(pieces), q16_row_stride(d), steps, 4);
+    return few_rows_split_q16(m, d, q, ldq, q16, q16_row_stride(d), steps, 1);
   }
-  static void few_rows_int8_scores(int64_t m, int64_t n, int64_t d, const int8_t* pieces, const float* steps,
+  static void few_rows_int8_scores(int64_t m, int64_t n, int64_t d, const int16_t* q16, const float* steps,
                                    const void* const* key_rows, float* s, int64_t lds,
                                    const RowsToPrefetch& ahead = {}) {
-    few_rows_int8_scores_vnni(m, n, d, reinterpret_cast<const int16_t*>(pieces), q16_row_stride(d), steps, 4,
-                              key_rows, s, lds, ahead);
+    few_rows_int8_scores_vnni(m, n, d, q16, q16_row_stride(d), steps, 1, key_rows, s, lds, ahead);
   }
-  static void few_rows_int8_begin() {}
-  static void few_rows_int8_end() {}
   // Decode P V of an int8 cache with bf16_probabilities, where CPUID has VNNI:
   // P rounded to 16-bit integers (one step per row and 32 keys) on vpdpwssd
   // (few_rows_vnni.hpp). The avx512bf16 rung's take hides this (vdpbf16ps

@@ -25,6 +25,10 @@ namespace tileattn::detail {
 // 2147418112).
 constexpr int32_t kQ16Max(int64_t d) { return d <= 512 ? 32767 : 16383; }
 
+// int16s per rounded query row as the main loop keeps them (its scratch's
+// q16, core/scheduler.cpp): d rounded up to whole 32-element loads.
+constexpr int64_t q16_row_stride(int64_t d) { return (d + 31) / 32 * 32; }
+
 // Rows [0, m) of q (row stride ldq, d elements) rounded to q16 (row r at
 // q16 + r * ldq16, zero from d up to d rounded up to 32) and steps[r *
 // step_stride]. false when a row is not finite (the caller then takes the

@@ -31,8 +31,8 @@ static inline __mmask16 tail_mask(int64_t n) {
 }
 
 // max |x[0, n)| into max_abs; false when an element is NaN or infinite (then
-// max_abs is not set). The query splits of the integer decode scores (AMX-INT8
-// tiles, amx_kernels.hpp; VNNI, few_rows_vnni.cpp) take their steps from it.
+// max_abs is not set). The query split of the integer decode scores (VNNI,
+// few_rows_vnni.cpp) takes its steps from it.
 static inline bool max_abs_if_finite(const float* x, int64_t n, float& max_abs) {
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
   const __m512 largest = _mm512_set1_ps(3.4028235e38f);
