@@ -128,8 +128,8 @@ def test_bf16_probabilities_on_quantized_caches(cache_dtype):
     # on avx512bf16 with AVX512-VBMI it rounds P (times each key's V scale) to bf16, so the output
     # moves, by at most 2^-8 max|V| (dequantized) plus both outputs' bf16 rounding; an int8 cache
     # on the avx512 / avx512bf16 rungs with AVX512-VNNI takes vpdpwssd products with Q and P
-    # rounded to 16-bit integers, within the same bound; elsewhere (other rungs, or the amx rung's
-    # few-rows products) it changes nothing.
+    # rounded to 16-bit integers (on amx the scores only, Q so rounded), within the same bound;
+    # elsewhere (other rungs, or the amx rung's few-rows P V of an fp8 cache) it changes nothing.
     gen = torch.Generator().manual_seed(5)
     b, h, hk, d, n = 1, 8, 2, 128, 300
     k = torch.randn(b, hk, n, d, generator=gen, dtype=torch.bfloat16)
@@ -152,7 +152,8 @@ def test_bf16_probabilities_on_quantized_caches(cache_dtype):
     exact, rounded = (o.double() for o in outs)
     info = tileattn.info()
     dot = info["bf16_isa"] == "avx512bf16" and info["isa"] == "avx512bf16" and info["avx512_vbmi"]
-    vnni = cache_dtype == torch.int8 and info["bf16_isa"] in ("avx512", "avx512bf16") and info["avx512_vnni"]
+    vnni = (cache_dtype == torch.int8 and info["bf16_isa"] in ("avx512", "avx512bf16", "amx")
+            and info["avx512_vnni"])
     diff = (rounded - exact).abs().max().item()
     if dot or vnni:
         assert diff > 0, "set_bf16_probabilities changed nothing"
