@@ -199,7 +199,8 @@ TEST(ioNpy, WritesAtomicallyAndStagedFilesVanishUnlessCommitted) {
 bool have_numpy() { return tileattn::testing::run_python("import numpy") == 0; }
 
 TEST(ioNpy, InteroperatesWithNumpy) {
-  ASSERT_TRUE(have_numpy()) << TILEATTN_TEST_PYTHON " with numpy is required for this test (scripts/setup.sh installs it)";
+  ASSERT_TRUE(have_numpy()) << tileattn::testing::test_python()
+                            << " with numpy is required for this test (scripts/setup.sh installs it)";
   const std::string dir = temp_path("numpy_");
   const std::string script =
       "import numpy as np; p='" + dir + "';"
