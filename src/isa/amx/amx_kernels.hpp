@@ -190,7 +190,6 @@ struct AmxKernels : Bf16DotKernels {
   // of the FMA P V with an fp8 cache and 1.05x with a bf16 one; an int8
   // cache's VNNI P V was even with the FMA one (docs/inference.md).
   static bool few_rows_dot_probabilities_take(DType /*value_type*/) { return false; }
-  static bool few_rows_dot_accumulate_prefetches_k(DType /*value_type*/) { return false; }
   // bf16_kernels.hpp's Bf16DotKernels::bf16_gemm on tiles; k a multiple of 32.
   static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                         const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
