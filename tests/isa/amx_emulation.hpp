@@ -1,5 +1,5 @@
 // A portable model of the AMX tile instructions that src/isa/amx/amx_kernels.hpp
-// uses (_tile_loadconfig, _tile_loadd, _tile_stored, _tile_zero,
+// uses (_tile_loadconfig, _tile_loadd, _tile_stream_loadd, _tile_stored, _tile_zero,
 // _tile_dpbf16ps, _tile_release), so that its kernels and the main loop on
 // them run on CPUs without AMX.
 //
@@ -124,6 +124,9 @@ inline void _tile_loadd(int tile, const void* base, int64_t stride) {
   for (int r = 0; r < s.rows[tile]; ++r)
     std::memcpy(s.data[tile][r], static_cast<const char*>(base) + r * stride, s.bytes_per_row[tile]);
 }
+
+// TILELOADDT1: the same load with a hint that the data is not reused soon.
+inline void _tile_stream_loadd(int tile, const void* base, int64_t stride) { _tile_loadd(tile, base, stride); }
 
 inline void _tile_stored(int tile, void* base, int64_t stride) {
   checked_tile(tile, "_tile_stored without a tile configuration (#UD)");

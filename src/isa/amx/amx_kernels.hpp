@@ -55,8 +55,18 @@ static inline void amx_block_step(int64_t k, const uint16_t* a, const uint16_t* 
   const auto b_of = [&](int64_t t) { return b + t / kParts * 32 * 16; };
   const auto load_a0 = [&](int64_t t) { _tile_loadd(4, a_of(t), a_stride); };
   const auto load_a1 = [&](int64_t t) { _tile_loadd(5, a_of(t) + 16 * lda, a_stride); };
-  const auto load_b0 = [&](int64_t t) { _tile_loadd(6, b_of(t), 64); };
-  const auto load_b1 = [&](int64_t t) { _tile_loadd(7, b_of(t) + b_panel, 64); };
+  // B (the packed K or V tile, 64 KiB at 256 keys x D 128) by TILELOADDT1,
+  // the load that hints its lines are not reused soon: the tile is read once
+  // per 32-row band from L2 anyway, and kept out of L1 it leaves L1 to the
+  // band's S, P and O rows, whose tile stores otherwise wait for their lines
+  // to come back from L2. Measured (AMX Xeon model 167, bf16, 2 threads,
+  // alternating, 3 rounds): H8 N4096 D128 0.95-0.98 of the time, causal
+  // 0.95-0.98, causal GQA 32/8 N2048 0.90-0.98, H16 N4096 D64 0.97-1.0, the
+  // backward (1 thread) even; a micro-benchmark of a band's Q K^T blocks
+  // 19.2 against 24.9 TSC ticks per tdpbf16ps. The A operands (Q, P hi/lo,
+  // reused across a band's column blocks) streamed too took 1.02-1.07x.
+  const auto load_b0 = [&](int64_t t) { _tile_stream_loadd(6, b_of(t), 64); };
+  const auto load_b1 = [&](int64_t t) { _tile_stream_loadd(7, b_of(t) + b_panel, 64); };
   if (s == 0) {
     if (accumulate) {
       _tile_loadd(0, c, c_stride);
