@@ -21,6 +21,10 @@ struct Bf16Block {
   int64_t k;
   int cols;  // 16 or 32
   bool accumulate;
+  // Elements from one 32-k step of A (and of A_lo) to the next: 32 where A's
+  // rows are contiguous, 64 where A and A_lo interleave 32-element pieces in
+  // one row (P written in place over the scores, mainloop.hpp).
+  int64_t a_step = 32;
 };
 
 }  // namespace tileattn::detail

@@ -136,7 +136,20 @@ class Bf16Operands {
         k_tile_(reinterpret_cast<uint16_t*>(scratch + l.k_tile)),
         v_tile_(reinterpret_cast<uint16_t*>(scratch + l.v_tile)),
         p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_hi)),
-        p_lo_(p.args.bf16_probabilities ? nullptr : reinterpret_cast<uint16_t*>(scratch + l.p_lo)) {}
+        p_lo_(p.args.bf16_probabilities ? nullptr : reinterpret_cast<uint16_t*>(scratch + l.p_lo)),
+        s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
+    // P from the exponentials in place over the scores (AMX, hi + lo): each
+    // 32-column piece's 128 bytes of S become its 32 hi words then its 32 lo
+    // words (a_step 64), so a band's S and P take 32 KiB of L1 instead of 64,
+    // and the tile stores of the next band's scores, which wait for S lines
+    // that are not in L1 (docs/architecture.md), find more of them there.
+    // Measured (AMX Xeon model 167, bf16, 2 threads, alternating, 3 rounds):
+    // H8 N4096 D128 0.94-0.97 of the time, causal 0.85-0.87, H16 N4096 D64
+    // 0.95. The separate P rows stay for P from elsewhere (dropout scales an
+    // fp32 P), P as hi alone, and key tiles that are not whole 32-key pieces.
+    if constexpr (requires { K::kAsyncProducts; })
+      p_in_place_ = p_lo_ != nullptr && kv_pad_ == bf16_kv_pad_;
+  }
 
   void begin_item() { K::bf16_begin(); }
   void end_item() { K::bf16_end(); }
@@ -195,7 +208,7 @@ class Bf16Operands {
 
   // P = exp2(S * scale - row_max) (scale 1: S - row_max) of `rows` rows of the
   // step's scores (s: its row r0), as the bf16 hi + lo rows accumulate reads;
-  // sums: their fp32 sums. S is left as it is.
+  // sums: their fp32 sums. S is left as it is, or becomes P (p_in_place_).
   // The queued tile blocks run one 32-k step (four tdpbf16ps, two in a
   // 16-column block) at a time,
   // spread evenly between the exponentials' 32-column pieces, so that the
@@ -206,7 +219,7 @@ class Bf16Operands {
   // micro-benchmark of four tdpbf16ps against exponential-like vector work
   // ran 0.78x the time of 64-product chunks with one step per chunk, and
   // 1.1x with 8 or 16 products per chunk (docs/architecture.md).
-  void exponentials(const float* s, int64_t lds, int64_t r0, int64_t rows, int64_t n, float scale,
+  void exponentials(float* s, int64_t lds, int64_t r0, int64_t rows, int64_t n, float scale,
                     const float* row_max, float* sums) {
     const int64_t k = round_up(n, kBf16PairBlock);
     // Pieces of 32 columns of one row (tick's unit) and the steps left.
@@ -226,8 +239,13 @@ class Bf16Operands {
     // Xeon model 167, H8 N4096 D128, 2 threads, medians of 7: four rows 60.2
     // ms against two 56.4, two 63.6 against one 61.7); avx512bf16 took them
     // one at a time before the ticks too (four interleaved there is unmeasured).
+    if (p_in_place_) {
+      uint16_t* hi = reinterpret_cast<uint16_t*>(s);  // the scores' own rows
+      K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, hi, hi + 32, 2 * lds, 64, tick);
+      return;
+    }
     K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
-                       p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, tick);
+                       p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, 32, tick);
   }
 
   // Runs the queued blocks' steps that have not run yet.
@@ -237,6 +255,7 @@ class Bf16Operands {
   }
   // Row r of P is zero (a NaN row or a row with no visible key yet).
   void clear_p_row(int64_t r) {
+    if (p_in_place_) return std::memset(s_tile_ + r * kv_pad_, 0, sizeof(float) * kv_pad_), void();
     std::memset(p_hi_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
     if (p_lo_) std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
   }
@@ -246,6 +265,16 @@ class Bf16Operands {
   void accumulate(int64_t m, int64_t n, const float* p, int64_t ldp, float* acc, RowPrefetch* prefetch,
                   bool p_in_operands, int64_t t0) {
     const int64_t dp = p_.v_head_dim_padded, k = round_up(n, kBf16PairBlock);
+    if constexpr (requires { K::kAsyncProducts; }) {
+      if (p_in_place_ && p_in_operands) {
+        uint16_t* hi = reinterpret_cast<uint16_t*>(s_tile_ + t0 * kv_pad_);
+        if (queue_blocks(m, dp, k, hi, hi + 32, 2 * kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
+                         prefetch, 64))
+          return;
+        return K::bf16_gemm(m, dp, k, hi, hi + 32, 2 * kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
+                            prefetch, 64);
+      }
+    }
     uint16_t* hi = p_hi_ + t0 * bf16_kv_pad_;
     uint16_t* lo = p_lo_ ? p_lo_ + t0 * bf16_kv_pad_ : nullptr;
     if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, hi, lo, bf16_kv_pad_);
@@ -263,17 +292,17 @@ class Bf16Operands {
   // caller runs it now.
   bool queue_blocks(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                     const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
-                    RowPrefetch* prefetch) {
+                    RowPrefetch* prefetch, int64_t a_step = 32) {
     if constexpr (requires { K::kAsyncProducts; }) {
       if (m != kBlockRows || queued_ + (n + 31) / 32 > kMaxQueued) return false;
       for (int64_t j = 0; j < n; j += 32)
         queue_[queued_++] = Bf16Block{a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, k,
-                                      int(min64(32, n - j)), accumulate};
+                                      int(min64(32, n - j)), accumulate, a_step};
       paced_ = prefetch;  // run_queued_step() asks for its share after each block
       return true;
     }
     (void)m, (void)n, (void)k, (void)a, (void)a_lo, (void)lda, (void)b, (void)b_panel, (void)c, (void)ldc;
-    (void)accumulate, (void)prefetch;
+    (void)accumulate, (void)prefetch, (void)a_step;
     return false;
   }
 
@@ -303,6 +332,9 @@ class Bf16Operands {
   uint16_t* v_tile_;  // Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
   uint16_t* p_hi_;    // (stacked rows + 16, bf16_kv_pad)
   uint16_t* p_lo_;    // as p_hi_; null: P is hi alone (ForwardArgs::bf16_probabilities)
+  float* s_tile_;     // the main loop's score tile (stacked rows + 16, kv_pad)
+  int64_t kv_pad_;
+  bool p_in_place_ = false;  // the exponentials' P over S (constructor)
 };
 
 template <class K, class Operands>

@@ -77,7 +77,9 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   // k_tile instead: it always holds at least 8 x kv_pad floats.
   l.k_tile = take(bf16 ? bf16_floats(l.kv_pad * l.bf16_k) : dp * l.kv_pad);
   l.v_tile = take(bf16 ? bf16_floats(l.bf16_kv_pad * dvp) : l.kv_pad * dvp);
-  l.s_tile = take(score_tile_rows(p) * l.kv_pad);
+  // bf16: 16 slack rows, for AMX's P V, which may read P from S's own rows
+  // (mainloop.hpp's Bf16Operands) in whole 16-row tiles.
+  l.s_tile = take((score_tile_rows(p) + (bf16 ? kSlackRows : 0)) * l.kv_pad);
   l.p_hi = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.p_lo = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));

@@ -46,12 +46,12 @@ namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 template <int RT, int CT, bool kLo>
 static inline void amx_block_step(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                                   const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
-                                  int64_t s) {
+                                  int64_t s, int64_t a_step = 32) {
   const int64_t a_stride = lda * 2, c_stride = ldc * 4;
   constexpr int64_t kParts = kLo ? 2 : 1;
   const int64_t steps = k / 32 * kParts;
   // Step s: k offset 32 * (s / kParts), A for s % kParts == 0, else A_lo.
-  const auto a_of = [&](int64_t t) { return (kLo && t % kParts ? a_lo : a) + t / kParts * 32; };
+  const auto a_of = [&](int64_t t) { return (kLo && t % kParts ? a_lo : a) + t / kParts * a_step; };
   const auto b_of = [&](int64_t t) { return b + t / kParts * 32 * 16; };
   const auto load_a0 = [&](int64_t t) { _tile_loadd(4, a_of(t), a_stride); };
   const auto load_a1 = [&](int64_t t) { _tile_loadd(5, a_of(t) + 16 * lda, a_stride); };
@@ -118,35 +118,37 @@ static inline void amx_block_step(int64_t k, const uint16_t* a, const uint16_t* 
 // The whole block: every step of amx_block_step.
 template <int RT, int CT, bool kLo>
 static inline void amx_block(int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda, const uint16_t* b,
-                             int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+                             int64_t b_panel, float* c, int64_t ldc, bool accumulate, int64_t a_step) {
   const int64_t steps = k / 32 * (kLo ? 2 : 1);
-  for (int64_t s = 0; s < steps; ++s) amx_block_step<RT, CT, kLo>(k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, s);
+  for (int64_t s = 0; s < steps; ++s)
+    amx_block_step<RT, CT, kLo>(k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, s, a_step);
 }
 
 // One band of rows (RT row tiles) across every column panel.
 template <int RT, bool kLo>
 static inline void amx_rows(int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
-                            const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
+                            const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
+                            int64_t a_step) {
   int64_t j = 0;
   for (; j + 32 <= n; j += 32)
-    amx_block<RT, 2, kLo>(k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate);
-  if (j < n) amx_block<RT, 1, kLo>(k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate);
+    amx_block<RT, 2, kLo>(k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate, a_step);
+  if (j < n) amx_block<RT, 1, kLo>(k, a, a_lo, lda, b + j / 16 * b_panel, b_panel, c + j, ldc, accumulate, a_step);
 }
 
 template <bool kLo>
 static inline void amx_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                             const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
-                            RowPrefetch* prefetch) {
+                            RowPrefetch* prefetch, int64_t a_step) {
   constexpr int64_t kPrefetchLinesPerBand = 16;
   int64_t i = 0;
   for (; i + 32 <= m; i += 32) {
     amx_rows<2, kLo>(n, k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b, b_panel, c + i * ldc, ldc,
-                     accumulate);
+                     accumulate, a_step);
     if (prefetch) prefetch->issue(kPrefetchLinesPerBand);
   }
   if (i + 16 <= m) {
     amx_rows<1, kLo>(n, k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b, b_panel, c + i * ldc, ldc,
-                     accumulate);
+                     accumulate, a_step);
     i += 16;
   }
   if (i == m) return;
@@ -161,7 +163,7 @@ static inline void amx_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, 
       _mm512_store_ps(block + r * 16, accumulate && r < rows ? _mm512_loadu_ps(c + (i + r) * ldc + j)
                                                              : _mm512_setzero_ps());
     amx_block<1, 1, kLo>(k, a + i * lda, kLo ? a_lo + i * lda : nullptr, lda, b + j / 16 * b_panel, b_panel, block,
-                         16, accumulate);
+                         16, accumulate, a_step);
     for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(c + (i + r) * ldc + j, _mm512_load_ps(block + r * 16));
   }
 }
@@ -181,11 +183,11 @@ struct AmxKernels : Bf16DotKernels {
   // in order, with no other tile code between them.
   static void bf16_block_step(const Bf16Block& j, int64_t s) {
     if (j.a_lo) {
-      if (j.cols == 32) amx_block_step<2, 2, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
-      else amx_block_step<2, 1, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
+      if (j.cols == 32) amx_block_step<2, 2, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s, j.a_step);
+      else amx_block_step<2, 1, true>(j.k, j.a, j.a_lo, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s, j.a_step);
     } else {
-      if (j.cols == 32) amx_block_step<2, 2, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
-      else amx_block_step<2, 1, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s);
+      if (j.cols == 32) amx_block_step<2, 2, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s, j.a_step);
+      else amx_block_step<2, 1, false>(j.k, j.a, nullptr, j.lda, j.b, j.b_panel, j.c, j.ldc, j.accumulate, s, j.a_step);
     }
   }
   // A work item's products run between these: the tile configuration is
@@ -201,11 +203,12 @@ struct AmxKernels : Bf16DotKernels {
   // cache's VNNI P V was even with the FMA one (docs/inference.md).
   static bool few_rows_dot_probabilities_take(DType /*value_type*/) { return false; }
   // bf16_kernels.hpp's Bf16DotKernels::bf16_gemm on tiles; k a multiple of 32.
+  // a_step: as Bf16Block's (64: A and A_lo interleaved by 32-element pieces).
   static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                         const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate,
-                        RowPrefetch* prefetch = nullptr) {
-    if (a_lo) amx_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch);
-    else amx_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch);
+                        RowPrefetch* prefetch = nullptr, int64_t a_step = 32) {
+    if (a_lo) amx_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch, a_step);
+    else amx_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch, a_step);
   }
 };
 

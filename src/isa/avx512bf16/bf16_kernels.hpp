@@ -161,9 +161,13 @@ struct Bf16Packing {
 
   // exp2_split_group over `rows` rows, one at a time (scale 1: unscaled; lo
   // null: hi alone); tick(1) after each 32 columns of a row.
+  // step: elements of a hi / lo row from one 32-column piece to the next (32:
+  // contiguous rows; 64: hi and lo interleaved by pieces in one row, which may
+  // be the scores' own row: piece c's 128 bytes are written after they are read).
   template <class Tick>
   static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
-                              const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16, Tick&& tick);
+                              const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
+                              int64_t step, Tick&& tick);
 };
 
 // The softmax's exponentials of one row group, written straight into the
@@ -177,7 +181,7 @@ struct Bf16Packing {
 template <int G, bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64_t k, float scale,
                                     const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
-                                    Tick& tick) {
+                                    int64_t step, Tick& tick) {
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i high_words = high_word_index();
   __m512 sv[G], sum[G];
@@ -194,13 +198,14 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       const __m512 a1 = kScaled ? _mm512_fmsub_ps(v1, scale_v, sv[g]) : _mm512_sub_ps(v1, sv[g]);
       const __m512 e0 = exp2_masked_ps(a0, m0), e1 = exp2_masked_ps(a1, m1);
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
+      const int64_t at = g * ld16 + c / 32 * step;
       if constexpr (!kLo) {
-        _mm512_storeu_si512(hi + g * ld16 + c, bf16_bits(_mm512_cvtne2ps_pbh(e1, e0)));  // e0's words, then e1's
+        _mm512_storeu_si512(hi + at, bf16_bits(_mm512_cvtne2ps_pbh(e1, e0)));  // e0's words, then e1's
       } else {
         __m512i h, l;
         split_hi_lo(e0, e1, high_words, h, l);
-        _mm512_storeu_si512(hi + g * ld16 + c, h);
-        _mm512_storeu_si512(lo + g * ld16 + c, l);
+        _mm512_storeu_si512(hi + at, h);
+        _mm512_storeu_si512(lo + at, l);
       }
     }
     tick(G);
@@ -211,22 +216,22 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
 template <bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_rows_of(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                                       const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
-                                      Tick& tick) {
+                                      int64_t step, Tick& tick) {
   for (int64_t r = 0; r < rows; ++r)
     exp2_split_group<1, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
-                                      kLo ? lo + r * ld16 : nullptr, ld16, tick);
+                                      kLo ? lo + r * ld16 : nullptr, ld16, step, tick);
 }
 
 template <class Tick>
 inline void Bf16Packing::exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k,
                                          float scale, const float* sub, float* sums, uint16_t* hi, uint16_t* lo,
-                                         int64_t ld16, Tick&& tick) {
+                                         int64_t ld16, int64_t step, Tick&& tick) {
   if (scale != 1.0f) {
-    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, tick);
-    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, tick);
+    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, step, tick);
+    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, step, tick);
   } else {
-    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, tick);
-    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, tick);
+    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, step, tick);
+    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, step, tick);
   }
 }
 
