@@ -143,10 +143,12 @@ class Bf16Operands {
     // words (a_step 64), so a band's S and P take 32 KiB of L1 instead of 64,
     // and the tile stores of the next band's scores, which wait for S lines
     // that are not in L1 (docs/architecture.md), find more of them there.
-    // Measured (AMX Xeon model 167, bf16, 2 threads, alternating, 3 rounds):
-    // H8 N4096 D128 0.94-0.97 of the time, causal 0.85-0.87, H16 N4096 D64
-    // 0.95. The separate P rows stay for P from elsewhere (dropout scales an
-    // fp32 P), P as hi alone, and key tiles that are not whole 32-key pieces.
+    // Measured (AMX Xeon model 167, bf16, 2 threads, the builds before and
+    // after alternating, 4 rounds): H8 N4096 D128 0.97-1.0 of the time
+    // (medians 63.4 against 65.4 ms), causal 0.97-0.98 (one round 0.82),
+    // H16 N4096 D64 0.98-1.0, causal GQA 32/8 N2048 even. The separate P
+    // rows stay for P from elsewhere (dropout scales an fp32 P), P as hi
+    // alone, and key tiles that are not whole 32-key pieces.
     if constexpr (requires { K::kAsyncProducts; })
       p_in_place_ = p_lo_ != nullptr && kv_pad_ == bf16_kv_pad_;
   }
