@@ -178,6 +178,9 @@ class Bf16Operands {
         queue_blocks(m, n_pad, bf16_k_, q_tile_ + s0 * bf16_k_, nullptr, bf16_k_, k_tile_, kPanelWidth * bf16_k_,
                      s, lds, false, prefetch))
       return;
+    // The queued P V of the band two before reads the rows these scores
+    // overwrite (the main loop's two sets of band rows): it runs first.
+    finish_products();
     K::bf16_gemm(m, n_pad, bf16_k_, q_tile_ + s0 * bf16_k_, nullptr, bf16_k_, k_tile_, kPanelWidth * bf16_k_,
                  s, lds, false, prefetch);
     if (deferred_scale() == 1.0f)
@@ -543,17 +546,25 @@ class ForwardMainloop {
           // softmax of the band between them; others run where they are called.
           const int64_t band_rows = band_rows_of(m);
           const auto keys_of_band = [&](int64_t b0) { return band_keys(s0 + b0, min64(band_rows, m - b0), m); };
+          // The score (and P) rows of band b: two sets of band_rows rows taken
+          // in turn. Band b + 1's scores reuse band b - 1's rows, which that
+          // band's P V (queued before them, and run in queue order) has read,
+          // and find them in L1 where a set of rows per band found them in
+          // L2 (the tile stores wait for their lines; docs/architecture.md).
+          const auto rows_of_band = [&](int64_t b0) { return b0 / band_rows % 2 * band_rows; };
           int64_t nb = keys_of_band(0);
           scores(s0, band_rows, nb, round_up(nb, kPanelWidth), 0);
           operands_.finish_products();
           for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
             const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0), b1 = b0 + band_rows;
-            if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, nb, band_partial, b0);
+            const int64_t t0 = rows_of_band(b0);
+            if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, nb, band_partial, t0);
             const int64_t nb_next = b1 < m ? keys_of_band(b1) : 0;
-            if (b1 < m) scores(s0 + b1, min64(band_rows, m - b1), nb_next, round_up(nb_next, kPanelWidth), b1);
-            online_softmax(w, sb, mb, nb, j_begin, b0);
+            if (b1 < m)
+              scores(s0 + b1, min64(band_rows, m - b1), nb_next, round_up(nb_next, kPanelWidth), rows_of_band(b1));
+            online_softmax(w, sb, mb, nb, j_begin, t0);
             operands_.finish_products();  // the next band's scores, the last band's P V
-            accumulate(sb, mb, nb, b0);
+            accumulate(sb, mb, nb, t0);
             nb = nb_next;
           }
           operands_.finish_products();
