@@ -551,6 +551,10 @@ class ForwardMainloop {
           // band's P V (queued before them, and run in queue order) has read,
           // and find them in L1 where a set of rows per band found them in
           // L2 (the tile stores wait for their lines; docs/architecture.md).
+          // Measured (AMX Xeon model 167, bf16, 2 threads, the builds before
+          // and after alternating, 5 rounds, a loaded host): H8 N4096 D128
+          // 0.92-0.99 of the time (median 0.98), causal 0.89-0.98 (0.96),
+          // H16 N4096 D64 0.89-1.0 (0.98).
           const auto rows_of_band = [&](int64_t b0) { return b0 / band_rows % 2 * band_rows; };
           int64_t nb = keys_of_band(0);
           scores(s0, band_rows, nb, round_up(nb, kPanelWidth), 0);
