@@ -246,7 +246,8 @@ class Bf16Operands {
     // one at a time before the ticks too (four interleaved there is unmeasured).
     if (p_in_place_) {
       uint16_t* hi = reinterpret_cast<uint16_t*>(s);  // the scores' own rows
-      K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, hi, hi + 32, 2 * lds, 64, tick);
+      K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, hi, hi + kInPlaceLo, 2 * lds, kInPlaceStep,
+                         tick);
       return;
     }
     K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
@@ -272,12 +273,12 @@ class Bf16Operands {
     const int64_t dp = p_.v_head_dim_padded, k = round_up(n, kBf16PairBlock);
     if constexpr (requires { K::kAsyncProducts; }) {
       if (p_in_place_ && p_in_operands) {
-        uint16_t* hi = reinterpret_cast<uint16_t*>(s_tile_ + t0 * kv_pad_);
-        if (queue_blocks(m, dp, k, hi, hi + 32, 2 * kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
-                         prefetch, 64))
+        const uint16_t* hi = reinterpret_cast<const uint16_t*>(s_tile_ + t0 * kv_pad_);
+        if (queue_blocks(m, dp, k, hi, hi + kInPlaceLo, 2 * kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp,
+                         true, prefetch, kInPlaceStep))
           return;
-        return K::bf16_gemm(m, dp, k, hi, hi + 32, 2 * kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
-                            prefetch, 64);
+        return K::bf16_gemm(m, dp, k, hi, hi + kInPlaceLo, 2 * kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc,
+                            dp, true, prefetch, kInPlaceStep);
       }
     }
     uint16_t* hi = p_hi_ + t0 * bf16_kv_pad_;
@@ -290,6 +291,9 @@ class Bf16Operands {
 
  private:
   static constexpr int kMaxQueued = 64;
+  // P in place over S (p_in_place_): in a row of 2 kv_pad bf16 elements, the
+  // 32-column piece c holds hi at 64 (c / 32), lo 32 elements after it.
+  static constexpr int64_t kInPlaceLo = 32, kInPlaceStep = 64;
 
   // Queues C (m, n) (+)= A B [+ A_lo B] as blocks of 32 rows by up to 32
   // columns, when the tile products run asynchronously to the vector units
@@ -541,7 +545,8 @@ class ForwardMainloop {
           const int64_t s0 = group_start(g0), m = group_rows(g0);
           if (m == 0) continue;
           // Band b's scores are queued before band b - 1's softmax, and its
-          // P V after it, each band in its own rows of the score and P tiles:
+          // P V after it, each band in rows of the score and P tiles that the
+          // band two before has finished with (rows_of_band, below):
           // tile products that run asynchronously (AMX) then overlap the
           // softmax of the band between them; others run where they are called.
           const int64_t band_rows = band_rows_of(m);

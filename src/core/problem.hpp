@@ -221,7 +221,7 @@ struct ForwardScratchLayout {
                               // (kv_pad / 16 panels of (bf16_k / 2, 16, 2)) bf16
   int64_t v_tile = 0;         // fp32: V (kv_pad, Dv_pad) panel-major; bf16_dot: V pairs
                               // (Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)) bf16
-  int64_t s_tile = 0;         // (stacked rows, kv_pad) fp32: scores, then P
+  int64_t s_tile = 0;         // (stacked rows [+ 16 for bf16], kv_pad) fp32: scores, then P
   int64_t p_hi = 0;           // bf16_dot: P as bf16 hi, (stacked rows + 16, bf16_kv_pad)
   int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape
   int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)

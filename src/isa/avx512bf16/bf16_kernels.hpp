@@ -174,8 +174,9 @@ struct Bf16Packing {
 // bf16 hi + lo form P V reads (bf16_split_rows' rounding): rows g of s (fp32,
 // row stride ld) become P = exp2(s * scale - sub[g]) (kScaled; else s -
 // sub[g]) in hi / lo rows of k elements (row stride ld16, zero past n), and
-// sums[g] their fp32 sum, added in exp2_sum_rows' lane order. The scores
-// stay as they are: no fp32 P is stored and read back. kLo false: hi alone
+// sums[g] their fp32 sum, added in exp2_sum_rows' lane order. No fp32 P is
+// stored and read back; the scores stay as they are unless hi / lo are their
+// own rows (step 64, the amx rung). kLo false: hi alone
 // (ForwardArgs::bf16_probabilities). tick(G) after each 32 columns: the
 // caller's work to interleave (queued tile steps on AMX).
 template <int G, bool kScaled, bool kLo, class Tick>
