@@ -56,6 +56,9 @@ static inline bool max_abs_if_finite(const float* x, int64_t n, float& max_abs) 
 // (not-less-than, unordered true: NaN passes) for the masked scalef to
 // write the zeros. The same bits as clamping both ends, zeroing the tiny
 // lanes and then the lanes outside `keep` (15 instructions).
+// kDegree5: the degree-5 polynomial (exp2_poly::kD*), for P that its products
+// keep to 2^-16 at best (bf16 hi + lo); 11 instructions.
+template <bool kDegree5 = false>
 static inline __m512 exp2_masked_ps(__m512 x, __mmask16 keep) {
   using namespace exp2_poly;
   const __m512 clamped = _mm512_min_ps(_mm512_set1_ps(kMaxInput), x);
@@ -65,12 +68,19 @@ static inline __m512 exp2_masked_ps(__m512 x, __mmask16 keep) {
   // AMX Xeon model 167), where the tile unit also takes port 0.
   const __m512 f = _mm512_reduce_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 n = _mm512_sub_ps(clamped, f);
-  __m512 poly = _mm512_set1_ps(kC6);
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC5));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC4));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC3));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC2));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC1));
+  __m512 poly;
+  if constexpr (kDegree5) {
+    poly = _mm512_fmadd_ps(_mm512_set1_ps(kD5), f, _mm512_set1_ps(kD4));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kD3));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kD2));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kD1));
+  } else {
+    poly = _mm512_fmadd_ps(_mm512_set1_ps(kC6), f, _mm512_set1_ps(kC5));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC4));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC3));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC2));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kC1));
+  }
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
   const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, x, _mm512_set1_ps(kMinInput), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(normal, poly, n);
