@@ -266,23 +266,37 @@ struct Kernels : DecodeKernels {  // few-rows products: isa/avx512/few_rows_kern
     for (; r < rows; ++r) exp2_sum_group<1, true>(s + r * ld, ld, n, sub + r, sums + r, scale);
   }
 
+  // Rows g: out[g] = max of s[g][0, n), NaN if one is NaN (row_max's result).
+  // Whole vectors take their loads inside vmaxps; NaN is watched for by a
+  // sum of the scores (NaN sticks to it), one add per vector instead of a
+  // compare, a mask move and an or: a sum that ends NaN (a NaN score, or +inf
+  // meeting -inf, directly or by overflow) has the row scanned again by
+  // row_max, whose compare decides.
   template <int G>
   static inline void row_max_group(const float* s, int64_t ld, int64_t n, float* out) {
-    __m512 m[G];
-    __mmask16 nan[G];
+    __m512 m[G], seen[G];
     for (int g = 0; g < G; ++g) {
       m[g] = _mm512_set1_ps(-__builtin_inff());
-      nan[g] = 0;
+      seen[g] = _mm512_setzero_ps();
     }
-    for (int64_t j = 0; j < n; j += 16) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int g = 0; g < G; ++g) {
+        const __m512 v = _mm512_loadu_ps(s + g * ld + j);
+        m[g] = _mm512_max_ps(v, m[g]);
+        seen[g] = _mm512_add_ps(seen[g], v);
+      }
+    if (j < n) {
       const __mmask16 mask = tail_mask(n - j);
       for (int g = 0; g < G; ++g) {
         const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()), mask, s + g * ld + j);
         m[g] = _mm512_max_ps(v, m[g]);
-        nan[g] = static_cast<__mmask16>(nan[g] | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+        seen[g] = _mm512_add_ps(seen[g], _mm512_maskz_mov_ps(mask, v));
       }
     }
-    for (int g = 0; g < G; ++g) out[g] = nan[g] ? __builtin_nanf("") : _mm512_reduce_max_ps(m[g]);
+    for (int g = 0; g < G; ++g)
+      out[g] = _mm512_cmp_ps_mask(seen[g], seen[g], _CMP_UNORD_Q) ? row_max(s + g * ld, n)
+                                                                    : _mm512_reduce_max_ps(m[g]);
   }
 
   template <int G, bool kScaled = false>
