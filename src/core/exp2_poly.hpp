@@ -1,7 +1,8 @@
 // The exp2 approximation every path shares: split x = n + f with n integer and
 // |f| <= 1/2, 2^f from a degree-6 polynomial (least-squares fit on Chebyshev
 // nodes; max relative error 2.6e-9 before fp32 rounding, below fp32's 6e-8
-// half-ulp), 2^n by building the exponent bits.
+// half-ulp), 2^n by building the exponent bits. The bf16 products' softmax
+// takes the degree-5 polynomial below instead.
 #pragma once
 
 namespace tileattn::detail::exp2_poly {
