@@ -69,15 +69,20 @@ inline float round_to_integer(float x, int imm) {
   return std::copysign(r, x);  // -0.3 rounds to -0, as the hardware does
 }
 
-// VREDUCEPS with imm8[7:4] = 0: x - round_to_integer(x), the subtraction
-// rounded in the same mode (measured on the AMX Xeon, model 167: with
-// rounding down, -1e-40 gives the float just below 1, and an exact zero is
-// -0). Infinities give +0 in either mode, NaNs come back quieted.
+// VREDUCEPS: x - round_to_integer(x * 2^M) / 2^M with M = imm8[7:4] (the
+// fraction bits kept), the subtraction rounded in the same mode (measured on
+// the AMX Xeon, model 167: with rounding down, -1e-40 gives the float just
+// below 1, and an exact zero is -0). Infinities give +0 in either mode, NaNs
+// come back quieted. From |x| = 2^(23 - M) on, x is a multiple of 2^-M
+// (and x * 2^M could overflow): x is its own rounding.
 inline float reduce(float x, int imm) {
   if (is_nan(x)) return quiet(x);
   if (std::isinf(x)) return 0.0f;
   const int mode = (imm & 0x4) ? 0 : (imm & 0x3);
-  const double big = round_to_integer(x, imm);
+  const int m = (imm >> 4) & 0xf;
+  const double big = std::fabs(x) >= std::ldexp(1.0f, 23 - m)
+                         ? double(x)
+                         : std::ldexp(double(round_to_integer(std::ldexp(x, m), imm & 0x0f)), -m);
   // The exact v = x - big against r, its nearest float (x - big is exact in
   // float except for a tiny x rounded away from 0, where r is 0 or +-1):
   // v - r = x + u with u = -big - r exact in double, so comparing x with -u

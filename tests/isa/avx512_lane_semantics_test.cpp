@@ -169,6 +169,11 @@ TEST(Avx512LaneSemantics, ReduceMatchesVreduceps) {
   constexpr int kUp = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC, kZero = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
   compare_pairs(v, {0.0f}, hw_reduce<kUp>, [](float x, float) { return lane::reduce(x, kUp); }, "reduce");
   compare_pairs(v, {0.0f}, hw_reduce<kZero>, [](float x, float) { return lane::reduce(x, kZero); }, "reduce");
+  // Five fraction bits kept (the bf16 exponentials' table, exp2_table_masked_ps).
+  constexpr int kFifths = (5 << 4) | kNearest;
+  compare_pairs(v, {0.0f}, hw_reduce<kFifths>, [](float x, float) { return lane::reduce(x, kFifths); }, "reduce");
+  compare_pairs(v, {0.0f}, hw_reduce<(5 << 4) | kDown>,
+                [](float x, float) { return lane::reduce(x, (5 << 4) | kDown); }, "reduce");
 }
 
 template <int Predicate>

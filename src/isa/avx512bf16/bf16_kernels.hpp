@@ -197,7 +197,7 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
       const __m512 a0 = kScaled ? _mm512_fmsub_ps(v0, scale_v, sv[g]) : _mm512_sub_ps(v0, sv[g]);
       const __m512 a1 = kScaled ? _mm512_fmsub_ps(v1, scale_v, sv[g]) : _mm512_sub_ps(v1, sv[g]);
-      const __m512 e0 = exp2_masked_ps<true>(a0, m0), e1 = exp2_masked_ps<true>(a1, m1);
+      const __m512 e0 = exp2_table_masked_ps(a0, m0), e1 = exp2_table_masked_ps(a1, m1);
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
       const int64_t at = g * ld16 + c / 32 * step;
       if constexpr (!kLo) {
