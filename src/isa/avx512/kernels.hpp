@@ -88,23 +88,15 @@ static inline __m512 exp2_masked_ps(__m512 x, __mmask16 keep) {
 // tdpbf16ps and 48 independent FMAs took 43-48 TSC ticks, the FMAs alone
 // 26-28, the product alone 14-15; with 48 adds 32 against 24).
 static inline __m512 exp2_table_masked_ps(__m512 x, __mmask16 keep) {
-  alignas(64) static const float kTable[32] = {
-      1.0f,         1.0218971486541166f, 1.0442737824274138f, 1.0671404006768237f, 1.0905077326652577f,
-      1.1143867425958924f, 1.1387886347566916f, 1.1637248587775775f, 1.1892071150027210f, 1.2152473599804690f,
-      1.2418578120734840f, 1.2690509571917332f, 1.2968395546510096f, 1.3252366431597413f, 1.3542555469368927f,
-      1.3839098819638320f, 1.4142135623730951f, 1.4451808069770467f, 1.4768261459394993f, 1.5091644275934228f,
-      1.5422108254079407f, 1.5759808451078865f, 1.6104903319492543f, 1.6457554781539650f, 1.6817928305074290f,
-      1.7186192981224779f, 1.7562521603732995f, 1.7947090750031072f, 1.8340080864093424f, 1.8741676341102970f,
-      1.9152065613971474f, 1.9571441241754002f};
+  using namespace exp2_poly;
   const __m512 r = _mm512_reduce_ps(x, (5 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 xr = _mm512_sub_ps(x, r);  // k / 32, exact
   // k / 32 + 1.5 * 2^18 is exact and holds k mod 32 in its low 5 bits.
   const __m512i index = _mm512_castps_si512(_mm512_add_ps(xr, _mm512_set1_ps(393216.0f)));
   const __m512 t = _mm512_permutex2var_ps(_mm512_load_ps(kTable), index, _mm512_load_ps(kTable + 16));
-  const __m512 q = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_set1_ps(0.2402268946170807f), r,
-                                                 _mm512_set1_ps(0.6931573152542114f)), r);
+  const __m512 q = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_set1_ps(kTableC2), r, _mm512_set1_ps(kTableC1)), r);
   const __m512 e = _mm512_fmadd_ps(t, q, t);
-  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, x, _mm512_set1_ps(exp2_poly::kMinInput), _CMP_NLT_UQ);
+  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, x, _mm512_set1_ps(kMinInput), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(normal, e, xr);
 }
 
