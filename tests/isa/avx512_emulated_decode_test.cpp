@@ -318,6 +318,26 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
           }
 }
 
+// A bf16 cache on the emulated avx512bf16 and amx rungs: the decode scores
+// run on vdpbf16ps on avx512bf16 and on FMAs on amx (where one vdpbf16ps
+// holds both FMA ports for two cycles, amx_kernels.hpp); P V on FMAs on both.
+// The emulation's vdpbf16ps count shows which scores ran; both against the
+// float64 reference, split keys included.
+TEST_F(Avx512EmulatedDecode, Bf16CacheScoresOnDotProductsExceptOnTheAmxRung) {
+  for (Isa isa : {Isa::avx512bf16, Isa::amx})
+    for (const Stack& st : {Stack{4, 1}, Stack{3, 2}, Stack{8, 1}, Stack{1, 1}})
+      for (int64_t head_dim : {59, 128})
+        for (int64_t seqlen_k : {100, 1100}) {
+          CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
+          SCOPED_TRACE(data.c.name() + " bf16 cache on the emulated " + isa_name(isa) + " rung");
+          const int64_t before = emulated_bf16_dot_count();
+          ASSERT_TRUE(emulated_bf16_forward(data.args, isa));
+          EXPECT_EQ(emulated_bf16_dot_count() > before, isa == Isa::avx512bf16);
+          const Comparison cmp = compare_with_reference(data);
+          EXPECT_TRUE(cmp.ok()) << cmp.describe();
+        }
+}
+
 // bf16_probabilities on the emulated avx512bf16 rung: the few-rows P V of a
 // bf16 cache runs on vdpbf16ps with P rounded to bf16
 // (few_rows_dot::accumulate_bf16_probabilities; head dims 40, 48 and 59 end

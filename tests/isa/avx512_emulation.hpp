@@ -495,8 +495,11 @@ inline __m256i _mm512_extracti64x4_epi64(__m512i a, int imm) {
   return r;
 }
 // VDPBF16PS: lane i += a.bf16[2i+1] * b.bf16[2i+1], then += a.bf16[2i] * b.bf16[2i],
-// each step as bf16_dot_semantics::dot_step (measured bit-exact).
+// each step as bf16_dot_semantics::dot_step (measured bit-exact). Counted
+// (all threads) for the tests that check which decode scores ran.
+inline std::atomic<int64_t> bf16_dot_count{0};
 inline __m512 _mm512_dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
+  bf16_dot_count.fetch_add(1, std::memory_order_relaxed);
   using bf16_dot_semantics::dot_step;
   return per_lane([&](int i) {
     return dot_step(dot_step(src.f32[i], a.u16[2 * i + 1], b.u16[2 * i + 1]), a.u16[2 * i], b.u16[2 * i]);

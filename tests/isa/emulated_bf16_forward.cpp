@@ -43,6 +43,7 @@ bool emulated_bf16_forward(const ForwardArgs& args, Isa isa) {
 
 
 int64_t emulated_byte_permute_count() { return avx512_emulation::byte_permute_count.load(); }
+int64_t emulated_bf16_dot_count() { return avx512_emulation::bf16_dot_count.load(); }
 
 }  // namespace tileattn::testing
 

@@ -21,4 +21,8 @@ namespace tileattn::testing {
 // few_rows_dot.hpp).
 int64_t emulated_byte_permute_count();
 
+// vdpbf16ps instructions the AVX-512 emulation has run so far, all threads
+// (the avx512bf16 rung's packed products and its bf16 decode scores).
+int64_t emulated_bf16_dot_count();
+
 }  // namespace tileattn::testing

@@ -202,6 +202,12 @@ struct AmxKernels : Bf16DotKernels {
   // of the FMA P V with an fp8 cache and 1.05x with a bf16 one; an int8
   // cache's VNNI P V was even with the FMA one (docs/inference.md).
   static bool few_rows_dot_probabilities_take(DType /*value_type*/) { return false; }
+  // Decode scores on vdpbf16ps for fp8 keys only: a bf16 key widens to fp32
+  // with two instructions, and here one vdpbf16ps holds both FMA ports for
+  // two cycles (8 vdpbf16ps + 8 FMAs take 20 cycles, 8 vdpbf16ps alone 16).
+  static bool few_rows_dot_scores_take(DType key_type) {
+    return key_type == DType::f8_e4m3 && few_rows_dot_vbmi();
+  }
   // bf16_kernels.hpp's Bf16DotKernels::bf16_gemm on tiles; k a multiple of 32.
   // a_step: as Bf16Block's (64: A and A_lo interleaved by 32-element pieces).
   static void bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
