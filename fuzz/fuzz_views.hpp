@@ -75,9 +75,9 @@ inline ViewBuffer make_view_buffer(const int64_t* sizes, const int64_t* strides,
 // one dimension at a time, each a dilation of the set so far by the
 // dimension's offsets {0, stride, ..., (size - 1) stride}: a sliding window
 // along each residue class of the stride, linear in the buffer whatever the
-// sizes. Looping over the view's elements instead took minutes on a fuzz
-// input whose views name billions of elements over a few bytes (zero or
-// overlapping strides; a CI timeout, 2026-12-06).
+// sizes: a view may name billions of elements over a few bytes (zero or
+// overlapping strides), more than a loop over its elements visits within the
+// fuzzer's time limit (docs/reliability.md, "The harness timeout").
 inline void mark_view(std::vector<unsigned char>& mask, int64_t origin, const int64_t* sizes,
                       const int64_t* strides, int rank, int64_t esize) {
   const int64_t slots = int64_t(mask.size()) / esize;

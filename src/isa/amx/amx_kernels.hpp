@@ -204,7 +204,8 @@ struct AmxKernels : Bf16DotKernels {
   static bool few_rows_dot_probabilities_take(DType /*value_type*/) { return false; }
   // Decode scores on vdpbf16ps for fp8 keys only: a bf16 key widens to fp32
   // with two instructions, and here one vdpbf16ps holds both FMA ports for
-  // two cycles (8 vdpbf16ps + 8 FMAs take 20 cycles, 8 vdpbf16ps alone 16).
+  // two cycles (8 vdpbf16ps + 8 FMAs take 20 cycles, 8 vdpbf16ps alone 16):
+  // bf16 steps in cache take 0.95x the time, cold ones even (docs/inference.md).
   static bool few_rows_dot_scores_take(DType key_type) {
     return key_type == DType::f8_e4m3 && few_rows_dot_vbmi();
   }
