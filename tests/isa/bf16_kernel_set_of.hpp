@@ -28,6 +28,8 @@ Bf16KernelSet bf16_kernel_set_of(std::string name, bool amx) {
   };
   s.split_rows = [](const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi, uint16_t* lo,
                     int64_t ld) { K::bf16_split_rows(p, ldp, m, n, k, hi, lo, ld); };
+  s.split_transposed = [](const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi, uint16_t* lo,
+                          int64_t ld) { K::bf16_split_transposed(p, ldp, m, n, k, hi, lo, ld); };
   s.gemm = [](int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
               const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) {
     K::bf16_begin();

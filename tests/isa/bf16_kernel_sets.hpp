@@ -21,6 +21,8 @@ struct Bf16KernelSet {
                  int64_t kv_pad) = nullptr;
   void (*split_rows)(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
                      uint16_t* lo, int64_t ld) = nullptr;
+  void (*split_transposed)(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k, uint16_t* hi,
+                           uint16_t* lo, int64_t ld) = nullptr;
   // bf16_begin(); bf16_gemm(...); bf16_end(), as one work item runs them.
   void (*gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) = nullptr;

@@ -171,6 +171,55 @@ TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
     }
 }
 
+// The backward's split of P^T and dS^T (bf16_split_transposed): hi/lo row c
+// = column c of P (m rows of n), split as split_rows splits, zero from row m
+// to k = round_up(m, 32); only rows < n and columns < k written. P's rows are
+// followed by NaN, which must not be read.
+TEST_P(Bf16Packing, SplitTransposedIsTheSplitOfTheTranspose) {
+  TILEATTN_BF16_KERNELS(kernels);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (int64_t m : {1, 3, 16, 17, 33, 64})
+    for (int64_t n : {1, 15, 16, 17, 40, 128}) {
+      const int64_t k = round_up(m, 32), ldp = n + 5, ld = k + 32, out_rows = n + 2;
+      std::vector<float> memory(size_t(m * ldp + n), std::nanf(""));
+      float* p = memory.data();
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+          const int64_t i = r * ldp + c;
+          float x = uniform(rng) * std::ldexp(1.0f, -int(rng() % 20));
+          if (i % 7 == 3) {  // a tie for hi: the low 16 bits exactly half
+            uint32_t u;
+            std::memcpy(&u, &x, 4);
+            u = (u & 0xffff0000u) | 0x8000u;
+            std::memcpy(&x, &u, 4);
+          }
+          if (i % 13 == 6) x = -x;
+          p[i] = x;
+        }
+      AlignedBuffer<uint16_t> hi(size_t(out_rows * ld), kSentinel), lo(size_t(out_rows * ld), kSentinel);
+      AlignedBuffer<uint16_t> hi_alone(size_t(out_rows * ld), kSentinel);
+      kernels.split_transposed(p, ldp, m, n, k, hi.get(), lo.get(), ld);
+      kernels.split_transposed(p, ldp, m, n, k, hi_alone.get(), nullptr, ld);
+      for (int64_t c = 0; c < out_rows; ++c)
+        for (int64_t r = 0; r < ld; ++r) {
+          const size_t at = size_t(c * ld + r);
+          uint16_t want_hi = kSentinel, want_lo = kSentinel, want_alone = kSentinel;
+          if (c < n && r < k) {
+            const float x = r < m ? p[r * ldp + c] : 0.0f;
+            uint32_t u;
+            std::memcpy(&u, &x, 4);
+            want_hi = uint16_t(u >> 16);
+            want_lo = nearest_bf16(x - widen(want_hi));
+            want_alone = nearest_bf16(x);
+          }
+          ASSERT_EQ(hi[at], want_hi) << "m " << m << " n " << n << " row " << c << " column " << r;
+          ASSERT_EQ(lo[at], want_lo) << "m " << m << " n " << n << " row " << c << " column " << r;
+          ASSERT_EQ(hi_alone[at], want_alone) << "m " << m << " n " << n << " row " << c << " column " << r;
+        }
+    }
+}
+
 // The decode products' fp8 e4m3 keys and values as bf16 (byte permutes,
 // isa/avx512/e4m3_permutes.hpp): every one of the 256 bytes, in each of the 64 byte
 // positions, gives the bf16 of f8e4m3_to_float's value (every e4m3 value is

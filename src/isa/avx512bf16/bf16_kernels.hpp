@@ -159,6 +159,41 @@ struct Bf16Packing {
     }
   }
 
+  // bf16_split_rows of the transpose: hi/lo row c (c < n, k elements, row
+  // stride ld) := column c of P (m rows of n fp32, row stride ldp), zero past
+  // row m; lo null: hi alone. Bit for bit the split of pack_transposed's fp32
+  // transpose, without writing and reading that transpose: two 16 x 16
+  // blocks (rows r0..r0 + 31, 16 columns) transposed in registers give each
+  // output row's 32 elements for split_hi_lo. The backward's P^T and dS^T.
+  static void bf16_split_transposed(const float* p, int64_t ldp, int64_t m, int64_t n, int64_t k,
+                                    uint16_t* hi, uint16_t* lo, int64_t ld) {
+    const __m512i high_words = high_word_index();
+    for (int64_t c0 = 0; c0 < n; c0 += 16) {
+      const __mmask16 cols = lanes16(n - c0);
+      const int64_t c_end = n - c0 < 16 ? n - c0 : 16;
+      for (int64_t r0 = 0; r0 < k; r0 += 32) {
+        __m512 a[16], b[16];
+        for (int64_t r = 0; r < 16; ++r) {
+          a[r] = r0 + r < m ? _mm512_maskz_loadu_ps(cols, p + (r0 + r) * ldp + c0) : _mm512_setzero_ps();
+          b[r] = r0 + 16 + r < m ? _mm512_maskz_loadu_ps(cols, p + (r0 + 16 + r) * ldp + c0) : _mm512_setzero_ps();
+        }
+        transpose16(a);
+        transpose16(b);
+        for (int64_t j = 0; j < c_end; ++j) {
+          uint16_t* out = hi + (c0 + j) * ld + r0;
+          if (!lo) {
+            _mm512_storeu_si512(out, bf16_bits(_mm512_cvtne2ps_pbh(b[j], a[j])));  // a's words, then b's
+            continue;
+          }
+          __m512i h, l;
+          split_hi_lo(a[j], b[j], high_words, h, l);
+          _mm512_storeu_si512(out, h);
+          _mm512_storeu_si512(lo + (c0 + j) * ld + r0, l);
+        }
+      }
+    }
+  }
+
   // exp2_split_group over `rows` rows, one at a time (scale 1: unscaled; lo
   // null: hi alone); tick(1) after each 32 columns of a row.
   // step: elements of a hi / lo row from one 32-column piece to the next (32:
