@@ -212,7 +212,7 @@ class BackwardMainloop {
     }
     // dV += (P o Z)^T dO: (n, rows) x (rows, Dv_pad).
     if (bf16_) {
-      bf16_product_of_split_transposed(pd_, rows, n, d_o_pairs_, layout_.bf16_q, dv_, dvp);
+      bf16_product_of_split(pd_, kv_pad_, n, rows, /*transposed=*/true, d_o_pairs_, layout_.bf16_q, dv_, dvp);
       bf16_dot(rows, n_pad, layout_.bf16_dv, d_o16_, nullptr, layout_.bf16_dv, v_pairs_,
                kPanelWidth * layout_.bf16_dv, dp_, kv_pad_, false);  // dP (rows, n_pad)
     } else {
@@ -241,12 +241,12 @@ class BackwardMainloop {
     }
     // dQ += dS K: (rows, n) x (n, D_pad), into this chunk's fp32 slice.
     float* dq = p_.dq_partial + dq_slot(p_, w.chunk, w.batch, h, i_begin) * dp;
-    if (bf16_) bf16_product_of_split(dp_, kv_pad_, rows, n, k_pairs_, layout_.bf16_kv, dq, dp);
+    if (bf16_) bf16_product_of_split(dp_, kv_pad_, rows, n, /*transposed=*/false, k_pairs_, layout_.bf16_kv, dq, dp);
     else K::gemm(rows, dp, n, dp_, kv_pad_, k_rows_, dp, dq, dp, true);
     // dK += dS^T Q: (n, rows) x (rows, D_pad) (Q unscaled for the bf16 products
     // and a deferred scale: store_kv_gradients' factor takes it).
     if (bf16_) {
-      bf16_product_of_split_transposed(dp_, rows, n, q_pairs_, layout_.bf16_q, dk_, dp);
+      bf16_product_of_split(dp_, kv_pad_, n, rows, /*transposed=*/true, q_pairs_, layout_.bf16_q, dk_, dp);
     } else {
       transpose_tile(dp_, rows, n);
       K::gemm(n, dp, rows, transposed_, bq_pad_, q_, dp, dk_, dp, true);
@@ -307,36 +307,26 @@ class BackwardMainloop {
     if constexpr (kHasBf16) K::bf16_gemm(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
   }
 
-  // c (m, width) += a (m, k fp32 columns, row stride lda) B, where B holds k
-  // rows in pairs along them (pad = k rounded up to 32, panel 16 x pad): a is
-  // split into bf16 hi + lo first, or rounded to bf16 alone with
-  // ForwardArgs::bf16_probabilities (P and dS in bf16, as FlashAttention-2's
-  // backward rounds them: one product instead of two). width: D_pad (dQ, dK)
-  // or Dv_pad (dV).
-  void bf16_product_of_split(const float* a, int64_t lda, int64_t m, int64_t k, const uint16_t* b, int64_t pad,
-                             float* c, int64_t width) {
-    if constexpr (kHasBf16) {
-      const int64_t k32 = round_up(k, kBf16PairBlock);
-      uint16_t* lo = a_.bf16_probabilities ? nullptr : a_lo_;
-      K::bf16_split_rows(a, lda, m, k, k32, a_hi_, lo, pad);
-      K::bf16_gemm(m, width, k32, a_hi_, lo, pad, b, kPanelWidth * pad, c, width, true);
-    }
-  }
-
-  // c (n, width) += tile^T B for a tile (rows, n) of the score rows (P or
-  // dS), B holding `rows` rows in pairs along them: the transpose split as
-  // bf16_product_of_split splits, in one pass (the same bits as
+  // c (m, width) += A B, where B holds k rows in pairs along them (pad = k
+  // rounded up to 32, panel 16 x pad) and A (m, k) is fp32: the rows of a
+  // (row stride lda), or with `transposed` the transpose of a tile of score
+  // rows (P or dS: k rows of m, row stride lda). A is split into bf16 hi + lo
+  // first, or rounded to bf16 alone with ForwardArgs::bf16_probabilities (P
+  // and dS in bf16, as FlashAttention-2's backward rounds them: one product
+  // instead of two). width: D_pad (dQ, dK) or Dv_pad (dV).
+  // The transpose is split in one pass (bf16_split_transposed: the bits of
   // transpose_tile then the split, without the fp32 transpose written and
   // read back). AMX Xeon model 167, bf16, 1 thread, build against build, 3
   // rounds: H8 N2048 D128 0.93-0.98 of the time, with bf16_probabilities
   // 0.88-0.92, H16 D64 0.94-0.97.
-  void bf16_product_of_split_transposed(const float* tile, int64_t rows, int64_t n, const uint16_t* b, int64_t pad,
-                                        float* c, int64_t width) {
+  void bf16_product_of_split(const float* a, int64_t lda, int64_t m, int64_t k, bool transposed,
+                             const uint16_t* b, int64_t pad, float* c, int64_t width) {
     if constexpr (kHasBf16) {
-      const int64_t k32 = round_up(rows, kBf16PairBlock);
+      const int64_t k32 = round_up(k, kBf16PairBlock);
       uint16_t* lo = a_.bf16_probabilities ? nullptr : a_lo_;
-      K::bf16_split_transposed(tile, kv_pad_, rows, n, k32, a_hi_, lo, pad);
-      K::bf16_gemm(n, width, k32, a_hi_, lo, pad, b, kPanelWidth * pad, c, width, true);
+      if (transposed) K::bf16_split_transposed(a, lda, k, m, k32, a_hi_, lo, pad);
+      else K::bf16_split_rows(a, lda, m, k, k32, a_hi_, lo, pad);
+      K::bf16_gemm(m, width, k32, a_hi_, lo, pad, b, kPanelWidth * pad, c, width, true);
     }
   }
 
