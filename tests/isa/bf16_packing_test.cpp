@@ -118,36 +118,56 @@ float widen(uint16_t h) {
   return x;
 }
 
+// P's m rows of n values at stride ldp, the rest of `memory` left NaN: small
+// positive and negative values of many exponents, some exactly half way for
+// hi's truncation, some zero.
+float* fill_probabilities(std::vector<float>& memory, int64_t m, int64_t n, int64_t ldp, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  float* p = memory.data();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t i = r * ldp + c;
+      float x = uniform(rng) * std::ldexp(1.0f, -int(rng() % 20));
+      if (i % 7 == 3) {  // a tie for hi: the low 16 bits exactly half
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        u = (u & 0xffff0000u) | 0x8000u;
+        std::memcpy(&x, &u, 4);
+      }
+      if (i % 11 == 5) x = 0.0f;
+      if (i % 13 == 6) x = -x;
+      p[i] = x;
+    }
+  return p;
+}
+
+// The split of one value: hi is x truncated to bf16 (its high word), lo = x -
+// hi (exact) rounded to nearest even; alone (lo null) is x rounded to nearest
+// even.
+struct Split {
+  uint16_t hi, lo, alone;
+  explicit Split(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    hi = uint16_t(u >> 16);
+    lo = nearest_bf16(x - widen(hi));
+    alone = nearest_bf16(x);
+  }
+};
+
 // P (m rows of n floats at stride ldp) into hi = bf16(P), lo = bf16(P - hi),
 // zero-padded to k = round_up(n, 32) (the main loop's), rows at stride ld.
 // P's rows are followed by NaN up to the next row and for k floats after the
 // last, as stale scores can follow them in the score tile: columns n..k must
 // still come out zero.
-// hi + lo: hi is x truncated to bf16 (its high word), lo = x - hi (exact)
-// rounded to nearest even; hi alone (lo null) is x rounded to nearest even.
 TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
   TILEATTN_BF16_KERNELS(kernels);
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   for (int64_t m : {1, 3, 16})
     for (int64_t n : {1, 15, 16, 17, 40, 64}) {
       const int64_t k = round_up(n, 32), ldp = n + 5, ld = k + 32;
       std::vector<float> memory(size_t(m * ldp + k), std::nanf(""));
-      float* p = memory.data();
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < n; ++c) {
-          const int64_t i = r * ldp + c;
-          float x = uniform(rng) * std::ldexp(1.0f, -int(rng() % 20));
-          if (i % 7 == 3) {  // a tie for hi: the low 16 bits exactly half
-            uint32_t u;
-            std::memcpy(&u, &x, 4);
-            u = (u & 0xffff0000u) | 0x8000u;
-            std::memcpy(&x, &u, 4);
-          }
-          if (i % 11 == 5) x = 0.0f;
-          if (i % 13 == 6) x = -x;
-          p[i] = x;
-        }
+      const float* p = fill_probabilities(memory, m, n, ldp, rng);
       AlignedBuffer<uint16_t> hi(size_t(m * ld), kSentinel), lo(size_t(m * ld), kSentinel);
       AlignedBuffer<uint16_t> hi_alone(size_t(m * ld), kSentinel);
       kernels.split_rows(p, ldp, m, n, k, hi.get(), lo.get(), ld);
@@ -155,18 +175,12 @@ TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < ld; ++c) {
           const size_t at = size_t(r * ld + c);
-          uint16_t want_hi = kSentinel, want_lo = kSentinel, want_alone = kSentinel;
-          if (c < k) {
-            const float x = c < n ? p[r * ldp + c] : 0.0f;
-            uint32_t u;
-            std::memcpy(&u, &x, 4);
-            want_hi = uint16_t(u >> 16);
-            want_lo = nearest_bf16(x - widen(want_hi));
-            want_alone = nearest_bf16(x);
-          }
-          ASSERT_EQ(hi[at], want_hi) << "m " << m << " n " << n << " row " << r << " column " << c;
-          ASSERT_EQ(lo[at], want_lo) << "m " << m << " n " << n << " row " << r << " column " << c;
-          ASSERT_EQ(hi_alone[at], want_alone) << "m " << m << " n " << n << " row " << r << " column " << c;
+          const Split want(c < n ? p[r * ldp + c] : 0.0f);
+          const bool written = c < k;
+          ASSERT_EQ(hi[at], written ? want.hi : kSentinel) << "m " << m << " n " << n << " row " << r << " column " << c;
+          ASSERT_EQ(lo[at], written ? want.lo : kSentinel) << "m " << m << " n " << n << " row " << r << " column " << c;
+          ASSERT_EQ(hi_alone[at], written ? want.alone : kSentinel)
+              << "m " << m << " n " << n << " row " << r << " column " << c;
         }
     }
 }
@@ -178,25 +192,11 @@ TEST_P(Bf16Packing, SplitRowsIntoTruncatedHiAndNearestLo) {
 TEST_P(Bf16Packing, SplitTransposedIsTheSplitOfTheTranspose) {
   TILEATTN_BF16_KERNELS(kernels);
   std::mt19937 rng(11);
-  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   for (int64_t m : {1, 3, 16, 17, 33, 64})
     for (int64_t n : {1, 15, 16, 17, 40, 128}) {
       const int64_t k = round_up(m, 32), ldp = n + 5, ld = k + 32, out_rows = n + 2;
       std::vector<float> memory(size_t(m * ldp + n), std::nanf(""));
-      float* p = memory.data();
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < n; ++c) {
-          const int64_t i = r * ldp + c;
-          float x = uniform(rng) * std::ldexp(1.0f, -int(rng() % 20));
-          if (i % 7 == 3) {  // a tie for hi: the low 16 bits exactly half
-            uint32_t u;
-            std::memcpy(&u, &x, 4);
-            u = (u & 0xffff0000u) | 0x8000u;
-            std::memcpy(&x, &u, 4);
-          }
-          if (i % 13 == 6) x = -x;
-          p[i] = x;
-        }
+      const float* p = fill_probabilities(memory, m, n, ldp, rng);
       AlignedBuffer<uint16_t> hi(size_t(out_rows * ld), kSentinel), lo(size_t(out_rows * ld), kSentinel);
       AlignedBuffer<uint16_t> hi_alone(size_t(out_rows * ld), kSentinel);
       kernels.split_transposed(p, ldp, m, n, k, hi.get(), lo.get(), ld);
@@ -204,18 +204,12 @@ TEST_P(Bf16Packing, SplitTransposedIsTheSplitOfTheTranspose) {
       for (int64_t c = 0; c < out_rows; ++c)
         for (int64_t r = 0; r < ld; ++r) {
           const size_t at = size_t(c * ld + r);
-          uint16_t want_hi = kSentinel, want_lo = kSentinel, want_alone = kSentinel;
-          if (c < n && r < k) {
-            const float x = r < m ? p[r * ldp + c] : 0.0f;
-            uint32_t u;
-            std::memcpy(&u, &x, 4);
-            want_hi = uint16_t(u >> 16);
-            want_lo = nearest_bf16(x - widen(want_hi));
-            want_alone = nearest_bf16(x);
-          }
-          ASSERT_EQ(hi[at], want_hi) << "m " << m << " n " << n << " row " << c << " column " << r;
-          ASSERT_EQ(lo[at], want_lo) << "m " << m << " n " << n << " row " << c << " column " << r;
-          ASSERT_EQ(hi_alone[at], want_alone) << "m " << m << " n " << n << " row " << c << " column " << r;
+          const Split want(c < n && r < m ? p[r * ldp + c] : 0.0f);
+          const bool written = c < n && r < k;
+          ASSERT_EQ(hi[at], written ? want.hi : kSentinel) << "m " << m << " n " << n << " row " << c << " column " << r;
+          ASSERT_EQ(lo[at], written ? want.lo : kSentinel) << "m " << m << " n " << n << " row " << c << " column " << r;
+          ASSERT_EQ(hi_alone[at], written ? want.alone : kSentinel)
+              << "m " << m << " n " << n << " row " << c << " column " << r;
         }
     }
 }
