@@ -131,7 +131,9 @@ static inline BackwardScratchLayout backward_scratch_layout(const BackwardProble
   l.z = p.dropout.active ? take(tile) : 0;   // dropout factors
   l.pd = p.dropout.active ? take(tile) : 0;  // P o Z
   l.softcap_tanh = p.fwd.softcap_log2 > 0.0f ? take(tile) : 0;  // tanh of each capped score
-  l.transposed = take(kv * bq);              // (BLOCK_KV_pad, BLOCK_Q_pad): (P o Z)^T, then dS^T
+  // (BLOCK_KV_pad, BLOCK_Q_pad): (P o Z)^T, then dS^T, for the FMA products
+  // (the bf16 products split the transposes straight from the score rows)
+  l.transposed = take(p.fwd.product == TileProduct::bf16_dot ? 0 : kv * bq);
   l.row_ptrs = take(2 * bq);                 // row pointers for the transposes (8-byte slots)
   l.key_ptrs = take(2 * kv);                 // K/V row pointers
   if (p.fwd.product == TileProduct::bf16_dot) {

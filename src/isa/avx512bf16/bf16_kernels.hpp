@@ -55,6 +55,20 @@ static inline void split_hi_lo(__m512 x0, __m512 x1, __m512i high_words, __m512i
   lo = bf16_bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
 }
 
+// x0, x1's 32 values stored as 32 bf16 at hi (x0's, then x1's) and, with
+// lo, split_hi_lo's hi and lo at hi and lo; lo null: hi alone, rounded to
+// nearest even by vcvtne2ps2bf16.
+static inline void store_split(__m512 x0, __m512 x1, __m512i high_words, uint16_t* hi, uint16_t* lo) {
+  if (!lo) {
+    _mm512_storeu_si512(hi, bf16_bits(_mm512_cvtne2ps_pbh(x1, x0)));
+    return;
+  }
+  __m512i h, l;
+  split_hi_lo(x0, x1, high_words, h, l);
+  _mm512_storeu_si512(hi, h);
+  _mm512_storeu_si512(lo, l);
+}
+
 // Packing and conversion into the pair layout (bf16 inputs only).
 struct Bf16Packing {
   // dst[0, k) = the row's D bf16 elements, then zeros (k >= d).
@@ -147,14 +161,7 @@ struct Bf16Packing {
       for (int64_t c = 0; c < k; c += 32) {
         const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(n - c), row + c);  // zero past n
         const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(n - c - 16), row + c + 16);
-        if (!lo) {
-          _mm512_storeu_si512(hi + r * ld + c, bf16_bits(_mm512_cvtne2ps_pbh(x1, x0)));  // x0's words, then x1's
-          continue;
-        }
-        __m512i h, l;
-        split_hi_lo(x0, x1, high_words, h, l);
-        _mm512_storeu_si512(hi + r * ld + c, h);
-        _mm512_storeu_si512(lo + r * ld + c, l);
+        store_split(x0, x1, high_words, hi + r * ld + c, lo ? lo + r * ld + c : nullptr);
       }
     }
   }
@@ -179,17 +186,8 @@ struct Bf16Packing {
         }
         transpose16(a);
         transpose16(b);
-        for (int64_t j = 0; j < c_end; ++j) {
-          uint16_t* out = hi + (c0 + j) * ld + r0;
-          if (!lo) {
-            _mm512_storeu_si512(out, bf16_bits(_mm512_cvtne2ps_pbh(b[j], a[j])));  // a's words, then b's
-            continue;
-          }
-          __m512i h, l;
-          split_hi_lo(a[j], b[j], high_words, h, l);
-          _mm512_storeu_si512(out, h);
-          _mm512_storeu_si512(lo + (c0 + j) * ld + r0, l);
-        }
+        for (int64_t j = 0; j < c_end; ++j)
+          store_split(a[j], b[j], high_words, hi + (c0 + j) * ld + r0, lo ? lo + (c0 + j) * ld + r0 : nullptr);
       }
     }
   }
@@ -235,14 +233,7 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       const __m512 e0 = exp2_table_masked_ps(a0, m0), e1 = exp2_table_masked_ps(a1, m1);
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
       const int64_t at = g * ld16 + c / 32 * step;
-      if constexpr (!kLo) {
-        _mm512_storeu_si512(hi + at, bf16_bits(_mm512_cvtne2ps_pbh(e1, e0)));  // e0's words, then e1's
-      } else {
-        __m512i h, l;
-        split_hi_lo(e0, e1, high_words, h, l);
-        _mm512_storeu_si512(hi + at, h);
-        _mm512_storeu_si512(lo + at, l);
-      }
+      store_split(e0, e1, high_words, hi + at, kLo ? lo + at : nullptr);
     }
     tick(G);
   }
