@@ -47,7 +47,8 @@ const char* const kHelp =
     "Reports ms (median of R after a warm-up), gflops (2*(D+DV) flops per visible (query, key)\n"
     "pair: 4*D when DV = D), fraction_of_peak (of the FMA peak measured now with the same threads;\n"
     "bf16 inputs on the amx / avx512bf16 rungs also give bf16_peak_gflops and\n"
-    "fraction_of_bf16_peak, of the AMX or vdpbf16ps peak),\n"
+    "fraction_of_bf16_peak, of the AMX or vdpbf16ps peak, except --decode with at most 8\n"
+    "query heads per KV head, whose few-rows products are FMAs),\n"
     "peak_rss_mb (before the baseline runs), and for the naive OpenBLAS baseline (S = Q K^T\n"
     "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n"
     "--backward times attention_backward instead (6*D+4*DV flops per visible pair; the baseline\n"
@@ -330,11 +331,13 @@ int cmd_bench(int argc, char** argv) {
     rep.number("gflops", gflops);
     rep.number("peak_gflops", peak);
     rep.number("fraction_of_peak", gflops / peak);
-    // bf16 inputs on a bf16 rung multiply on the matrix hardware (forward and
-    // backward; decode keeps the FMA products): the yardstick of that unit too.
-    // A rate above the peak of the unit that did the products is impossible
-    // and warned about; bf16 products may well pass the FMA peak.
-    if (!decode && detail::tile_product(isa, dtype) == detail::TileProduct::bf16_dot) {
+    // bf16 inputs on a bf16 rung multiply on the matrix hardware (forward,
+    // backward, and a decode step that stacks more query rows of a KV group
+    // than the few-rows FMA products take: MLA's 128): the yardstick of that
+    // unit too. A rate above the peak of the unit that did the products is
+    // impossible and warned about; bf16 products may well pass the FMA peak.
+    const bool packed_products = !decode || heads / kv_heads > detail::kFewRowsMax;
+    if (packed_products && detail::tile_product(isa, dtype) == detail::TileProduct::bf16_dot) {
       const double unit_peak = given_bf16_peak > 0 ? given_bf16_peak
                                : isa == Isa::amx   ? measure_amx_bf16_peak_gflops(threads)
                                                    : measure_bf16_dot_peak_gflops(threads);

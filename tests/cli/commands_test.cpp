@@ -287,6 +287,31 @@ TEST(cliBench, Bf16RungsReportTheirUnitsPeak) {
   }
 }
 
+// A decode step that stacks more query heads of a KV group than the few-rows
+// products take (MLA: 128) runs the packed products, on the matrix unit for
+// bf16 on a bf16 rung: that unit's peak is its yardstick, and a rate above
+// the FMA peak is no warning. At most 8 stacked heads take the FMA products.
+TEST(cliBench, DecodeOnThePackedProductsReportsTheBf16Peak) {
+  TempDir dir;
+  for (const int group : {16, 8}) {
+    const Result r = run_cli("bench --decode --heads " + std::to_string(group) +
+                                 " --kv-heads 1 --kv-seq 256 --dim 32 --dtype bf16 --reps 1 --threads 1 "
+                                 "--no-baseline --peak-gflops 0.001 --bf16-peak-gflops 1000000 --json",
+                             dir);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json j = parse_or_fail(r.out);
+    const std::string isa = j.get("isa")->str;
+    if ((isa == "amx" || isa == "avx512bf16") && group > 8) {
+      ASSERT_EQ(j.get("bf16_peak_gflops")->type, Json::number) << isa;
+      EXPECT_EQ(j.get("bf16_peak_gflops")->num, 1000000);
+      EXPECT_EQ(r.err, "") << group;
+    } else {
+      EXPECT_EQ(j.get("bf16_peak_gflops")->type, Json::null) << isa << " " << group;
+      EXPECT_NE(r.err.find("fraction_of_peak is not meaningful"), std::string::npos) << r.err;
+    }
+  }
+}
+
 TEST(cliBench, NoBaselineStaysWithinInputsPlusOutputs) {
   TempDir dir;
   // q, k, v, o: 4 x 8 heads x 2048 x 128 x 4 bytes = 32 MiB.
