@@ -16,8 +16,10 @@ struct AppendPlan {
 };
 
 // Checks the cache description: sizes, dtype, cache_seqlens, the cache
-// views, and (paged) that the table covers the current lengths.
-void validate_cache(const KvCacheArgs& a);
+// views, and (paged) that the table covers the current lengths; with
+// `writes` (the call appends) also that the cache and int8 scale views reach
+// each element once and do not overlap each other, nor fp8 scales the cache.
+void validate_cache(const KvCacheArgs& a, bool writes);
 
 // validate_cache plus the new rows: their views, capacity / page coverage for
 // the new lengths, page indices, write conflicts between table entries, and

@@ -163,10 +163,12 @@ ScaleRanges scale_ranges(const KvCacheArgs& a) {
   return r;
 }
 
-// kv_quant, and the scales it needs: present, in range, int8 scales
-// writable without overlapping each other or the cache, fp8 scales finite
-// and > 0. Without quantization no scale may be given.
-void check_scales(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache) {
+// kv_quant, and the scales it needs: present, in range, fp8 scales finite
+// and > 0; in a call that writes the cache (`writes`), int8 scales writable
+// without overlapping each other or the cache, and fp8 scales apart from the
+// cache (an append would change the scale it reads). Without quantization no
+// scale may be given.
+void check_scales(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache, bool writes) {
   if (a.kv_quant == KvQuant::none) {
     if (a.k_scale) fail("k_scale: given, but kv_quant is none (the cache holds " + std::string(dtype_name(a.dtype)) + ")");
     if (a.v_scale) fail("v_scale: given, but kv_quant is none (the cache holds " + std::string(dtype_name(a.dtype)) + ")");
@@ -177,6 +179,10 @@ void check_scales(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan&
   if (!a.v_scale) fail("v_scale: data is null (the cache is " + kind + ")");
   const ScaleRanges r = scale_ranges(a);
   if (a.kv_quant == KvQuant::fp8_e4m3) {
+    if (writes) {
+      fail_if_overlapping("k_scale: overlaps", r.k, {{"k_cache", k_cache}, {"v_cache", v_cache}});
+      fail_if_overlapping("v_scale: overlaps", r.v, {{"k_cache", k_cache}, {"v_cache", v_cache}});
+    }
     for (int64_t h = 0; h < a.kv_heads; ++h) {
       if (!(a.k_scale[h] > 0.0f) || !std::isfinite(a.k_scale[h]))
         fail("k_scale[" + str(h) + "] must be finite and > 0, got " + std::to_string(a.k_scale[h]));
@@ -185,6 +191,7 @@ void check_scales(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan&
     }
     return;
   }
+  if (!writes) return;
   const std::array<int64_t, 4> cache = cache_sizes_of(a);
   const int64_t sizes[3] = {cache[0], cache[1], cache[2]};
   check_injective("k_scale", sizes, a.k_scale_stride.data(), 3);
@@ -238,7 +245,7 @@ void check_rotary_position(const KvCacheArgs& a, const char* who, int64_t b, int
 
 }  // namespace
 
-void validate_cache(const KvCacheArgs& a) {
+void validate_cache(const KvCacheArgs& a, bool writes) {
   if (a.batch < 0) fail("batch must be >= 0, got " + str(a.batch));
   if (a.kv_heads < 1) fail("kv_heads must be >= 1, got " + str(a.kv_heads));
   validate_head_dims(a.head_dim, a.v_head_dim);
@@ -274,18 +281,23 @@ void validate_cache(const KvCacheArgs& a) {
   if (has_rows && !a.v_cache.data) fail("v_cache: data is null");
   const ViewSpan k = view_range("k_cache", a.k_cache.data, esize, sizes.data(), a.k_cache.stride.data(), 4);
   const ViewSpan v = view_range("v_cache", a.v_cache.data, esize, v_sizes.data(), a.v_cache.stride.data(), 4);
-  check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
-  check_injective("v_cache", v_sizes.data(), a.v_cache.stride.data(), 4);
-  if (views_overlap(k, v)) fail("v_cache: overlaps k_cache");
-  check_scales(a, k, v);
+  // Views that repeat or share elements are read as given (a broadcast
+  // cache, MLA's V as the first dims of its K); only a write needs each
+  // element once.
+  if (writes) {
+    check_injective("k_cache", sizes.data(), a.k_cache.stride.data(), 4);
+    check_injective("v_cache", v_sizes.data(), a.v_cache.stride.data(), 4);
+    if (views_overlap(k, v)) fail("v_cache: overlaps k_cache");
+  }
+  check_scales(a, k, v, writes);
 }
 
 AppendPlan validate_append(const KvCacheArgs& a) {
-  validate_cache(a);
+  if (a.seqlen_new < 0) fail("seqlen_new must be >= 0, got " + str(a.seqlen_new));
+  validate_cache(a, a.batch > 0 && a.seqlen_new > 0);
   AppendPlan plan;
   plan.counts.assign(size_t(a.batch), 0);
   plan.new_lengths.assign(a.cache_seqlens, a.cache_seqlens + a.batch);
-  if (a.seqlen_new < 0) fail("seqlen_new must be >= 0, got " + str(a.seqlen_new));
   if (a.batch == 0 || a.seqlen_new == 0) return plan;
 
   const std::vector<int32_t> old_lengths = plan.new_lengths;

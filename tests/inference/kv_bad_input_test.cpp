@@ -2,6 +2,7 @@
 // cache, cache_seqlens and outputs exactly as they were.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -221,6 +222,20 @@ TEST(KvCacheBadInput, QuantizedCacheScales) {
       expect_rejected(quantized_spec(KvQuant::int8, page), [](KvCacheArgs& a, DecodeRun&) { a.kv_quant = KvQuant(7); },
                       "kv_quant: expected none, int8 or fp8_e4m3", append_only);
     }
+  // fp8 scales (valid values) inside the row an append writes: refused
+  // before anything is written, since the append would change the scales
+  // the attention then reads.
+  for (bool append_only : {false, true})
+    expect_rejected(quantized_spec(KvQuant::fp8_e4m3),
+                    [](KvCacheArgs& a, DecodeRun&) {
+                      char* row = static_cast<char*>(a.k_cache.data) + a.cache_seqlens[0] * a.k_cache.stride[2];
+                      for (int64_t h = 0; h < a.kv_heads; ++h) {
+                        const float scale = 0.004f;
+                        std::memcpy(row + h * sizeof(float), &scale, sizeof(float));
+                      }
+                      a.k_scale = reinterpret_cast<float*>(row);
+                    },
+                    "k_scale: overlaps k_cache", append_only);
   // The outputs, the queries and the new rows must not alias a scale the call writes.
   expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.lse = a.v_scale; },
                   "lse: output overlaps input v_scale");
