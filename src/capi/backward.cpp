@@ -7,10 +7,21 @@ using namespace tileattn;
 
 namespace {
 
+constexpr std::size_t kBackwardArgsV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_backward_args, dv);
+
+tileattn_backward_args default_backward_args() {
+  tileattn_backward_args args;
+  std::memset(static_cast<void*>(&args), 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.o.stride[3] = args.d_o.stride[3] = 1;
+  args.dq.stride[3] = args.dk.stride[3] = args.dv.stride[3] = 1;
+  args.lse_stride[2] = 1;
+  return args;
+}
+
 BackwardArgs to_backward_args(const tileattn_backward_args* user) {
-  tileattn_backward_args c;
-  tileattn_backward_args_init(&c);
-  capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_backward_args, dv), c);
+  tileattn_backward_args c = default_backward_args();
+  capi::read_versioned(user, "args", kBackwardArgsV1Size, c);
   capi::require(c.forward, "args->forward");
   BackwardArgs b;
   b.forward = capi::to_forward_args(c.forward);
@@ -31,14 +42,17 @@ BackwardArgs to_backward_args(const tileattn_backward_args* user) {
 
 extern "C" {
 
-tileattn_status tileattn_backward_args_init(tileattn_backward_args* args) {
+tileattn_status(tileattn_backward_args_init)(tileattn_backward_args* args) {
   return capi::guarded(__func__, [&] {
     capi::require(args, "args");
-    std::memset(static_cast<void*>(args), 0, sizeof *args);
-    args->struct_size = sizeof *args;
-    args->o.stride[3] = args->d_o.stride[3] = 1;
-    args->dq.stride[3] = args->dk.stride[3] = args->dv.stride[3] = 1;
-    args->lse_stride[2] = 1;
+    const auto defaults = default_backward_args();
+    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+  });
+}
+
+tileattn_status tileattn_backward_args_init_sized(tileattn_backward_args* args, size_t struct_size) {
+  return capi::guarded(__func__, [&] {
+    capi::init_versioned(args, struct_size, kBackwardArgsV1Size, default_backward_args(), "args");
   });
 }
 

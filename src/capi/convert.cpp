@@ -43,10 +43,27 @@ int32_t from_isa(Isa isa) {
   return TILEATTN_ISA_AUTO;
 }
 
+tileattn_forward_args default_forward_args() {
+  const ForwardArgs defaults;
+  tileattn_forward_args args;
+  std::memset(static_cast<void*>(&args), 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.dtype = TILEATTN_F32;
+  for (int i = 0; i < 4; ++i) {
+    args.q.stride[i] = args.k.stride[i] = args.v.stride[i] = args.o.stride[i] = defaults.q.stride[i];
+    args.mask_stride[i] = defaults.mask.stride[i];
+  }
+  for (int i = 0; i < 3; ++i) args.lse_stride[i] = defaults.lse_stride[i];
+  args.window_left = defaults.mask.window_left;
+  args.window_right = defaults.mask.window_right;
+  args.scale = defaults.scale;
+  args.isa = TILEATTN_ISA_AUTO;
+  return args;
+}
+
 ForwardArgs to_forward_args(const tileattn_forward_args* user) {
-  tileattn_forward_args c;
-  tileattn_forward_args_init(&c);
-  read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_forward_args, block_kv), c);
+  tileattn_forward_args c = default_forward_args();
+  read_versioned(user, "args", kForwardArgsV1Size, c);
   if (c.reserved0 != 0) throw Error("args->reserved0 must be 0");
 
   ForwardArgs a;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <string>
 
 #include "tileattn/attention.hpp"
@@ -22,6 +23,13 @@ inline OutputView to_view(const tileattn_out_tensor& t) {
   return OutputView{t.data, {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}};
 }
 inline std::array<int64_t, 3> to_array(const int64_t (&s)[3]) { return {s[0], s[1], s[2]}; }
+
+// tileattn_forward_args of this library's size with every default (those
+// of tileattn::ForwardArgs, so that C and C++ callers who set the same
+// fields get the same computation), and the size of its first release.
+tileattn_forward_args default_forward_args();
+inline constexpr std::size_t kForwardArgsV1Size =
+    offsetof(tileattn_forward_args, block_kv) + sizeof(tileattn_forward_args::block_kv);
 
 // Reads the caller's tileattn_forward_args (any version) into ForwardArgs.
 ForwardArgs to_forward_args(const tileattn_forward_args* args);

@@ -7,27 +7,35 @@
 
 using namespace tileattn;
 
+namespace {
+
+constexpr std::size_t kMergeArgsV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_merge_args, lse_out_stride);
+
+tileattn_merge_args default_merge_args() {
+  tileattn_merge_args args;
+  std::memset(static_cast<void*>(&args), 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.dtype = TILEATTN_F32;
+  args.o_a.stride[3] = args.o_b.stride[3] = args.o_out.stride[3] = 1;
+  args.lse_a_stride[2] = args.lse_b_stride[2] = args.lse_out_stride[2] = 1;
+  return args;
+}
+
+}  // namespace
+
 extern "C" {
 
-tileattn_status tileattn_forward_args_init(tileattn_forward_args* args) {
+tileattn_status(tileattn_forward_args_init)(tileattn_forward_args* args) {
   return capi::guarded(__func__, [&] {
     capi::require(args, "args");
-    // Defaults are those of tileattn::ForwardArgs, so that C and C++ callers
-    // who set the same fields get the same computation.
-    const ForwardArgs defaults;
-    std::memset(static_cast<void*>(args), 0, sizeof *args);
-    args->struct_size = sizeof *args;
-    args->dtype = TILEATTN_F32;
-    for (int i = 0; i < 4; ++i) {
-      args->q.stride[i] = args->k.stride[i] = args->v.stride[i] = args->o.stride[i] =
-          defaults.q.stride[i];
-      args->mask_stride[i] = defaults.mask.stride[i];
-    }
-    for (int i = 0; i < 3; ++i) args->lse_stride[i] = defaults.lse_stride[i];
-    args->window_left = defaults.mask.window_left;
-    args->window_right = defaults.mask.window_right;
-    args->scale = defaults.scale;
-    args->isa = TILEATTN_ISA_AUTO;
+    const auto defaults = capi::default_forward_args();
+    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+  });
+}
+
+tileattn_status tileattn_forward_args_init_sized(tileattn_forward_args* args, size_t struct_size) {
+  return capi::guarded(__func__, [&] {
+    capi::init_versioned(args, struct_size, capi::kForwardArgsV1Size, capi::default_forward_args(), "args");
   });
 }
 
@@ -39,22 +47,24 @@ tileattn_status tileattn_forward_validate(const tileattn_forward_args* args) {
   return capi::guarded(__func__, [&] { validate(capi::to_forward_args(args)); });
 }
 
-tileattn_status tileattn_merge_args_init(tileattn_merge_args* args) {
+tileattn_status(tileattn_merge_args_init)(tileattn_merge_args* args) {
   return capi::guarded(__func__, [&] {
     capi::require(args, "args");
-    std::memset(static_cast<void*>(args), 0, sizeof *args);
-    args->struct_size = sizeof *args;
-    args->dtype = TILEATTN_F32;
-    args->o_a.stride[3] = args->o_b.stride[3] = args->o_out.stride[3] = 1;
-    args->lse_a_stride[2] = args->lse_b_stride[2] = args->lse_out_stride[2] = 1;
+    const auto defaults = default_merge_args();
+    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+  });
+}
+
+tileattn_status tileattn_merge_args_init_sized(tileattn_merge_args* args, size_t struct_size) {
+  return capi::guarded(__func__, [&] {
+    capi::init_versioned(args, struct_size, kMergeArgsV1Size, default_merge_args(), "args");
   });
 }
 
 tileattn_status tileattn_merge_states(const tileattn_merge_args* user) {
   return capi::guarded(__func__, [&] {
-    tileattn_merge_args c;
-    tileattn_merge_args_init(&c);
-    capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_merge_args, lse_out_stride), c);
+    tileattn_merge_args c = default_merge_args();
+    capi::read_versioned(user, "args", kMergeArgsV1Size, c);
     if (c.reserved0 != 0) throw Error("args->reserved0 must be 0");
     MergeArgs m;
     m.batch = c.batch;

@@ -77,6 +77,21 @@ void write_versioned(const T& filled, T* user, const char* name, std::size_t v1_
   user->struct_size = size;
 }
 
+// Fills a caller's versioned struct of `size` bytes (its sizeof, which the
+// header's *_init macros pass): the defaults of the fields this library
+// knows, zeros past them in a longer (newer) struct, struct_size = size.
+// Nothing past `size` is written; below `v1_size` nothing at all.
+template <class T>
+void init_versioned(T* user, std::size_t size, std::size_t v1_size, const T& defaults, const char* name) {
+  require(user, name);
+  if (size < v1_size)
+    throw Error("struct_size is " + std::to_string(size) + ", expected at least " + std::to_string(v1_size) +
+                " (sizeof the struct of the first release)");
+  std::memset(static_cast<void*>(user), 0, size);
+  std::memcpy(static_cast<void*>(user), &defaults, size < sizeof(T) ? size : sizeof(T));
+  user->struct_size = size;
+}
+
 // Size of a struct up to and including `member`: the size of its first
 // version when `member` is that version's last field.
 #define TILEATTN_CAPI_SIZE_THROUGH(type, member) (offsetof(type, member) + sizeof(((type*)nullptr)->member))

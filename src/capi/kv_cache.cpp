@@ -10,10 +10,31 @@ using namespace tileattn;
 
 namespace {
 
+constexpr std::size_t kKvCacheArgsV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_kv_cache_args, reserved1);
+
+// Defaults are those of tileattn::KvCacheArgs.
+tileattn_kv_cache_args default_kv_cache_args() {
+  const KvCacheArgs defaults;
+  tileattn_kv_cache_args args;
+  std::memset(static_cast<void*>(&args), 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.dtype = TILEATTN_F32;
+  args.q.stride[3] = args.o.stride[3] = args.k_cache.stride[3] = args.v_cache.stride[3] = 1;
+  args.k_new.stride[3] = args.v_new.stride[3] = 1;
+  args.lse_stride[2] = 1;
+  args.causal = defaults.causal;
+  args.window_left = defaults.window_left;
+  args.window_right = defaults.window_right;
+  args.scale = defaults.scale;
+  args.isa = TILEATTN_ISA_AUTO;
+  args.kv_quant = TILEATTN_KV_NONE;
+  args.k_scale_stride[2] = args.v_scale_stride[2] = 1;
+  return args;
+}
+
 KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
-  tileattn_kv_cache_args c;
-  tileattn_kv_cache_args_init(&c);
-  capi::read_versioned(user, "args", TILEATTN_CAPI_SIZE_THROUGH(tileattn_kv_cache_args, reserved1), c);
+  tileattn_kv_cache_args c = default_kv_cache_args();
+  capi::read_versioned(user, "args", kKvCacheArgsV1Size, c);
   if (c.reserved0 != 0 || c.reserved1 != 0 || c.reserved4 != 0)
     throw Error("args->reserved0, reserved1 and reserved4 must be 0");
   KvCacheArgs a;
@@ -78,24 +99,17 @@ KvCacheArgs to_kv_cache_args(const tileattn_kv_cache_args* user) {
 
 extern "C" {
 
-tileattn_status tileattn_kv_cache_args_init(tileattn_kv_cache_args* args) {
+tileattn_status(tileattn_kv_cache_args_init)(tileattn_kv_cache_args* args) {
   return capi::guarded(__func__, [&] {
     capi::require(args, "args");
-    // Defaults are those of tileattn::KvCacheArgs.
-    const KvCacheArgs defaults;
-    std::memset(static_cast<void*>(args), 0, sizeof *args);
-    args->struct_size = sizeof *args;
-    args->dtype = TILEATTN_F32;
-    args->q.stride[3] = args->o.stride[3] = args->k_cache.stride[3] = args->v_cache.stride[3] = 1;
-    args->k_new.stride[3] = args->v_new.stride[3] = 1;
-    args->lse_stride[2] = 1;
-    args->causal = defaults.causal;
-    args->window_left = defaults.window_left;
-    args->window_right = defaults.window_right;
-    args->scale = defaults.scale;
-    args->isa = TILEATTN_ISA_AUTO;
-    args->kv_quant = TILEATTN_KV_NONE;
-    args->k_scale_stride[2] = args->v_scale_stride[2] = 1;
+    const auto defaults = default_kv_cache_args();
+    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+  });
+}
+
+tileattn_status tileattn_kv_cache_args_init_sized(tileattn_kv_cache_args* args, size_t struct_size) {
+  return capi::guarded(__func__, [&] {
+    capi::init_versioned(args, struct_size, kKvCacheArgsV1Size, default_kv_cache_args(), "args");
   });
 }
 
