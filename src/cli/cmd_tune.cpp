@@ -22,7 +22,8 @@ namespace {
 
 const char* const kHelp =
     "usage: tileattn tune [--dims 64,128] [--dtypes fp32] [--threads T] [--out PATH] [--json]\n"
-    "Times block_q in {32,64,96,128,192,256} x block_kv in {32,64,128,256} for each head_dim and\n"
+    "Times block_q in {32,64,96,128,192,256} x block_kv in {32,64,128,256} for each head_dim\n"
+    "(1..512, V's equal to Q/K's) and\n"
     "dtype (B=1, H=4, N=2048, no mask, median of 3 after a warm-up) on the automatic ISA path and\n"
     "writes the fastest to the tune file (default: TILEATTN_TUNE_FILE or\n"
     "~/.cache/tileattn/tune.conf), keeping its entries for other shapes.\n"
@@ -47,7 +48,9 @@ int cmd_tune(int argc, char** argv) {
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   // A key listed twice would be timed twice and written as two entries.
-  const std::vector<int64_t> dims = args.integer_list("--dims", {64, 128}, 1, kMaxHeadDim);
+  // Tuned calls have V's head dim equal to Q/K's (the entries apply to
+  // such calls only), so V's limit bounds them.
+  const std::vector<int64_t> dims = args.integer_list("--dims", {64, 128}, 1, kMaxValueHeadDim);
   for (std::size_t i = 0; i < dims.size(); ++i)
     if (std::find(dims.begin(), dims.begin() + i, dims[i]) != dims.begin() + i)
       throw UsageError("--dims: " + std::to_string(dims[i]) + " given twice");

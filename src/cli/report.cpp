@@ -1,22 +1,60 @@
 #include "cli/report.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 namespace tileattn::cli {
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence at text[i] (1..4), or 0 for a
+// byte that does not start one (stray continuation bytes, overlong forms,
+// surrogates, code points past U+10FFFF, a sequence cut short).
+std::size_t utf8_sequence_length(const std::string& text, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  std::size_t n;
+  uint32_t cp;
+  if (c >= 0xC2 && c <= 0xDF) n = 2, cp = c & 0x1Fu;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, cp = c & 0x0Fu;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, cp = c & 0x07u;
+  else return 0;
+  if (i + n > text.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0u) != 0x80u) return 0;
+    cp = cp << 6 | (byte(i + k) & 0x3Fu);
+  }
+  if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+    return 0;
+  return n;
+}
+
+}  // namespace
+
+// JSON text is UTF-8 (RFC 8259): well-formed sequences pass through, and a
+// byte that is not part of one (a file name or argument in another
+// encoding) becomes U+FFFD, so that every JSON reader can parse the report.
 std::string json_quote(const std::string& text) {
   std::string out = "\"";
-  for (unsigned char c : text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
     if (c == '"' || c == '\\') {
       out += '\\';
       out += char(c);
+      ++i;
     } else if (c < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
       out += buf;
+      ++i;
+    } else if (const std::size_t n = utf8_sequence_length(text, i); n > 0) {
+      out.append(text, i, n);
+      i += n;
     } else {
-      out += char(c);
+      out += "\\ufffd";
+      ++i;
     }
   }
   return out + "\"";

@@ -601,9 +601,15 @@ TEST(cliTune, RefusesADirectoryBeforeTiming) {
   EXPECT_NE(r.err.find("--out: '" + (dir / "d") + "' is a directory"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(dir.files(), (std::vector<std::string>{"d"}));  // no d.tmp
-  const Result big = run_cli("tune --dims 577 --out '" + (dir / "t.conf") + "'", dir);
-  EXPECT_EQ(big.status, 2);
-  EXPECT_NE(big.err.find("576"), std::string::npos) << big.err;
+  // Tuned calls have V's head dim equal to Q/K's: 513..576 are refused
+  // before any timing, and no directory of --out is made.
+  for (const char* dims : {"577", "16,513"}) {
+    const Result big = run_cli(std::string("tune --dims ") + dims + " --out '" + (dir / "new/t.conf") + "'", dir);
+    EXPECT_EQ(big.status, 2) << dims;
+    EXPECT_NE(big.err.find("--dims"), std::string::npos) << big.err;
+    EXPECT_NE(big.err.find("512"), std::string::npos) << big.err;
+    EXPECT_EQ(dir.files(), (std::vector<std::string>{"d"})) << dims;
+  }
 }
 
 // A head dim or dtype listed twice would be timed twice and written as two

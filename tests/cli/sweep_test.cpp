@@ -169,6 +169,40 @@ TEST(cliSweep, HeadDimsUpTo512) {
   }
 }
 
+// A case that fails (here: buffers larger than the machine's memory) is a
+// row with status "error" and its reason; the other rows and the document
+// are still written, and the sweep exits 1 (docs/cli.md).
+TEST(cliSweep, AFailedCaseIsAnErrorRowAndExitStatus1) {
+  TempDir dir;
+  const Result r = run_cli("bench --sweep --seqs 16,16777216 --dims 512 --heads 1 --masks none "
+                           "--impls tileattn --threads 1 --reps 1 --peak-gflops 10 --out '" + (dir / "r.json") + "'",
+                           dir);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("1 case(s) failed"), std::string::npos) << r.err;
+  const Json doc = parse_or_fail(slurp(dir / "r.json"));
+  ASSERT_EQ(doc.get("rows")->items.size(), 2u);
+  EXPECT_EQ(doc.get("rows")->items[0].get("status")->str, "ok");
+  EXPECT_EQ(doc.get("rows")->items[1].get("status")->str, "error");
+  EXPECT_NE(doc.get("rows")->items[1].get("reason")->str.find("more than this machine's"), std::string::npos);
+}
+
+// JSON is UTF-8: an argument in another encoding (a file name with the byte
+// 0xff) is written as U+FFFD, well-formed UTF-8 (e acute) as it is.
+TEST(cliSweep, JsonStaysUtf8WhateverBytesTheArgumentsHold) {
+  TempDir dir;
+  const std::string out = dir / "r_\xff_\xc3\xa9.json";
+  const Result r = run_cli("bench --sweep --seqs 16 --dims 16 --masks none --impls tileattn --heads 1 --threads 1 "
+                           "--reps 1 --peak-gflops 10 --json --out '" + out + "'",
+                           dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const std::string& text : {r.out, slurp(out)}) {
+    EXPECT_EQ(text.find('\xff'), std::string::npos) << text;
+    EXPECT_NE(text.find("r_\\ufffd_\xc3\xa9.json"), std::string::npos) << text;
+    const Json doc = parse_or_fail(text);
+    EXPECT_EQ(doc.get("rows")->items.size(), 1u);
+  }
+}
+
 TEST(cliSweep, JsonDocumentSkippedBaselineAndPerProcessMemory) {
   TempDir dir;
   const std::string out = dir / "r.json";
