@@ -4,10 +4,13 @@ argument names, order, defaults, layouts ([B, N, H, D]; packed [total, H, D]; ca
 [B_cache, S, Hkv, D] and pages [num_blocks, block_size, Hkv, D]) and return conventions. Thin
 layers: every array is read in place by flash_attention / attention_with_kvcache (as a strided
 view), never copied. docs/python.md lists where they differ from FlashAttention-2 and from the native API."""
+import re
+
 import numpy as np
 
-from ._forward import flash_attention
+from ._forward import check_max_seqlen, flash_attention
 from ._kvcache import attention_with_kvcache
+from ._problem import as_alibi_slopes, check_alibi_shape
 
 
 def _window(window_size):
@@ -118,23 +121,41 @@ def _varlen_paged(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, dropout_p, soft
         raise ValueError("cu_seqlens_q, cu_seqlens_k: must start at 0 and not decrease")
     if int(cu_q[-1]) != q.shape[0]:
         raise ValueError(f"cu_seqlens_q: ends at {int(cu_q[-1])}, q has {q.shape[0]} rows")
-    if max_q < max(lengths_q, default=0) or max_k < max(lengths_k, default=0):
-        raise ValueError(f"max_seqlen_q, max_seqlen_k: {max_q}, {max_k} are below the longest sequences "
-                         f"({max(lengths_q, default=0)}, {max(lengths_k, default=0)})")
+    # A given max_seqlen is at least the longest sequence; None (as without block_table) is not checked.
+    for name, given, lengths in (("max_seqlen_q", max_q, lengths_q), ("max_seqlen_k", max_k, lengths_k)):
+        longest = max(lengths, default=0)
+        if check_max_seqlen(name, given) >= 0 and given < longest:
+            raise ValueError(f"{name}: {given} is less than the longest sequence ({longest})")
     window = None if window_size == (-1, -1) else _window(window_size)
-    slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes)
+    slopes = None
+    if alibi_slopes is not None:  # [H] or [B, H] of the whole batch; each call gets its sequence's [H]
+        slopes = as_alibi_slopes(alibi_slopes, q)
+        check_alibi_shape(slopes, batch, q.shape[1])
     out = q.new_zeros(q.shape[:2] + (v_pages.shape[3],))
     for b in range(batch):
         rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
         if lengths_q[b] == 0:
             continue
         seq_slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
-        out[rows] = attention_with_kvcache(
-            q[rows].unsqueeze(0), k_pages, v_pages, None, None, torch.tensor([lengths_k[b]], dtype=torch.int32),
-            block_table[b:b + 1],
-            None, None, False, softmax_scale, causal, window, False, None, softcap=softcap,
-            alibi_slopes=seq_slopes, _token_major=True)[0]
+        try:
+            out[rows] = attention_with_kvcache(
+                q[rows].unsqueeze(0), k_pages, v_pages, None, None, torch.tensor([lengths_k[b]], dtype=torch.int32),
+                block_table[b:b + 1],
+                None, None, False, softmax_scale, causal, window, False, None, softcap=softcap,
+                alibi_slopes=seq_slopes, _token_major=True)[0]
+        except ValueError as error:
+            renamed = _name_sequence(str(error), b)
+            if renamed == str(error):
+                raise
+            raise ValueError(renamed) from None
     return out
+
+
+def _name_sequence(message, b):
+    """A message of sequence b's one-sequence call, which knows it as sequence 0 with table row
+    block_table[b:b + 1], reworded to name sequence b and row b of the caller's block_table."""
+    message = re.sub(r"\bsequence 0\b", f"sequence {b}", message)
+    return message.replace("block_table[0, ", f"block_table[{b}, ")
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

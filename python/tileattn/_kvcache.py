@@ -3,8 +3,8 @@ import numpy as np
 
 from . import _arrays, _kernel
 from . import _tileattn as _C
-from ._problem import (alibi_address, as_alibi_slopes, as_sinks, parse_bool, parse_causal_window, parse_scale,
-                       parse_softcap, sinks_address)
+from ._problem import (alibi_address, as_alibi_slopes, as_sinks, check_alibi_shape, check_sinks_shape, parse_bool,
+                       parse_causal_window, parse_scale, parse_softcap, sinks_address)
 
 # torch.Tensor, _torch_ops.dynamo_is_tracing and the custom op path _torch_ops.attention_with_kvcache,
 # bound at the first call with torch tensors (tileattn never imports torch itself):
@@ -122,7 +122,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
         alibi_slopes = as_alibi_slopes(alibi_slopes, q)
     if sinks is not None:
         shape = getattr(q, "shape", ())
-        sinks = as_sinks(sinks, q, shape[1] if len(shape) == 4 else None)
+        sinks = as_sinks(sinks, q, shape[2 if _token_major else 1] if len(shape) == 4 else None)
         if _arrays.is_torch(sinks):
             sinks = sinks.detach()  # attention_with_kvcache has no backward
     threads = _kernel._settings["threads"]
@@ -200,17 +200,19 @@ def _kvcache_tensors(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rota
 
 
 def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
-                 softmax_scale, cache_batch_idx=None, cache_leftpad=None):
+                 softmax_scale, cache_batch_idx=None, cache_leftpad=None, alibi_slopes=None, sinks=None):
     """The arguments of the custom op torch.ops.tileattn.attention_with_kvcache, checked in
     Python on the tensors' metadata (this path runs under tracing, with fake tensors):
     (cache_seqlens as a private int32 tensor [B], block_table an integer tensor [B, max_pages] or None,
     rotary_cos, rotary_sin float32 contiguous or None, softmax_scale as a float). The same
-    checks and messages as _tileattn.kvcache_arrays, which the direct path calls."""
+    checks and messages as _tileattn.kvcache_arrays, which the direct path calls. alibi_slopes
+    and sinks (from as_alibi_slopes / as_sinks) are checked, not returned: the op hands the
+    kernel bare pointers to them, so their shapes are checked here."""
     torch = _arrays.torch_module()
     fw = _arrays.framework("q", q)
     arrays = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "block_table": block_table,
               "rotary_cos": rotary_cos, "rotary_sin": rotary_sin, "cache_batch_idx": cache_batch_idx,
-              "cache_leftpad": cache_leftpad}
+              "cache_leftpad": cache_leftpad, "alibi_slopes": alibi_slopes, "sinks": sinks}
     if not isinstance(cache_seqlens, (int, np.integer)) and cache_seqlens is not None:
         arrays["cache_seqlens"] = cache_seqlens
     for name, x in arrays.items():
@@ -255,6 +257,10 @@ def op_arguments(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_c
                              f"which is v_cache's ({v_cache.shape[3]})")
         if (k.shape[0], k.shape[1], k.shape[3]) != (b, hk, d):
             raise ValueError(f"k: expected [B, Hkv, Nnew, D] = [{b}, {hk}, Nnew, {d}], got {tuple(k.shape)}")
+    if alibi_slopes is not None:
+        check_alibi_shape(alibi_slopes, b, h)
+    if sinks is not None:
+        check_sinks_shape(sinks, h)
 
     # Under tracing the tensors are fake: only metadata is checked here, and the torch op checks
     # the lengths' values when it runs (op_seqlens).

@@ -315,7 +315,8 @@ class FlashAttention(nn.Module):
         if padded:
             positions = self.real_count[:, None] + real.cumsum(1) - 1  # [B, N]; padding: its neighbour's
             positions = positions.clamp(min=0)
-            self._update_dynamic_rope(int(positions.max()) + 1)
+            if positions.numel():  # no token (N = 0 or B = 0): no position to rotate
+                self._update_dynamic_rope(int(positions.max()) + 1)
         else:
             self._update_dynamic_rope(start + n)
         q = self._project(x, self.q_proj, self.heads)

@@ -104,7 +104,7 @@ def parse_softcap(softcap):
 def as_alibi_slopes(alibi_slopes, q):
     """ALiBi slopes ([H] or [B, H]) as the kernel reads them: float32, contiguous, in q's
     framework (a torch tensor for torch inputs, else a NumPy array); None stays None. The
-    shape is checked in C++ against q."""
+    shape is checked against q in C++, or by check_alibi_shape where the kernel gets a bare pointer."""
     if alibi_slopes is None:
         return None
     if type(q).__module__.startswith("torch"):
@@ -118,6 +118,15 @@ def as_alibi_slopes(alibi_slopes, q):
     if slopes.dtype.kind != "f":
         raise TypeError(f"alibi_slopes: expected a float array, got dtype {slopes.dtype}")
     return np.ascontiguousarray(slopes, dtype=np.float32)
+
+
+def check_alibi_shape(slopes, batch, heads):
+    """ValueError unless slopes (from as_alibi_slopes) is [heads] or [batch, heads]: the rule and
+    message of the C++ checks (read_alibi_slopes), for the paths that pass the kernel a bare
+    pointer. Reads the shape only (traceable)."""
+    shape = tuple(slopes.shape)
+    if shape != (heads,) and shape != (batch, heads):
+        raise ValueError(f"alibi_slopes: expected shape [{heads}] or [{batch}, {heads}], got {shape}")
 
 
 def alibi_address(slopes):
@@ -150,9 +159,16 @@ def as_sinks(sinks, q, heads=None):
         if out.dtype.kind != "f":
             raise TypeError(f"sinks: expected a float array, got dtype {out.dtype}")
         out = np.ascontiguousarray(out, dtype=np.float32)
-    if heads is not None and tuple(out.shape) != (heads,):
-        raise ValueError(f"sinks: expected shape [{heads}] (one logit per query head), got {tuple(out.shape)}")
+    if heads is not None:
+        check_sinks_shape(out, heads)
     return out
+
+
+def check_sinks_shape(sinks, heads):
+    """ValueError unless sinks (from as_sinks) is [heads]: the rule and message of the C++ checks
+    (read_sinks). Reads the shape only (traceable)."""
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks: expected shape [{heads}] (one logit per query head), got {tuple(sinks.shape)}")
 
 
 def sinks_address(sinks):

@@ -12,6 +12,10 @@ class SdpaArgumentError(ValueError, RuntimeError):
     error, and a RuntimeError, which is what torch's scaled_dot_product_attention raises."""
 
 
+class SdpaArgumentTypeError(SdpaArgumentError, TypeError):
+    """An SdpaArgumentError about a dtype or type, which tileattn raises as a TypeError: it stays one."""
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """PyTorch's ``scaled_dot_product_attention`` on tileattn's kernel, for CPU tensors (and NumPy arrays).
@@ -19,7 +23,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Same arguments, defaults and semantics as ``torch.nn.functional.scaled_dot_product_attention``:
 
     * query ``(..., Hq, L, E)``, key ``(..., Hk, S, E)``, value ``(..., Hk, S, Ev)``; 3-D and 4-D
-      inputs are read in place, more leading dims are flattened into the batch.
+      inputs are read in place, more leading dims are flattened into the batch (key's and value's
+      equal query's: they are not broadcast).
     * ``attn_mask``: bool (True = takes part) or float (added to the scores), broadcastable to
       ``(..., Hq, L, S)``; read in place with stride-0 broadcasting; a float mask that requires
       grad gets its gradient. ``torch.nn.attention.bias.causal_lower_right`` /
@@ -29,7 +34,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     * ``scale``: None means ``1 / sqrt(E)``. ``enable_gqa``: key/value may have fewer heads, which
       must divide query's; without it the head counts must be equal. Argument errors are
       SdpaArgumentError, both a ValueError (tileattn's convention) and a RuntimeError (what
-      PyTorch raises).
+      PyTorch raises); one about a dtype or type is also a TypeError.
     * Autograd for query, key and value through the C++ backward kernel.
     * Under ``torch.autocast("cpu")``, query, key and value run in the autocast dtype, as
       PyTorch's SDPA does there (a float mask keeps its own dtype: the kernel reads fp32).
@@ -38,6 +43,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     generator (seeded from ``torch.randint``), not PyTorch's; the top-left causal mask with
     ``S > L`` is passed to the kernel as a ``[L, S]`` boolean mask (one ``L x S`` bool tensor).
     """
+    try:
+        return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    except (ValueError, TypeError) as error:
+        # flash_attention's checks raise ValueError / TypeError naming the argument; here they are
+        # SdpaArgumentError, so that code catching torch's RuntimeError catches them too.
+        if isinstance(error, SdpaArgumentError):
+            raise
+        kind = SdpaArgumentTypeError if isinstance(error, TypeError) else SdpaArgumentError
+        raise kind(str(error)).with_traceback(error.__traceback__) from None
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """scaled_dot_product_attention; its argument errors may be flash_attention's ValueError / TypeError."""
     if _arrays.is_torch(query):
         query, key, value = autocast_inputs(query, key, value)
     qs, ks = query.shape, key.shape
@@ -84,6 +102,9 @@ def autocast_inputs(*tensors):
 def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """3-D or 5-D+ inputs as 4-D views [B, H, N, E] (3-D: B = 1), the output reshaped back."""
     lead = tuple(query.shape[:-3])
+    for name, x in (("key", key), ("value", value)):
+        if tuple(x.shape[:-3]) != lead:  # flattened into one batch dim, they would pair the wrong entries
+            raise SdpaArgumentError(f"{name}: leading dims {tuple(x.shape[:-3])} differ from query's {lead}")
     def as4(x):
         return x.reshape((-1,) + tuple(x.shape[-3:])) if len(lead) else x[None]
     mask = attn_mask
@@ -91,10 +112,12 @@ def _any_rank(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         # The mask's leading dims broadcast to the inputs' before they are flattened into one
         # batch dim (a copy only when a broadcast leading dim cannot be flattened as a view).
         shape = (1,) * (len(query.shape) - len(mask.shape)) + tuple(mask.shape)
+        if len(shape) > len(query.shape) or any(m not in (1, n) for m, n in zip(shape[:-3], lead)):
+            raise SdpaArgumentError(f"attn_mask: shape {tuple(mask.shape)} does not broadcast to the leading "
+                                    f"dims {lead} of query")
         target = lead + shape[-3:]
         mask = mask.reshape(shape)
         mask = np.broadcast_to(mask, target) if isinstance(mask, np.ndarray) else mask.expand(target)
         mask = mask.reshape((-1,) + shape[-3:])
-    o = scaled_dot_product_attention(as4(query), as4(key), as4(value), mask, dropout_p, is_causal, scale,
-                                     enable_gqa)
+    o = _attention(as4(query), as4(key), as4(value), mask, dropout_p, is_causal, scale, enable_gqa)
     return o.reshape(tuple(query.shape[:-1]) + (value.shape[-1],))

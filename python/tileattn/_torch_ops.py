@@ -537,7 +537,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table
                                                                       rotary_sin, alibi_slopes, sinks))
     seqlens, table, cos, sin, scale, batch_idx, leftpad = _kvcache.op_arguments(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, scale,
-        cache_batch_idx, cache_leftpad)
+        cache_batch_idx, cache_leftpad, alibi_slopes, sinks)
     return attention_with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, table, cos, sin,
                                      interleaved, scale, causal, window_left, window_right, softcap,
                                      alibi_slopes, sinks, batch_idx, leftpad, rotary_fa2)

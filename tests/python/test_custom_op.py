@@ -163,6 +163,34 @@ def test_kvcache_op_checks_the_lengths_values_when_it_runs():
                           backend="aot_eager", fullgraph=True)(q, kc, vc, k, v, bad)
 
 
+def test_kvcache_op_path_checks_alibi_slopes_and_sinks_like_the_direct_call():
+    """The op hands the kernel bare pointers to alibi_slopes and sinks: a wrong shape (a slice
+    of a longer tensor, whose next element the kernel would read) or a tensor on the meta device
+    is the direct call's ValueError on every path torch can observe, and nothing is appended."""
+    q, kc, vc, k, v, _, _ = kvcache_inputs()
+    backing = torch.ones(9)
+    bad = [("alibi_slopes", backing[:3], r"alibi_slopes: expected shape \[4\] or \[2, 4\], got \(3,\)"),
+           ("alibi_slopes", backing[:3].reshape(1, 3), r"alibi_slopes: expected shape \[4\] or \[2, 4\], got \(1, 3\)"),
+           ("alibi_slopes", backing[:8].reshape(4, 2), r"alibi_slopes: expected shape \[4\] or \[2, 4\], got \(4, 2\)"),
+           ("sinks", backing[:3], r"sinks: expected shape \[4\] \(one logit per query head\), got \(3,\)"),
+           ("alibi_slopes", torch.ones(4, device="meta"), "alibi_slopes: tensor is on device 'meta' but q is not"),
+           ("sinks", torch.ones(4, device="meta"), "sinks: tensor is on device 'meta' but q is not")]
+    compiled = torch.compile(lambda q, kc, vc, k, v, **kw: tileattn.attention_with_kvcache(
+        q, kc, vc, k, v, cache_seqlens=2, **kw), backend="eager")
+    for name, value, message in bad:
+        with pytest.raises(ValueError, match=message):  # the direct call
+            tileattn.attention_with_kvcache(q, kc.clone(), vc.clone(), k, v, cache_seqlens=2, **{name: value})
+        caches = kc.clone(), vc.clone()
+        with pytest.raises(ValueError, match=message):
+            tileattn.attention_with_kvcache(q.clone().requires_grad_(), *caches, k, v, cache_seqlens=2,
+                                            **{name: value})
+        with pytest.raises(ValueError, match=message), RecordOps():
+            tileattn.attention_with_kvcache(q, *caches, k, v, cache_seqlens=2, **{name: value})
+        with pytest.raises(ValueError, match=message):
+            compiled(q, *caches, k, v, **{name: value})
+        assert torch.equal(caches[0], kc) and torch.equal(caches[1], vc)
+
+
 def test_flash_attention_under_a_dispatch_mode_goes_through_the_op():
     q, k, v = inputs()
     with RecordOps() as mode:

@@ -192,6 +192,37 @@ def test_sdpa_errors_like_torch():
         tileattn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(9, 9, dtype=torch.bool), is_causal=True)
 
 
+def test_sdpa_argument_errors_are_sdpa_argument_errors():
+    """Every argument error of the drop-in is a SdpaArgumentError (so a RuntimeError, as torch
+    raises), also those flash_attention finds; the message is flash_attention's, and a dtype error
+    stays a TypeError too."""
+    from tileattn._sdpa import SdpaArgumentError
+
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape).to(dtype)
+
+    bool_mask = dict(dtype=torch.bool)
+    cases = [  # (query, key, value, options, words, also a TypeError)
+        (t(1, 3, 2, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), dict(enable_gqa=True), "heads must divide", False),
+        (t(1, 2, 2, 8), t(1, 2, 4, 4), t(1, 2, 4, 8), {}, "head_dim", False),
+        (t(2, 2, 2, 8), t(3, 2, 4, 8), t(3, 2, 4, 8), {}, "batch", False),
+        (t(1, 2, 2, 8), t(1, 2, 4, 8, dtype=torch.bfloat16), t(1, 2, 4, 8), {}, "dtype", True),
+        (t(1, 2, 2, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), dict(attn_mask=torch.ones(3, 4, **bool_mask)), "attn_mask", False),
+        (t(1, 2, 2, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), dict(attn_mask=torch.ones(2, 4, dtype=torch.int64)),
+         "attn_mask", True),
+        (t(2, 3, 2, 4, 8), t(3, 2, 2, 5, 8), t(3, 2, 2, 5, 8), {}, r"key: leading dims \(3, 2\)", False),
+        (t(2, 3, 2, 4, 8), t(2, 3, 2, 5, 8), t(2, 3, 2, 5, 8), dict(attn_mask=torch.ones(4, 1, 4, 5, **bool_mask)),
+         "attn_mask", False),
+        (t(2, 4, 8), t(2, 5, 8), t(2, 5, 8).double(), {}, "dtype", True),
+    ]
+    for q, k, v, options, words, type_error in cases:
+        with pytest.raises(SdpaArgumentError, match=words) as info:
+            tileattn.scaled_dot_product_attention(q, k, v, **options)
+        assert isinstance(info.value, RuntimeError) and isinstance(info.value, TypeError) == type_error
+        with pytest.raises(RuntimeError):  # torch too
+            F.scaled_dot_product_attention(q, k, v, **options)
+
+
 # ---------------------------------------------------------------- flash_attn_func / varlen
 
 def bhsd(x):
@@ -349,6 +380,34 @@ def test_flash_attn_varlen_func_block_table(rng, case, dtype):
         tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, max(lq), max(lk), block_table=table[:2])
     with pytest.raises(ValueError, match="max_seqlen"):
         tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, 2, max(lk), block_table=table)
+
+
+def test_flash_attn_varlen_func_block_table_errors_name_the_sequence():
+    """Each sequence is its own one-sequence call: its errors name the caller's sequence and
+    block_table row, not the call's 0. max_seqlen None is accepted, as without block_table."""
+    h, d, page = 2, 8, 4
+    q = torch.randn(7, h, d)
+    k_pages, v_pages = torch.randn(6, page, h, d), torch.randn(6, page, h, d)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    cq = torch.tensor([0, 3, 7], dtype=torch.int32)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^block_table: sequence 1 needs 4 pages of 4 tokens for 13 tokens "
+                                             r"but the table has 3 entries per sequence$"):
+            tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, torch.tensor([0, 5, 18], dtype=torch.int32),
+                                            4, 13, block_table=table)
+        with pytest.raises(ValueError, match=r"^block_table\[1, 2\] = 9 is out of range 0..5 \(num_pages = 6\)$"):
+            tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, torch.tensor([0, 5, 17], dtype=torch.int32),
+                                            4, 12, block_table=torch.tensor([[0, 1, 2], [3, 4, 9]], dtype=torch.int32))
+        with pytest.raises(ValueError, match=r"^alibi_slopes: expected shape \[2\] or \[2, 2\], got \(3,\)$"):
+            tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, torch.tensor([0, 5, 17], dtype=torch.int32),
+                                            4, 12, alibi_slopes=torch.ones(3), block_table=table)
+        with pytest.raises(ValueError, match=r"^max_seqlen_k: 11 is less than the longest sequence \(12\)$"):
+            tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, torch.tensor([0, 5, 17], dtype=torch.int32),
+                                            None, 11, block_table=table)
+        ck = torch.tensor([0, 5, 17], dtype=torch.int32)
+        out = tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, None, None, block_table=table, causal=True)
+        torch.testing.assert_close(out, tileattn.flash_attn_varlen_func(q, k_pages, v_pages, cq, ck, 4, 12,
+                                                                        block_table=table, causal=True))
 
 
 # ---------------------------------------------------------------- flash_attn_with_kvcache

@@ -61,6 +61,21 @@ def test_cache_overflow_and_bad_input_raise():
 
 
 @pytest.mark.parametrize("backend", ["tileattn", "sdpa"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_padded_prefill_of_no_tokens_is_empty_like_the_unpadded_one(backend, grad):
+    """N = 0 with a padding mask [B, 0] or lengths [0, 0] gives the empty [B, 0, hidden], as
+    without one; the sequence goes on from there."""
+    m = layer(backend)
+    step = torch.randn(2, 1, 96, generator=torch.Generator().manual_seed(4))
+    with torch.set_grad_enabled(grad):
+        expected = m(step)
+        for padding in (dict(attention_mask=torch.ones(2, 0)), dict(lengths=torch.tensor([0, 0]))):
+            out = m(torch.zeros(2, 0, 96), **padding)
+            assert out.shape == (2, 0, 96) and m.cache_length == 0
+            torch.testing.assert_close(m.incremental_forward(step), expected, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["tileattn", "sdpa"])
 @pytest.mark.parametrize("convert", [lambda m: m.to(torch.bfloat16), lambda m: m.half(),
                                      lambda m: m.to(dtype=torch.bfloat16)])
 def test_layer_converted_after_construction_equals_one_built_in_that_dtype(backend, convert):
