@@ -191,3 +191,26 @@ def test_errors_name_the_argument(rng):
         tileattn.flash_attention(q, k, v, cu_seqlens_q=c.astype(np.float32), cu_seqlens_k=c)
     with pytest.raises(ValueError, match="max_seqlen_q, max_seqlen_k: only with cu_seqlens"):
         tileattn.flash_attention(q[None], k[None], v[None], max_seqlen_q=3)
+
+
+def test_rows_outside_every_sequence_see_no_key():
+    """Packed rows before cu_seqlens[0] or from cu_seqlens[-1] on take part in no attention: O 0,
+    LSE -inf, and 0 in the gradients (not what the fresh buffers held), through autograd too."""
+    torch.manual_seed(0)
+    h, d = 2, 8
+    for _ in range(3):  # fresh buffers from an allocator that held 1e30 just before
+        junk = [torch.full((9, h, d), 1e30) for _ in range(8)]
+        del junk
+        q = torch.randn(8, h, d, requires_grad=True)
+        k = torch.randn(9, h, d, requires_grad=True)
+        v = torch.randn(9, h, d, requires_grad=True)
+        cq = torch.tensor([1, 3, 7], dtype=torch.int32)  # q rows 0 and 7 in no sequence
+        ck = torch.tensor([0, 4, 8], dtype=torch.int32)  # k/v row 8 in no sequence
+        o, lse = tileattn.flash_attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=4,
+                                          max_seqlen_k=4, return_lse=True)
+        assert torch.all(o[[0, 7]] == 0)
+        assert torch.all(lse[:, [0, 7]] == -torch.inf)
+        assert torch.isfinite(o[1:7]).all()
+        o.sum().backward()
+        assert torch.all(q.grad[[0, 7]] == 0)
+        assert torch.all(k.grad[8] == 0) and torch.all(v.grad[8] == 0)
