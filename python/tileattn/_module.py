@@ -85,6 +85,18 @@ class AttentionConfig:
             # Phi-3 style: the top-level field wins, as in transformers' standardize_rope_params
             values["rope_scaling"] = {**values["rope_scaling"],
                                       "original_max_position_embeddings": d["original_max_position_embeddings"]}
+        # Attention features of other model families that this layer does not compute: refused
+        # rather than ignored, which would give wrong outputs without a word.
+        partial = d.get("partial_rotary_factor", (rope if isinstance(rope, dict) else {}).get("partial_rotary_factor"))
+        if partial is not None and float(partial) != 1.0:
+            raise NotImplementedError(f"config: partial_rotary_factor {partial} (RoPE on part of the head dims) "
+                                      "is not supported")
+        if d.get("attn_logit_softcapping") is not None:
+            raise NotImplementedError(f"config: attn_logit_softcapping {d['attn_logit_softcapping']} is not "
+                                      "supported (tileattn.flash_attention takes softcap=)")
+        if d.get("sliding_window") is not None and d.get("use_sliding_window", True):
+            raise NotImplementedError(f"config: sliding_window {d['sliding_window']} is not supported "
+                                      "(tileattn.flash_attention takes window=)")
         dtype = d.get("dtype") or d.get("torch_dtype")
         if dtype is not None:
             values["dtype"] = dtype

@@ -83,6 +83,22 @@ def test_config_fields_of_both_generations():
     assert qwen.attention_bias and not qwen.o_proj_bias and qwen.rope_theta == 1e6
 
 
+def test_attention_features_the_layer_lacks_are_refused_not_ignored():
+    """partial rotary (Phi, StableLM), Gemma 2's logit soft-capping and Mistral's sliding window
+    would change the outputs; the layer does not compute them, so their configs are refused."""
+    for extra, name in [({"partial_rotary_factor": 0.4}, "partial_rotary_factor"),
+                        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                              "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+                        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+                        ({"sliding_window": 4096}, "sliding_window")]:
+        with pytest.raises(NotImplementedError, match=name):
+            tileattn.AttentionConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4, **extra})
+    # Values that change nothing are read as before.
+    for extra in [{"partial_rotary_factor": 1.0}, {"sliding_window": None},
+                  {"sliding_window": 4096, "use_sliding_window": False}, {"attn_logit_softcapping": None}]:
+        tileattn.AttentionConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4, **extra})
+
+
 def test_unsupported_rope_and_unknown_tensors_say_so(tmp_path):
     with pytest.raises(NotImplementedError, match="longrope"):
         tileattn.AttentionConfig(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]})
