@@ -358,7 +358,20 @@ void validate(const ForwardArgs& a, OutputUse o_use) {
     mask = view_range("mask", a.mask.data, a.mask.kind == MaskSpec::Kind::boolean ? 1 : 4, m_sizes,
                       a.mask.stride.data(), 4);
   }
+  // The score modifiers' per-head inputs, read while O and LSE are written.
+  ViewSpan alibi, sinks;
+  if (a.alibi_slopes && s.batch > 0 && s.heads > 0) {
+    const int64_t sizes[2] = {a.alibi_batch_stride > 0 ? s.batch : 1, s.heads};
+    const int64_t strides[2] = {a.alibi_batch_stride, 1};
+    alibi = view_range("alibi_slopes", a.alibi_slopes, 4, sizes, strides, 2);
+  }
+  if (a.sinks && s.heads > 0) {
+    const int64_t sizes[1] = {s.heads}, strides[1] = {1};
+    sinks = view_range("sinks", a.sinks, 4, sizes, strides, 1);
+  }
   if (o_written) {
+    if (views_overlap(o, alibi)) fail("o: output overlaps input alibi_slopes");
+    if (views_overlap(o, sinks)) fail("o: output overlaps input sinks");
     if (views_overlap(o, q)) fail("o: output overlaps input q");
     if (views_overlap(o, k)) fail("o: output overlaps input k");
     if (views_overlap(o, v)) fail("o: output overlaps input v");
@@ -375,6 +388,8 @@ void validate(const ForwardArgs& a, OutputUse o_use) {
       fail("lse: overlaps an input");
     if (views_overlap(lse, mask)) fail("lse: overlaps the mask");
     if (views_overlap(lse, k_scale) || views_overlap(lse, v_scale)) fail("lse: overlaps an input");
+    if (views_overlap(lse, alibi)) fail("lse: overlaps input alibi_slopes");
+    if (views_overlap(lse, sinks)) fail("lse: overlaps input sinks");
   }
 }
 

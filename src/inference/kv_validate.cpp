@@ -215,6 +215,32 @@ void check_new_rows(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpa
                       {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}});
 }
 
+// What an appending call reads besides the new rows (read while rows are
+// written, or after) and cache_seqlens (which it advances): none may lie in
+// the cache or in the int8 scales the append writes.
+void check_apart_from_the_writes(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache) {
+  const ScaleRanges scales = scale_ranges(a);
+  const auto check = [&](const char* name, const void* data, int64_t rows, int64_t row_stride, int64_t count,
+                         int64_t element_size) {
+    if (!data || rows <= 0 || count <= 0) return;
+    const int64_t sizes[2] = {rows, count}, strides[2] = {row_stride, 1};
+    const ViewSpan range = view_range(name, data, element_size, sizes, strides, 2);
+    const std::string what = std::string(name) + ": overlaps";
+    fail_if_overlapping(what.c_str(), range,
+                        {{"k_cache", k_cache}, {"v_cache", v_cache}, {"k_scale", scales.k}, {"v_scale", scales.v}},
+                        ", which this call writes");
+  };
+  check("cache_seqlens", a.cache_seqlens, 1, 0, a.batch, 4);
+  check("new_counts", a.new_counts, 1, 0, a.batch, 4);
+  check("cache_batch_idx", a.cache_batch_idx, 1, 0, a.batch, 4);
+  check("cache_leftpad", a.cache_leftpad, 1, 0, a.batch, 4);
+  if (paged(a)) check("block_table", a.block_table, a.batch, a.block_table_stride, a.block_table_stride, 4);
+  check("rotary_cos", a.rotary_cos, 1, 0, a.rotary_positions * (a.rotary_dim / 2), 4);
+  check("rotary_sin", a.rotary_sin, 1, 0, a.rotary_positions * (a.rotary_dim / 2), 4);
+  check("sinks", a.sinks, 1, 0, a.heads, 4);
+  check("alibi_slopes", a.alibi_slopes, a.alibi_batch_stride > 0 ? a.batch : 1, a.alibi_batch_stride, a.heads, 4);
+}
+
 // Whether the call rotates (tables given), after checking the tables; a
 // rotary size without tables would silently rotate nothing.
 bool check_rotary_tables(const KvCacheArgs& a) {
@@ -332,6 +358,7 @@ AppendPlan validate_append(const KvCacheArgs& a) {
   const ViewSpan k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
   const ViewSpan v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_new_rows(a, k, v);
+  check_apart_from_the_writes(a, k, v);
 
   if (check_rotary_tables(a)) {
     for (int64_t b = 0; b < a.batch; ++b)

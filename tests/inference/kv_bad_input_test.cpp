@@ -183,6 +183,27 @@ TEST(KvCacheBadInput, AttentionArgumentsCheckedBeforeTheAppend) {
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.scale = INFINITY; }, "scale");
 }
 
+// What an appending call reads or advances besides the new rows may not lie
+// in the cache it writes: the append would change it before it is read
+// (sinks, ALiBi slopes, rotary tables) or the final write of cache_seqlens
+// would land in the cache.
+TEST(KvCacheBadInput, ArgumentsInsideTheCacheTheCallWrites) {
+  for (int64_t page : {int64_t{0}, int64_t{4}})
+    for (bool append_only : {false, true}) {
+      DecodeSpec spec = contiguous_spec();
+      spec.page_size = page;
+      expect_rejected(spec, [](KvCacheArgs& a, DecodeRun&) { a.sinks = static_cast<const float*>(a.k_cache.data); },
+                      "sinks: overlaps k_cache, which this call writes", append_only);
+      expect_rejected(spec,
+                      [](KvCacheArgs& a, DecodeRun& r) {
+                        auto* inside = static_cast<int32_t*>(a.v_cache.data) + 8;
+                        std::memcpy(inside, r.seqlens.data(), r.seqlens.size() * sizeof(int32_t));
+                        a.cache_seqlens = inside;
+                      },
+                      "cache_seqlens: overlaps v_cache, which this call writes", append_only);
+    }
+}
+
 // Quantized caches (int8, fp8 e4m3): wrong or missing scales, a scale of 0,
 // NaN, inf or < 0 (fp8's per-head scales), scales that overlap the cache or
 // an output, and scales given to an unquantized cache.

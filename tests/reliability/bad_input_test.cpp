@@ -248,6 +248,17 @@ TEST(BadInput, OutputAliasingAnInput) {
   data.args = good;
   data.args.lse = const_cast<float*>(static_cast<const float*>(data.args.k.data));
   expect_forward_refused(data, {"lse: overlaps an input"});
+  // The score modifiers' per-head inputs: sinks [H] and ALiBi slopes [H] or [B, H].
+  data.args = good;
+  data.args.sinks = static_cast<const float*>(data.args.o.data);
+  expect_forward_refused(data, {"o: output overlaps input sinks"});
+  std::vector<float> lse(size_t(c.batch * c.heads * c.seqlen_q), 0.0f);
+  data.args = good;
+  data.args.lse = lse.data();
+  data.args.lse_stride = {c.heads * c.seqlen_q, c.seqlen_q, 1};
+  data.args.alibi_slopes = lse.data() + 1;
+  data.args.alibi_batch_stride = c.heads;
+  expect_forward_refused(data, {"lse: overlaps input alibi_slopes"});
 }
 
 // An empty batch is valid whatever packed row count Q claims; no path may
