@@ -53,7 +53,7 @@ tileattn_status tileattn_tune_config_set(tileattn_tune_config* config, int32_t i
     capi::require(config, "config");
     const Isa path = capi::to_isa(isa, "isa");
     if (path == Isa::automatic || path == Isa::reference)
-      throw Error("isa: a tune entry names a concrete kernel path (generic, avx2 or avx512)");
+      throw Error("isa: a tune entry names a concrete kernel path (generic, avx2, avx512, avx512bf16 or amx)");
     const DType type = capi::to_dtype(dtype, "dtype");
     if (head_dim < 1 || head_dim > kMaxHeadDim)
       throw Error("head_dim must be in 1.." + std::to_string(kMaxHeadDim) + ", got " + std::to_string(head_dim));

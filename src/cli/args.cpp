@@ -110,6 +110,13 @@ double Args::number(const std::string& flag, double fallback, double min, double
   return value;
 }
 
+float Args::fp32_number(const std::string& flag, double fallback, double min, double max) const {
+  const double value = number(flag, fallback, min, max);
+  if (value != 0.0 && float(value) == 0.0f)
+    throw UsageError(flag + ": " + values_.at(flag) + " rounds to 0 in fp32 (its smallest nonzero value is 1.4e-45)");
+  return float(value);
+}
+
 DType Args::dtype(const std::string& flag, const std::string& fallback) const {
   return parse_dtype_flag(flag, text(flag, fallback));
 }

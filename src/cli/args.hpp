@@ -39,6 +39,10 @@ class Args {
   int64_t integer(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const;
   // Finite number in [min, max].
   double number(const std::string& flag, double fallback, double min, double max) const;
+  // The same for a value the library takes as fp32: a nonzero number that
+  // rounds to 0 there (below 2^-150 in magnitude) is refused rather than
+  // turned into 0 (a soft cap or dropout silently off, a scale of 0).
+  float fp32_number(const std::string& flag, double fallback, double min, double max) const;
   // fp32, fp16 or bf16 (and parse_dtype's other spellings).
   DType dtype(const std::string& flag, const std::string& fallback) const;
   // "L,R" with each side >= -1 (-1: unbounded). Absent: {-1, -1}.

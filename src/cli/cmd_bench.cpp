@@ -136,7 +136,7 @@ int cmd_bench(int argc, char** argv) {
   if (bf16_probabilities && dtype != DType::bf16) throw UsageError("--bf16-probabilities: only with --dtype bf16");
   const bool causal = args.has("--causal");
   const auto [window_left, window_right] = args.window("--window");
-  const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
+  const float softcap = args.fp32_number("--softcap", 0.0, 0.0, 1e30);
   const int threads = int(args.integer("--threads", hardware_threads(), 1, 4096));
   const int reps = int(args.integer("--reps", 5, 1, 1000));
   const double given_peak = args.number("--peak-gflops", 0, 1e-3, 1e9);

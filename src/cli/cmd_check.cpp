@@ -4,7 +4,8 @@
 // float64 reference by the project's tolerance rule (src/testing/tolerance.hpp:
 // per output row, 2 x the error of a naive same-precision implementation + a
 // floor proportional to the output's magnitude). --perturb R scales every
-// output by (1 + R) first, to show that the rule bites.
+// element of O by (1 + R) first (the LSE is compared as computed), to show
+// that the rule bites.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -26,7 +27,7 @@ const char* const kHelp =
     "error of a naive same-precision implementation plus a floor proportional to the\n"
     "output's magnitude (docs/accuracy.md). Exits 1 if any case fails.\n"
     "--isa all (default) runs every path this CPU supports.\n"
-    "--perturb R multiplies every output by (1 + R) before comparing: a check that bites\n"
+    "--perturb R multiplies every element of O by (1 + R) before comparing: a check that bites\n"
     "fails every fp32 case at 0.001 and every fp16/bf16 case at 0.01.\n";
 
 std::vector<testing::Case> check_cases() {

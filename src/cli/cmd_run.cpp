@@ -139,9 +139,9 @@ int cmd_run(int argc, char** argv) {
     throw UsageError("--layout: expected bhsd or bshd, got '" + layout_text + "'");
   const Layout layout = parse_layout(layout_text);
   const auto [window_left, window_right] = args.window("--window");
-  const float scale = float(args.number("--scale", std::numeric_limits<double>::quiet_NaN(), -1e30, 1e30));
-  const float softcap = float(args.number("--softcap", 0.0, 0.0, 1e30));
-  const double dropout = args.number("--dropout", 0.0, 0.0, 0.999999);
+  const float scale = args.fp32_number("--scale", std::numeric_limits<double>::quiet_NaN(), -1e30, 1e30);
+  const float softcap = args.fp32_number("--softcap", 0.0, 0.0, 1e30);
+  const double dropout = args.fp32_number("--dropout", 0.0, 0.0, 0.999999);
   const uint64_t seed = uint64_t(args.integer("--seed", 0, 0, INT64_MAX));
   // A seed would be silently ignored without dropout.
   if (args.has("--seed") && !args.has("--dropout")) throw UsageError("--seed: only with --dropout");
@@ -167,7 +167,7 @@ int cmd_run(int argc, char** argv) {
     if (f == &do_file && !backward) continue;
     const std::string& name = f == &q_file ? q_path : f == &k_file ? k_path : f == &v_file ? v_path : do_path;
     if (f->type == io::NpyType::boolean)
-      throw Error(name + ": dtype bool is not a valid attention input (expected float32 or float16)");
+      throw Error(name + ": a bool or uint8 array (|b1, |u1: mask types) is not a valid attention input (expected float32 or float16)");
     if (f->type != q_file.type)
       throw Error(name + ": dtype " + npy_type_name(f->type) + " differs from " + q_path + " (" +
                   npy_type_name(q_file.type) + "); Q, K and V must have the same dtype");

@@ -23,7 +23,7 @@ TypedBuffer zeros(DType dtype, int64_t elements) {
 
 TypedBuffer convert_to(const io::NpyArray& array, DType to, const std::string& flag, const std::string& name) {
   if (array.type == io::NpyType::boolean)
-    throw Error(name + ": dtype bool is not a valid attention input (expected float32 or float16)");
+    throw Error(name + ": a bool or uint8 array (|b1, |u1: mask types) is not a valid attention input (expected float32 or float16)");
   const int64_t n = array.elements();
   TypedBuffer out;
   out.dtype = to;

@@ -70,7 +70,7 @@ TEST_F(cliRunErrors, MismatchedAndUnsupportedDtypes) {
   expect_failure(inputs("q.npy", "k16.npy"), "must have the same dtype");
   const std::vector<uint8_t> flags(1 * 2 * 5 * 8, 1);
   io::write_npy(dir / "qb.npy", io::NpyType::boolean, {1, 2, 5, 8}, flags.data());
-  expect_failure(inputs("qb.npy"), "qb.npy: dtype bool");
+  expect_failure(inputs("qb.npy"), "qb.npy: a bool or uint8 array (|b1, |u1: mask types) is not a valid attention input");
   ASSERT_EQ(tileattn::testing::run_python("import numpy as np; np.save('" + (dir / "q64.npy") +
                                           "', np.zeros((1, 2, 5, 8)))"),
             0);
@@ -104,6 +104,10 @@ TEST_F(cliRunErrors, BadFlagsAndNumbers) {
   expect_failure(inputs() + " --softcap -1", "--softcap");
   expect_failure(inputs() + " --softcap nan", "--softcap");
   expect_failure(inputs() + " --softcap inf", "--softcap");
+  // Values the library takes as fp32 that would round to 0 there (softcap or dropout off, scale 0).
+  expect_failure(inputs() + " --softcap 1e-46", "--softcap: 1e-46 rounds to 0 in fp32");
+  expect_failure(inputs() + " --scale -1e-50", "--scale: -1e-50 rounds to 0 in fp32");
+  expect_failure(inputs() + " --dropout 1e-60", "--dropout: 1e-60 rounds to 0 in fp32");
   {
     const std::vector<float> three(3, 0.5f), two_bad{0.5f, std::numeric_limits<float>::infinity()};
     io::write_npy(dir / "s3.npy", io::NpyType::f32, {3}, three.data());
