@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -259,6 +260,28 @@ ForwardCall prepare(nb::handle q, nb::handle k, nb::handle v, nb::handle mask, i
   return call;
 }
 
+// Packed rows outside every sequence (before cu_seqlens_q[0], from
+// cu_seqlens_q[B] on) of the outputs this call allocated: O 0 and LSE -inf,
+// rows that see no key. The library leaves such rows alone (a caller may fill
+// one buffer over several calls, as with FlashAttention-2); an array made
+// here would otherwise hand back whatever its fresh memory held.
+void clear_rows_outside_the_sequences(const ForwardArgs& a, bool o_allocated, bool lse_allocated) {
+  const AttentionShape& s = a.shape;
+  if (!a.cu_seqlens_q || s.batch < 1) return;
+  const int64_t esize = int64_t(dtype_size(output_dtype(a)));
+  const int64_t dv = value_head_dim(s);
+  const int64_t ranges[2][2] = {{0, a.cu_seqlens_q[0]}, {a.cu_seqlens_q[s.batch], s.seqlen_q}};
+  for (const auto& range : ranges)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t r = range[0]; r < range[1]; ++r) {
+        if (o_allocated) {
+          char* row = static_cast<char*>(a.o.data) + (h * a.o.stride[1] + r * a.o.stride[2]) * esize;
+          for (int64_t d = 0; d < dv; ++d) std::memset(row + d * a.o.stride[3] * esize, 0, size_t(esize));
+        }
+        if (lse_allocated) a.lse[h * a.lse_stride[1] + r * a.lse_stride[2]] = -INFINITY;
+      }
+}
+
 // The attention probabilities of a checked call (backward.hpp's
 // attention_probabilities): float32 [B, H, max Nq, max Nk] in the call's
 // framework, entries outside the mask 0, dropout applied (dropped 0, kept
@@ -338,6 +361,7 @@ nb::object forward_arrays(nb::handle q, nb::handle k, nb::handle v, nb::handle m
     if (!o.is_none()) fail_for_out(e);
     throw;
   }
+  clear_rows_outside_the_sequences(a, o.is_none(), lse.is_none() && !lse_obj.is_none());
   if (!with_probs) return nb::make_tuple(o_obj, lse_obj);
   return nb::make_tuple(o_obj, lse_obj, probabilities(call));
 }

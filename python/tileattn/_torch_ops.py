@@ -102,7 +102,10 @@ def flash_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if not bool(grad_lse.any()):
         # The C++ kernel (backward.hpp): P recomputed tile by tile from lse, dropout included,
         # packed varlen rows too.
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        # Packed rows outside every sequence get no gradient from the kernel (it leaves rows it
+        # does not compute alone): zeros there rather than fresh memory.
+        new = torch.empty if cu_seqlens_q is None else torch.zeros
+        dq, dk, dv = (new(t.shape, dtype=t.dtype) for t in (q, k, v))
         d_sinks = torch.empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
         _kernel.backward_into(q, k, v, o, grad_o, lse, dq, dk, dv, attn_mask, is_causal,
                               window_left, window_right, softmax_scale, dropout_p, seed, layout,

@@ -16,7 +16,6 @@
 #include "core/isa_entry.hpp"
 #include "core/problem.hpp"
 #include "core/thread_pool.hpp"
-#include "core/uncovered_rows.hpp"
 #include "core/validate.hpp"
 #include "core/workspace.hpp"
 #include "tileattn/attention.hpp"
@@ -415,12 +414,6 @@ void attention_forward(const ForwardArgs& args) {
   // No query row (sizes whose product is 0, however large the others): no
   // element of O or LSE to write, and no per-(sequence, head) walk.
   const AttentionShape& s = args.shape;
-  // validate() checks O and LSE only for a call with a query row in some sequence.
-  if (s.batch > 0 && args.cu_seqlens_q && args.cu_seqlens_q[s.batch] > args.cu_seqlens_q[0]) {
-    detail::zero_uncovered_rows(args.o.data, output_dtype(args), args.o.stride, s.heads, value_head_dim(s),
-                                args.cu_seqlens_q, s.batch, s.seqlen_q);
-    detail::fill_uncovered_lse(args.lse, args.lse_stride, s.heads, args.cu_seqlens_q, s.batch, s.seqlen_q);
-  }
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;
   if (isa == Isa::reference) {
     detail::write_reference(args);

@@ -11,7 +11,6 @@
 #include "core/isa_entry.hpp"
 #include "core/mask_row.hpp"
 #include "core/thread_pool.hpp"
-#include "core/uncovered_rows.hpp"
 #include "core/workspace.hpp"
 #include "tileattn/backward.hpp"
 #include "tileattn/machine.hpp"
@@ -304,16 +303,6 @@ void detail::run_backward(const BackwardArgs& args, bool lse_of_these_keys) {
   // No query and no key row (sizes whose product is 0, however large the
   // others): dQ, dK and dV have no element; d_sinks, a sum over no rows, is 0.
   const AttentionShape& s = args.forward.shape;
-  const DType gradients = gradient_dtype(args);
-  // A batch of no sequences writes nothing, whatever row counts it claims.
-  if (s.batch > 0) {
-    detail::zero_uncovered_rows(args.dq.data, gradients, args.dq.stride, s.heads, s.head_dim,
-                                args.forward.cu_seqlens_q, s.batch, s.seqlen_q);
-    detail::zero_uncovered_rows(args.dk.data, gradients, args.dk.stride, s.kv_heads, s.head_dim,
-                                args.forward.cu_seqlens_k, s.batch, s.seqlen_k);
-    detail::zero_uncovered_rows(args.dv.data, gradients, args.dv.stride, s.kv_heads, value_head_dim(s),
-                                args.forward.cu_seqlens_k, s.batch, s.seqlen_k);
-  }
   if (s.batch == 0 || s.heads == 0 || (s.seqlen_q == 0 && s.seqlen_k == 0)) {
     if (args.d_sinks) std::fill(args.d_sinks, args.d_sinks + s.heads, 0.0f);
     return;
