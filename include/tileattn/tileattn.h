@@ -27,8 +27,8 @@
  *    Fields holding an enumeration value are int32_t, so their size is fixed.
  *  - Argument structs begin with `size_t struct_size`, which the caller sets to
  *    sizeof(the struct it was compiled with) -- the *_init() macros do this
- *    and fill in every default: each passes sizeof the caller's struct to its
- *    *_init_sized() function, which fills that many bytes (the defaults of the
+ *    and fill in every default: each passes sizeof the struct as the caller's
+ *    header declares it to its *_init_sized() function, which fills that many bytes (the defaults of the
  *    fields the library knows, zeros past them) and fails, writing nothing,
  *    below the size of the struct's first release. The *_init() functions
  *    themselves, which programs built against earlier headers call, fill the
@@ -408,7 +408,7 @@ const char* tileattn_version_string(void);
 tileattn_status tileattn_cpu_info_init(tileattn_cpu_info* info);
 /** tileattn_cpu_info_init() for a struct of struct_size bytes (see "ABI stability rules"). */
 tileattn_status tileattn_cpu_info_init_sized(tileattn_cpu_info* info, size_t struct_size);
-#define tileattn_cpu_info_init(info) tileattn_cpu_info_init_sized((info), sizeof *(info))
+#define tileattn_cpu_info_init(info) tileattn_cpu_info_init_sized((info), sizeof(tileattn_cpu_info))
 /** Fills info (struct_size must be set). */
 tileattn_status tileattn_get_cpu_info(tileattn_cpu_info* info);
 /** *available = 1 when this build has the path and the CPU can run it. */
@@ -460,7 +460,7 @@ const char* tileattn_thread_runtime_name(void);
 tileattn_status tileattn_forward_args_init(tileattn_forward_args* args);
 /** tileattn_forward_args_init() for a struct of struct_size bytes (see "ABI stability rules"). */
 tileattn_status tileattn_forward_args_init_sized(tileattn_forward_args* args, size_t struct_size);
-#define tileattn_forward_args_init(args) tileattn_forward_args_init_sized((args), sizeof *(args))
+#define tileattn_forward_args_init(args) tileattn_forward_args_init_sized((args), sizeof(tileattn_forward_args))
 /** Validates args (nothing is written when they are bad) and computes O (and LSE). */
 tileattn_status tileattn_forward(const tileattn_forward_args* args);
 /** Only the validation step of tileattn_forward(). */
@@ -470,7 +470,7 @@ tileattn_status tileattn_forward_validate(const tileattn_forward_args* args);
 tileattn_status tileattn_merge_args_init(tileattn_merge_args* args);
 /** tileattn_merge_args_init() for a struct of struct_size bytes (see "ABI stability rules"). */
 tileattn_status tileattn_merge_args_init_sized(tileattn_merge_args* args, size_t struct_size);
-#define tileattn_merge_args_init(args) tileattn_merge_args_init_sized((args), sizeof *(args))
+#define tileattn_merge_args_init(args) tileattn_merge_args_init_sized((args), sizeof(tileattn_merge_args))
 /** Combines two partial results over disjoint key sets:
     lse = log(exp(lse_a) + exp(lse_b)), o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b. */
 tileattn_status tileattn_merge_states(const tileattn_merge_args* args);
@@ -481,7 +481,7 @@ tileattn_status tileattn_merge_states(const tileattn_merge_args* args);
 tileattn_status tileattn_backward_args_init(tileattn_backward_args* args);
 /** tileattn_backward_args_init() for a struct of struct_size bytes (see "ABI stability rules"). */
 tileattn_status tileattn_backward_args_init_sized(tileattn_backward_args* args, size_t struct_size);
-#define tileattn_backward_args_init(args) tileattn_backward_args_init_sized((args), sizeof *(args))
+#define tileattn_backward_args_init(args) tileattn_backward_args_init_sized((args), sizeof(tileattn_backward_args))
 /** Validates (nothing written when bad) and writes dQ, dK and dV. The result is
     the same bits run after run and for any number of threads. */
 tileattn_status tileattn_backward(const tileattn_backward_args* args);
@@ -500,7 +500,7 @@ tileattn_status tileattn_attention_probabilities(const tileattn_forward_args* ar
 tileattn_status tileattn_kv_cache_args_init(tileattn_kv_cache_args* args);
 /** tileattn_kv_cache_args_init() for a struct of struct_size bytes (see "ABI stability rules"). */
 tileattn_status tileattn_kv_cache_args_init_sized(tileattn_kv_cache_args* args, size_t struct_size);
-#define tileattn_kv_cache_args_init(args) tileattn_kv_cache_args_init_sized((args), sizeof *(args))
+#define tileattn_kv_cache_args_init(args) tileattn_kv_cache_args_init_sized((args), sizeof(tileattn_kv_cache_args))
 /** Appends k_new/v_new (rotating keys when rotary tables are given) into the
     cache and advances cache_seqlens. q, o, lse and the mask fields are ignored.
     On error the cache and cache_seqlens are left exactly as they were. */

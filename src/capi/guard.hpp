@@ -77,6 +77,8 @@ void write_versioned(const T& filled, T* user, const char* name, std::size_t v1_
   user->struct_size = size;
 }
 
+inline constexpr std::size_t kMaxStructSize = 65536;
+
 // Fills a caller's versioned struct of `size` bytes (its sizeof, which the
 // header's *_init macros pass): the defaults of the fields this library
 // knows, zeros past them in a longer (newer) struct, struct_size = size.
@@ -87,6 +89,10 @@ void init_versioned(T* user, std::size_t size, std::size_t v1_size, const T& def
   if (size < v1_size)
     throw Error("struct_size is " + std::to_string(size) + ", expected at least " + std::to_string(v1_size) +
                 " (sizeof the struct of the first release)");
+  // Far past any struct a later release could append to: a size that is not one.
+  if (size > kMaxStructSize)
+    throw Error("struct_size is " + std::to_string(size) + ", more than " + std::to_string(kMaxStructSize) +
+                " (not the size of an argument struct)");
   std::memset(static_cast<void*>(user), 0, size);
   std::memcpy(static_cast<void*>(user), &defaults, size < sizeof(T) ? size : sizeof(T));
   user->struct_size = size;

@@ -1,4 +1,4 @@
-// The *_init macros pass sizeof the caller's struct to *_init_sized, which
+// The *_init macros pass sizeof the header's struct to *_init_sized, which
 // writes no further than that: a program compiled against an older header
 // (a shorter struct) keeps the bytes after its struct, a newer one (longer)
 // gets zeros in the fields this library does not know; below the first
@@ -47,6 +47,11 @@ void expect_sized_init(tileattn_status (*init_sized)(T*, size_t), std::size_t v1
   EXPECT_EQ(std::memcmp(newer + rest, reinterpret_cast<const unsigned char*>(&full) + rest, sizeof(T) - rest), 0);
   for (std::size_t i = sizeof(T); i < sizeof(T) + 16; ++i) ASSERT_EQ(newer[i], 0) << "byte " << i;
   for (std::size_t i = sizeof(T) + 16; i < sizeof newer; ++i) ASSERT_EQ(newer[i], kCanary) << "byte " << i;
+
+  // Not a struct's size at all: refused, nothing written.
+  std::memset(older, kCanary, sizeof older);
+  EXPECT_EQ(init_sized(reinterpret_cast<T*>(older), std::size_t{1} << 40), TILEATTN_INVALID_ARGUMENT);
+  for (unsigned char b : older) ASSERT_EQ(b, kCanary);
 
   // Shorter than the first release: refused, nothing written.
   std::memset(older, kCanary, sizeof older);

@@ -28,6 +28,15 @@ int main(int argc, char** argv) {
   for (i = 0; i < KV_SIZE; ++i) k[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
   for (i = 0; i < KV_SIZE; ++i) v[i] = 2.0f * rand() / (float)RAND_MAX - 1.0f;
 
+  /* The init macros take any pointer to the struct (they pass sizeof its type): a void* and NULL too. */
+  {
+    void* untyped = &args;
+    if (tileattn_forward_args_init(untyped) != TILEATTN_OK || args.struct_size != sizeof args ||
+        tileattn_forward_args_init(NULL) != TILEATTN_INVALID_ARGUMENT) {
+      fprintf(stderr, "init through a void* or NULL: %s\n", tileattn_last_error());
+      return 1;
+    }
+  }
   tileattn_forward_args_init(&args);
   args.batch = BATCH;
   args.heads = HEADS;
