@@ -94,9 +94,11 @@ class AttentionConfig:
         if d.get("attn_logit_softcapping") is not None:
             raise NotImplementedError(f"config: attn_logit_softcapping {d['attn_logit_softcapping']} is not "
                                       "supported (tileattn.flash_attention takes softcap=)")
-        if d.get("sliding_window") is not None and d.get("use_sliding_window", True):
-            raise NotImplementedError(f"config: sliding_window {d['sliding_window']} is not supported "
-                                      "(tileattn.flash_attention takes window=)")
+        # A window at least as long as the cache (Phi-3.5's 262144) never drops a key.
+        longest = d.get("max_cache_len") or d.get("max_position_embeddings") or cls.max_position_embeddings
+        if d.get("sliding_window") is not None and d.get("use_sliding_window", True) and d["sliding_window"] < longest:
+            raise NotImplementedError(f"config: sliding_window {d['sliding_window']} (below the {longest} positions "
+                                      "of the cache) is not supported (tileattn.flash_attention takes window=)")
         dtype = d.get("dtype") or d.get("torch_dtype")
         if dtype is not None:
             values["dtype"] = dtype

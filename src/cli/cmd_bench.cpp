@@ -48,7 +48,7 @@ const char* const kHelp =
     "pair: 4*D when DV = D), fraction_of_peak (of the FMA peak measured now with the same threads;\n"
     "bf16 inputs on the amx / avx512bf16 rungs also give bf16_peak_gflops and\n"
     "fraction_of_bf16_peak, of the AMX or vdpbf16ps peak, except --decode with at most 8\n"
-    "query heads per KV head, whose few-rows products are FMAs),\n"
+    "query heads per KV head, which takes the few-rows products, not the packed ones),\n"
     "peak_rss_mb (before the baseline runs), and for the naive OpenBLAS baseline (S = Q K^T\n"
     "materialized, softmax, P V; fp32) baseline_ms and speedup_vs_baseline.\n"
     "--backward times attention_backward instead (6*D+4*DV flops per visible pair; the baseline\n"

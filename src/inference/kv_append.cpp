@@ -139,7 +139,7 @@ void write_append(const KvCacheArgs& a, const AppendPlan& plan) {
 namespace tileattn {
 
 void kv_cache_append(const KvCacheArgs& args) {
-  const detail::AppendPlan plan = detail::validate_append(args);
+  const detail::AppendPlan plan = detail::validate_append(args, /*attends=*/false);
   detail::write_append(args, plan);
   for (int64_t b = 0; b < args.batch; ++b) args.cache_seqlens[b] = plan.new_lengths[size_t(b)];
 }

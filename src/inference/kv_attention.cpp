@@ -94,7 +94,7 @@ class RotatedQueries {
 
 void attention_with_kvcache(const KvCacheArgs& args) {
   // 1. Every check, nothing written.
-  const detail::AppendPlan plan = detail::validate_append(args);
+  const detail::AppendPlan plan = detail::validate_append(args, /*attends=*/true);
   detail::validate_query_rotary(args, plan.new_lengths);
   // The cache checks first: to the forward the cache is just inputs k and v,
   // and its "o: output overlaps input k" would hide which cache it is.

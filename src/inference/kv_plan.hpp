@@ -23,9 +23,11 @@ void validate_cache(const KvCacheArgs& a, bool writes);
 
 // validate_cache plus the new rows: their views, capacity / page coverage for
 // the new lengths, page indices, write conflicts between table entries, and
-// rotary tables long enough for the new positions. With seqlen_new == 0 the
-// plan appends nothing.
-AppendPlan validate_append(const KvCacheArgs& a);
+// rotary tables long enough for the new positions, and the call's other
+// inputs apart from what it writes (`attends`: attention_with_kvcache, which
+// also reads sinks and ALiBi slopes). With seqlen_new == 0 the plan appends
+// nothing.
+AppendPlan validate_append(const KvCacheArgs& a, bool attends);
 
 // Writes the planned rows into the cache (rotating keys when rotary tables
 // are given). Does not touch cache_seqlens.

@@ -217,9 +217,13 @@ void check_new_rows(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpa
 
 // What an appending call reads besides the new rows (read while rows are
 // written, or after) and cache_seqlens (which it advances): none may lie in
-// the cache or in the int8 scales the append writes.
-void check_apart_from_the_writes(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache) {
-  const ScaleRanges scales = scale_ranges(a);
+// the cache or in the int8 scales the append writes. `attends`: the call
+// also reads the attention's sinks and ALiBi slopes. Rotary tables checked
+// already (check_rotary_tables).
+void check_apart_from_the_writes(const KvCacheArgs& a, const ViewSpan& k_cache, const ViewSpan& v_cache,
+                                 bool attends) {
+  ScaleRanges scales = scale_ranges(a);
+  if (a.kv_quant != KvQuant::int8) scales = {};  // fp8 scales are only read
   const auto check = [&](const char* name, const void* data, int64_t rows, int64_t row_stride, int64_t count,
                          int64_t element_size) {
     if (!data || rows <= 0 || count <= 0) return;
@@ -235,8 +239,9 @@ void check_apart_from_the_writes(const KvCacheArgs& a, const ViewSpan& k_cache, 
   check("cache_batch_idx", a.cache_batch_idx, 1, 0, a.batch, 4);
   check("cache_leftpad", a.cache_leftpad, 1, 0, a.batch, 4);
   if (paged(a)) check("block_table", a.block_table, a.batch, a.block_table_stride, a.block_table_stride, 4);
-  check("rotary_cos", a.rotary_cos, 1, 0, a.rotary_positions * (a.rotary_dim / 2), 4);
-  check("rotary_sin", a.rotary_sin, 1, 0, a.rotary_positions * (a.rotary_dim / 2), 4);
+  check("rotary_cos", a.rotary_cos, a.rotary_positions, a.rotary_dim / 2, a.rotary_dim / 2, 4);
+  check("rotary_sin", a.rotary_sin, a.rotary_positions, a.rotary_dim / 2, a.rotary_dim / 2, 4);
+  if (!attends) return;
   check("sinks", a.sinks, 1, 0, a.heads, 4);
   check("alibi_slopes", a.alibi_slopes, a.alibi_batch_stride > 0 ? a.batch : 1, a.alibi_batch_stride, a.heads, 4);
 }
@@ -318,9 +323,12 @@ void validate_cache(const KvCacheArgs& a, bool writes) {
   check_scales(a, k, v, writes);
 }
 
-AppendPlan validate_append(const KvCacheArgs& a) {
+AppendPlan validate_append(const KvCacheArgs& a, bool attends) {
   if (a.seqlen_new < 0) fail("seqlen_new must be >= 0, got " + str(a.seqlen_new));
-  validate_cache(a, a.batch > 0 && a.seqlen_new > 0);
+  // Whether a row is written: new_counts of 0 everywhere append nothing.
+  bool writes = a.batch > 0 && a.seqlen_new > 0;
+  if (writes && a.new_counts) writes = std::any_of(a.new_counts, a.new_counts + a.batch, [](int32_t n) { return n > 0; });
+  validate_cache(a, writes);
   AppendPlan plan;
   plan.counts.assign(size_t(a.batch), 0);
   plan.new_lengths.assign(a.cache_seqlens, a.cache_seqlens + a.batch);
@@ -358,9 +366,10 @@ AppendPlan validate_append(const KvCacheArgs& a) {
   const ViewSpan k = view_range("k_cache", a.k_cache.data, cache_esize, sizes.data(), a.k_cache.stride.data(), 4);
   const ViewSpan v = view_range("v_cache", a.v_cache.data, cache_esize, v_sizes.data(), a.v_cache.stride.data(), 4);
   check_new_rows(a, k, v);
-  check_apart_from_the_writes(a, k, v);
+  const bool rotates = check_rotary_tables(a);
+  if (writes) check_apart_from_the_writes(a, k, v, attends);
 
-  if (check_rotary_tables(a)) {
+  if (rotates) {
     for (int64_t b = 0; b < a.batch; ++b)
       if (plan.counts[size_t(b)] > 0)
         check_rotary_position(a, "new keys", b, int64_t(plan.new_lengths[size_t(b)]) - 1);

@@ -90,12 +90,13 @@ def test_attention_features_the_layer_lacks_are_refused_not_ignored():
                         ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                               "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
                         ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
-                        ({"sliding_window": 4096}, "sliding_window")]:
+                        ({"sliding_window": 1024}, "sliding_window")]:  # below the default 2048 positions
         with pytest.raises(NotImplementedError, match=name):
             tileattn.AttentionConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4, **extra})
     # Values that change nothing are read as before.
     for extra in [{"partial_rotary_factor": 1.0}, {"sliding_window": None},
-                  {"sliding_window": 4096, "use_sliding_window": False}, {"attn_logit_softcapping": None}]:
+                  {"sliding_window": 4096, "use_sliding_window": False}, {"attn_logit_softcapping": None},
+                  {"sliding_window": 262144, "max_position_embeddings": 131072}]:
         tileattn.AttentionConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4, **extra})
 
 

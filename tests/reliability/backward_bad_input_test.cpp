@@ -76,6 +76,9 @@ TEST(BackwardBadInput, GradientOnAnInput) {
                           {"dv: output overlaps input v"});
   expect_backward_refused(data, [&](BackwardArgs& a) { a.dk.data = const_cast<float*>(data.fwd.k32.data()); },
                           {"dk: output overlaps input k"});
+  // The score modifiers' per-head inputs are read while the gradients are written.
+  expect_backward_refused(data, [](BackwardArgs& a) { a.forward.alibi_slopes = static_cast<const float*>(a.dq.data); },
+                          {"dq: output overlaps input alibi_slopes"});
 }
 
 TEST(BackwardBadInput, CuSeqlens) {
