@@ -9,7 +9,8 @@
 Both are needed: a model whose mask builder is unknown gets ``attention_mask=None``, and
 left padding would be silently ignored. The masks are transformers' own SDPA masks
 (boolean, True = keep, ``[B, 1, q, kv]``), which tileattn reads in place (stride 0 over
-heads). transformers is imported here only, when this module is.
+heads), except where a model's code assumes more of its masks (``tileattn_mask``).
+transformers is imported here only, when this module is.
 
 Semantics, as transformers' "sdpa" implementation has them:
   - no mask and more than one query: causal, aligned TOP-LEFT (transformers passes no mask
@@ -57,7 +58,7 @@ import inspect
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers import __version__ as transformers_version
-from transformers.masking_utils import sdpa_mask
+from transformers.masking_utils import eager_mask, sdpa_mask
 
 from ._forward import flash_attention
 from ._sdpa import autocast_inputs
@@ -221,11 +222,34 @@ def __getattr__(name):
     raise AttributeError(f"module 'tileattn.transformers' has no attribute {name!r}")
 
 
+# Models whose attention code adds a float bias to the mask it is given, by eager's convention
+# (DeepSeek-V4 appends its compressor's block bias with `.to(mask.dtype)`): a boolean mask would
+# turn the bias into keep/drop flags the wrong way round, and no mask would lose the bias.
+_FLOAT_MASK_MODEL_TYPES = frozenset({"deepseek_v4"})
+
+
+def tileattn_mask(*args, config=None, **kwargs):
+    """transformers' mask builder for "tileattn": sdpa's (boolean, or None where sdpa's no-mask
+    semantics hold, which tileattn_attention_forward reproduces), except for models whose code
+    assumes more of the mask than sdpa's builder gives any name but "sdpa":
+      - eager's float mask (never None) for _FLOAT_MASK_MODEL_TYPES;
+      - no skipped mask for models that drop query rows after building their masks and guard
+        that only for "sdpa" (Gemma 4 with KV-shared layers, `num_kv_shared_layers`: its last
+        `logits_to_keep` queries would take a top-left causal mask, or see a static cache's
+        unwritten slots)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "model_type", None) in _FLOAT_MASK_MODEL_TYPES:
+        return eager_mask(*args, config=config, **kwargs)
+    if getattr(text, "num_kv_shared_layers", 0):
+        kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, config=config, **kwargs)
+
+
 def register():
     """Registers "tileattn" with transformers' attention and mask interfaces; returns "tileattn"."""
     AttentionInterface.register(NAME, tileattn_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, tileattn_mask)
     return NAME
 
 
-__all__ = ["register", "tileattn_attention_forward", "NAME", "TileattnCache", "GrowingLayer"]
+__all__ = ["register", "tileattn_attention_forward", "tileattn_mask", "NAME", "TileattnCache", "GrowingLayer"]

@@ -5,6 +5,7 @@ that round differently are compared, within 1e-3 relative / 1e-4 absolute of log
 "eager" with the dynamic and the static cache, a left-padded batch, and gradients. Weights are
 initialized 15x larger than transformers' default (initializer_range 0.3): with the default the
 attention barely moves the tiny models' logits, and a non-causal attention passed the checks."""
+import copy
 import sys
 
 import pytest
@@ -255,3 +256,58 @@ def test_tileattn_cache_says_not_supported_without_cache_layers(monkeypatch):
         tileattn.transformers.TileattnCache  # noqa: B018
 
 
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Gemma4TextConfig"), reason="transformers without Gemma 4")
+def test_gemma4_kv_shared_layers_keep_causality_when_queries_are_dropped():
+    """Gemma 4 runs its KV-shared layers on the last logits_to_keep queries only, after building
+    the masks, and keeps the masks for that only under the name "sdpa": tileattn's mask builder
+    never skips them for such models (a skipped mask took a top-left causal cut, or let a static
+    cache's one prefill query see the unwritten slots)."""
+    tileattn.transformers.register()
+    config = transformers.Gemma4TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=64, vocab_size_per_layer_input=97,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=8, num_kv_shared_layers=2, initializer_range=0.3, max_position_embeddings=128)
+    models = {}
+    for impl in ("eager", "tileattn"):
+        torch.manual_seed(0)
+        # A config of its own each: from_config records the implementation in the config.
+        models[impl] = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                                     attn_implementation=impl).eval()
+    models["tileattn"].load_state_dict(models["eager"].state_dict())
+    ids = torch.randint(3, 97, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(models["tileattn"](ids, logits_to_keep=4).logits,
+                                   models["eager"](ids, logits_to_keep=4).logits, rtol=1e-4, atol=1e-5)
+        runs = {impl: m.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0, output_scores=True,
+                                 return_dict_in_generate=True, cache_implementation="static")
+                for impl, m in models.items()}
+    torch.testing.assert_close(torch.stack(runs["tileattn"].scores), torch.stack(runs["eager"].scores),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "DeepseekV4Config"), reason="transformers without DeepSeek-V4")
+def test_deepseek_v4_float_block_bias_in_the_mask():
+    """DeepSeek-V4 appends its compressor's float block bias to the mask it is given (eager's
+    convention): it gets eager's float mask, never a boolean one or None."""
+    tileattn.transformers.register()
+    config = transformers.DeepseekV4Config(
+        vocab_size=97, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, q_lora_rank=32, num_experts_per_tok=2, n_routed_experts=4,
+        sliding_window=6, o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4, hc_mult=2,
+        num_nextn_predict_layers=0, initializer_range=0.3, max_position_embeddings=128,
+        compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"])
+    models = {}
+    for impl in ("eager", "tileattn"):
+        torch.manual_seed(0)
+        models[impl] = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                                     attn_implementation=impl).eval()
+    models["tileattn"].load_state_dict(models["eager"].state_dict())
+    for n in (16, 5):  # a mask with the block bias, and one sdpa's builder would have skipped
+        ids = torch.randint(3, 97, (2, n), generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            torch.testing.assert_close(models["tileattn"](ids).logits, models["eager"](ids).logits,
+                                       rtol=1e-4, atol=1e-5)
