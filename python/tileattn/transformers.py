@@ -129,6 +129,9 @@ def tileattn_attention_forward(module, query, key, value, attention_mask, dropou
     extra = {}
     if s_aux is not None or sinks is not None:  # gpt-oss: one sink logit per query head
         extra["sinks"] = s_aux if s_aux is not None else sinks
+        if extra["sinks"].dim() != 1:
+            raise NotImplementedError(f"tileattn: sink logits of shape {tuple(extra['sinks'].shape)} (per token) are "
+                                      "not supported, one per query head [H] is; use attn_implementation='eager'")
     if softcap is not None and softcap != 0:
         if "softcap" not in _FLASH_ATTENTION_ARGS:
             raise _not_supported("softcap")

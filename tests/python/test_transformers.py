@@ -163,6 +163,8 @@ def test_unsupported_features_say_so():
     with torch.no_grad():
         out, weights = tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, output_attentions=True)
     assert weights.shape == (1, 2, 4, 4) and torch.allclose(weights.sum(-1), torch.ones(1, 2, 4))
+    with pytest.raises(NotImplementedError, match=r"sink logits of shape \(1, 2, 4, 1\)"):  # per token
+        tileattn.transformers.tileattn_attention_forward(module, q, q, q, None, s_aux=torch.zeros(1, 2, 4, 1))
 
 
 def test_no_mask_means_sdpa_semantics():
