@@ -485,9 +485,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool cache_nonempty = nonempty(cache_sizes, 4);
   if (o_on_cache && has_queries && cache_nonempty) fail("o placed on k_cache was accepted");
   if (k_new_on_cache && has_new && cache_nonempty) fail("k_new placed on k_cache was accepted");
-  if (v_cache_on_k && has_batch && cache_nonempty) fail("v_cache placed on k_cache was accepted");
+  // A call that appends nothing reads the caches as given (MLA's V inside its K rows).
+  if (v_cache_on_k && has_batch && appends && cache_nonempty) fail("v_cache placed on k_cache was accepted for an append");
   if (q_on_cache && has_queries && appends && cache_nonempty) fail("q placed on k_cache was accepted for an append");
-  if (o_on_cache || k_new_on_cache || v_cache_on_k || q_on_cache) return 0;  // harmless (empty) placements
+  if (o_on_cache || k_new_on_cache || v_cache_on_k || q_on_cache) return 0;  // harmless (empty or read-only) placements
   // Scales (a call with an empty batch does nothing and checks no cache
   // argument): none may come with an unquantized cache; a quantized one
   // needs both, int8 ones in views that fit int64 and do not share bytes.
@@ -496,8 +497,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (has_batch && int8 &&
       ((a.k_scale == k_scale.data() && k_scale.overflow) || (a.v_scale == v_scale.data() && v_scale.overflow)))
     fail("an overflowing scale view was accepted");
-  if (has_batch && int8 && a.v_scale == a.k_scale && cache_sizes[0] > 0 && cache_sizes[1] > 0 && cache_sizes[2] > 0)
-    fail("one int8 scale array for K and V was accepted");
+  if (has_batch && int8 && appends && a.v_scale == a.k_scale && cache_sizes[0] > 0 && cache_sizes[1] > 0 &&
+      cache_sizes[2] > 0)
+    fail("one int8 scale array for K and V was accepted for an append");
 
   // cache_seqlens advanced by the rows appended; the cache changed only there.
   std::vector<unsigned char> k_written(k_cache.bytes.size(), 0), v_written(v_cache.bytes.size(), 0);
