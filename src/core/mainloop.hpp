@@ -461,6 +461,16 @@ class ForwardMainloop {
       const int64_t j1 = min64(j0 + p_.block_kv, keys.last);
       const int64_t n = j1 - j_begin;
       const int64_t n_after = j1 < keys.last ? min64(j1 + p_.block_kv, keys.last) - j1 : 0;
+      // A tile a boolean mask hides from every row of the item (a causal or
+      // padding mask given as a tensor) is skipped, and one it keeps whole
+      // takes no mask step for it; decode steps (direct_) read ahead tile by
+      // tile and keep every tile.
+      const MaskTile mask_tile =
+          direct_ ? MaskTile::partial
+                  : boolean_mask_tile(p_, w.batch, w.head_begin, w.head_begin + w.head_count, w.q_begin, w.q_end,
+                                      j_begin, j1);
+      if (mask_tile == MaskTile::hidden) continue;
+      const bool mask_tensor = mask_tile == MaskTile::partial;
       const bool band_partial = !tile_fully_visible(p_.band, seq, w.q_begin, w.q_end, j_begin, j1);
       // A band-partial tile (causal diagonal, window edge) of one head's rows:
       // only the rows that see one of its keys take part. The others would
@@ -567,7 +577,8 @@ class ForwardMainloop {
           for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
             const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0), b1 = b0 + band_rows;
             const int64_t t0 = rows_of_band(b0);
-            if (needs_mask_step(p_, band_partial)) apply_mask(seq, w, sb, mb, j_begin, nb, band_partial, t0);
+            if (needs_mask_step(p_, band_partial, mask_tensor))
+              apply_mask(seq, w, sb, mb, j_begin, nb, band_partial, t0, mask_tensor);
             const int64_t nb_next = b1 < m ? keys_of_band(b1) : 0;
             if (b1 < m)
               scores(s0 + b1, min64(band_rows, m - b1), nb_next, round_up(nb_next, kPanelWidth), rows_of_band(b1));
@@ -782,10 +793,10 @@ class ForwardMainloop {
 
   // Masks stacked rows [s0, s0 + m) of the score tile for keys [j0, j0 + n).
   void apply_mask(const Sequence& seq, const WorkItem& w, int64_t s0, int64_t m, int64_t j0,
-                  int64_t n, bool band_partial, int64_t t0) {
+                  int64_t n, bool band_partial, int64_t t0, bool mask_tensor) {
     for (int64_t t = 0; t < m; ++t)
       mask_score_row(s_tile_ + (t0 + t) * kv_pad_, n, p_, seq, w.batch, head_of(w, s0 + t),
-                     query_of(w, s0 + t), j0, band_partial);
+                     query_of(w, s0 + t), j0, band_partial, nullptr, mask_tensor);
   }
 
   // Online softmax over stacked rows [s0, s0 + m) of one score tile: S becomes

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "core/problem.hpp"
@@ -26,9 +27,59 @@ static inline float scale_keeping_finite(float x, float factor) {
   return std::fabs(x) <= kMax ? std::fmin(std::fmax(scaled, -kMax), kMax) : scaled;
 }
 
-static inline bool needs_mask_step(const Problem& p, bool band_partial) {
-  return band_partial || p.args.mask.kind != MaskSpec::Kind::none || p.softcap_log2 > 0.0f ||
+// `mask_tensor`: the tile needs the mask tensor (false for a tile a boolean
+// mask keeps whole, boolean_mask_tile).
+static inline bool needs_mask_step(const Problem& p, bool band_partial, bool mask_tensor = true) {
+  return band_partial || (mask_tensor && p.args.mask.kind != MaskSpec::Kind::none) || p.softcap_log2 > 0.0f ||
          p.args.alibi_slopes != nullptr;
+}
+
+// What a boolean mask does to a whole tile: keys [j0, j1) against rows
+// [i0, i1) of query heads [h0, h1) of sequence `batch`. `hidden` (every entry
+// False): the tile adds nothing to any row, and the float64 reference does
+// not even read its keys and values, so the forward skips it (no K/V
+// packing, no products). `visible` (every entry kept): the tensor changes no
+// score, and the mask step leaves it out. `partial` otherwise, and for any
+// mask that is not boolean (an additive -inf is added to the score by the
+// reference, so a NaN score there stays NaN). Scans row by row, eight keys a
+// word (branch-free within a row), stops once the tile is known partial;
+// heads and rows that a stride of 0 repeats are read once.
+// Measured (Intel Xeon model 167, B1 H8 N2048 D128, 2 threads, a loaded
+// host): a boolean causal mask [N, N] took 1.9x is_causal's time before the
+// hidden tiles were skipped, 1.17-1.2x after (fp32 and bf16).
+enum class MaskTile { hidden, partial, visible };
+static inline MaskTile boolean_mask_tile(const Problem& p, int64_t batch, int64_t h0, int64_t h1, int64_t i0,
+                                         int64_t i1, int64_t j0, int64_t j1) {
+  const MaskSpec& mask = p.args.mask;
+  if (mask.kind != MaskSpec::Kind::boolean || j1 <= j0) return MaskTile::partial;
+  const auto& ms = mask.stride;
+  if (ms[1] == 0) h1 = min64(h1, h0 + 1);
+  if (ms[2] == 0) i1 = min64(i1, i0 + 1);
+  const int64_t n = j1 - j0;
+  constexpr uint64_t kOnes = 0x0101010101010101ull, kHighs = 0x8080808080808080ull;
+  bool kept = false, dropped = false;
+  for (int64_t h = h0; h < h1; ++h)
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint8_t* keep = static_cast<const uint8_t*>(mask.data) + batch * ms[0] + h * ms[1] + i * ms[2] + j0 * ms[3];
+      uint64_t any = 0, zero_byte = 0;
+      int64_t c = 0;
+      if (ms[3] == 1) {
+        for (; c + 8 <= n; c += 8) {
+          uint64_t word;
+          std::memcpy(&word, keep + c, sizeof word);
+          any |= word;
+          zero_byte |= (word - kOnes) & ~word & kHighs;  // the high bit of each zero byte (and maybe above one)
+        }
+      }
+      for (; c < n; ++c) {
+        any |= keep[c * ms[3]];
+        zero_byte |= keep[c * ms[3]] == 0;
+      }
+      kept = kept || any != 0;
+      dropped = dropped || zero_byte != 0;
+      if (kept && dropped) return MaskTile::partial;
+    }
+  return kept ? MaskTile::visible : MaskTile::hidden;
 }
 
 // s[0, n) holds the scores (log2 units, scaled; unscaled where the softmax
@@ -41,7 +92,7 @@ static inline bool needs_mask_step(const Problem& p, bool band_partial) {
 // cap first, biases and masks after.
 static inline void mask_score_row(float* s, int64_t n, const Problem& p, const Sequence& seq,
                                   int64_t batch, int64_t head, int64_t i, int64_t j0,
-                                  bool band_partial, float* softcap_tanh = nullptr) {
+                                  bool band_partial, float* softcap_tanh = nullptr, bool mask_tensor = true) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   if (p.softcap_log2 > 0.0f) softcap_row(s, n, p.softcap_log2, softcap_tanh);
   if (p.args.alibi_slopes) {
@@ -59,7 +110,7 @@ static inline void mask_score_row(float* s, int64_t n, const Problem& p, const S
     for (int64_t c = hi; c < n; ++c) s[c] = kMinusInf;
   }
   const MaskSpec& mask = p.args.mask;
-  if (mask.kind == MaskSpec::Kind::none) return;
+  if (mask.kind == MaskSpec::Kind::none || !mask_tensor) return;
   const auto& ms = mask.stride;
   const int64_t row_offset = batch * ms[0] + head * ms[1] + i * ms[2];
   if (mask.kind == MaskSpec::Kind::boolean) {
