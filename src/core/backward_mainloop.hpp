@@ -169,7 +169,11 @@ class BackwardMainloop {
         for (int64_t q0 = first_tile; q0 < queries.last; q0 += p_.fwd.block_q) {
           const int64_t i_begin = max64(q0, queries.first);
           const int64_t i_end = min64(q0 + p_.fwd.block_q, queries.last);
-          tile_pair(seq, w, h, i_begin, i_end, j0, n);
+          // As in the forward: a pair a boolean mask hides whole adds nothing
+          // to dQ, dK or dV (its P is 0); one it keeps whole takes no mask step.
+          const MaskTile mask_tile = boolean_mask_tile(p_.fwd, w.batch, h, h + 1, i_begin, i_end, j0, j0 + n);
+          if (mask_tile == MaskTile::hidden) continue;
+          tile_pair(seq, w, h, i_begin, i_end, j0, n, mask_tile == MaskTile::partial);
         }
       store_kv_gradients(seq, w, j0, n);
     }
@@ -185,15 +189,17 @@ class BackwardMainloop {
   // Flattened: called out of line, GCC 12 keeps the AVX2 register tile's
   // accumulator arrays on the stack (a spill per FMA pair, measured 2x slower
   // per FLOP than the forward, where the kernels are inlined).
+  // mask_tensor: the pair needs the mask tensor (not one a boolean mask keeps whole).
   [[gnu::flatten]] void tile_pair(const Sequence& seq, const BackwardItem& w, int64_t h, int64_t i_begin,
-                 int64_t i_end, int64_t j0, int64_t n) {
+                 int64_t i_end, int64_t j0, int64_t n, bool mask_tensor) {
     const int64_t dp = p_.fwd.head_dim_padded;
     const int64_t dvp = p_.fwd.v_head_dim_padded, dv = p_.fwd.v_head_dim;
     const int64_t rows = i_end - i_begin, n_pad = round_up(n, kPanelWidth);
     load_query_rows(seq, h, i_begin, rows);
     scores(rows, n);  // S (rows, n_pad)
     const bool band_partial = !tile_fully_visible(p_.fwd.band, seq, i_begin, i_end, j0, j0 + n);
-    if (needs_mask_step(p_.fwd, band_partial)) apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial);
+    if (needs_mask_step(p_.fwd, band_partial, mask_tensor))
+      apply_mask(seq, w.batch, h, i_begin, rows, j0, n, band_partial, mask_tensor);
     for (int64_t t = 0; t < rows; ++t) {
       // P = exp2(S - LSE2): exactly the forward's normalized probabilities
       // (times 1 / sum for the rows whose LSE was too large to hold them).
@@ -414,10 +420,10 @@ class BackwardMainloop {
 
   // The forward's mask step (core/mask_row.hpp) on rows [i_begin, i_begin + rows) of head h.
   void apply_mask(const Sequence& seq, int64_t batch, int64_t h, int64_t i_begin, int64_t rows,
-                  int64_t j0, int64_t n, bool band_partial) {
+                  int64_t j0, int64_t n, bool band_partial, bool mask_tensor) {
     for (int64_t t = 0; t < rows; ++t)
       mask_score_row(s_ + t * kv_pad_, n, p_.fwd, seq, batch, h, i_begin + t, j0, band_partial,
-                     softcap_tanh_ ? softcap_tanh_ + t * kv_pad_ : nullptr);
+                     softcap_tanh_ ? softcap_tanh_ + t * kv_pad_ : nullptr, mask_tensor);
   }
 
   // dK = ln(2) * (dS^T Q_scaled) = scale * dS^T Q (the bf16 products and a
