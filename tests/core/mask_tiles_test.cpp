@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "support/small_values.hpp"
 #include "tileattn/attention.hpp"
 #include "tileattn/machine.hpp"
 #include "tileattn/reference.hpp"
@@ -19,14 +20,8 @@ namespace {
 // Keys 0 .. kHidden - 1 are hidden from every row: two whole tiles of kTile keys.
 constexpr int64_t kHeads = 2, kN = 300, kDim = 32, kTile = 64, kHidden = 2 * kTile;
 
-std::vector<float> values(int64_t n, uint32_t seed) {
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& e : x) {
-    seed = seed * 1664525u + 1013904223u;
-    e = float(int32_t(seed >> 8) % 2001 - 1000) / 1000.0f;
-  }
-  return x;
-}
+using testing_support::kernel_isas;
+const auto values = testing_support::small_values;
 
 struct MaskedProblem {
   std::vector<float> q = values(kHeads * kN * kDim, 1), k = values(kHeads * kN * kDim, 2),
@@ -50,15 +45,8 @@ struct MaskedProblem {
   }
 };
 
-std::vector<Isa> isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
-    if (isa_available(isa)) out.push_back(isa);
-  return out;
-}
-
 TEST(BooleanMaskTiles, HiddenKeysAreNeverRead) {
-  for (Isa isa : isas()) {
+  for (Isa isa : kernel_isas()) {
     SCOPED_TRACE(isa_name(isa));
     MaskedProblem r;
     for (int64_t i = 0; i < kN; ++i)
@@ -80,7 +68,7 @@ TEST(BooleanMaskTiles, HiddenKeysAreNeverRead) {
 }
 
 TEST(BooleanMaskTiles, CausalTensorMaskIsIsCausal) {
-  for (Isa isa : isas()) {
+  for (Isa isa : kernel_isas()) {
     SCOPED_TRACE(isa_name(isa));
     MaskedProblem r;
     for (int64_t i = 0; i < kN; ++i)

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "support/small_values.hpp"
 #include "tileattn/kv_cache.hpp"
 
 namespace tileattn {
@@ -16,14 +17,7 @@ namespace {
 
 constexpr int64_t kBatch = 2, kHeads = 4, kKvHeads = 2, kCapacity = 24, kDim = 48, kDimV = 32;
 
-std::vector<float> values(int64_t n, uint32_t seed) {
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& e : x) {
-    seed = seed * 1664525u + 1013904223u;
-    e = float(int32_t(seed >> 8) % 2001 - 1000) / 1000.0f;
-  }
-  return x;
-}
+const auto values = testing_support::small_values;
 
 // attention_with_kvcache of one query token per head, nothing appended.
 std::vector<float> attend(const float* k, std::array<int64_t, 4> k_stride, const float* v,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "support/small_values.hpp"
 #include "tileattn/attention.hpp"
 #include "tileattn/backward.hpp"
 #include "tileattn/machine.hpp"
@@ -18,14 +19,8 @@ namespace {
 // Keys 0 .. kHidden - 1 hidden from every row: two whole tiles of kTile keys.
 constexpr int64_t kHeads = 2, kN = 200, kDim = 16, kTile = 32, kHidden = 2 * kTile;
 
-std::vector<float> values(int64_t n, uint32_t seed) {
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& e : x) {
-    seed = seed * 1664525u + 1013904223u;
-    e = float(int32_t(seed >> 8) % 2001 - 1000) / 1000.0f;
-  }
-  return x;
-}
+using testing_support::kernel_isas;
+const auto values = testing_support::small_values;
 
 struct Gradients {
   std::vector<float> dq, dk, dv;
@@ -70,13 +65,6 @@ Gradients gradients(Isa isa, const std::vector<float>& q, const std::vector<floa
   return g;
 }
 
-std::vector<Isa> isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
-    if (isa_available(isa)) out.push_back(isa);
-  return out;
-}
-
 void expect_near(const std::vector<float>& got, const std::vector<float>& want, const char* name) {
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[i])) << name << " element " << i;
@@ -95,7 +83,7 @@ TEST(BooleanMaskTilesBackward, HiddenKeysAreNeverRead) {
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t j = 0; j < kHidden; ++j)
       for (int64_t c = 0; c < kDim; ++c) k[size_t((h * kN + j) * kDim + c)] = v[size_t((h * kN + j) * kDim + c)] = NAN;
-  for (Isa isa : isas()) {
+  for (Isa isa : kernel_isas()) {
     SCOPED_TRACE(isa_name(isa));
     const Gradients got = gradients(isa, q, k, v, &mask, false);
     expect_near(got.dq, want.dq, "dq");
@@ -110,7 +98,7 @@ TEST(BooleanMaskTilesBackward, CausalTensorMaskIsIsCausal) {
   std::vector<uint8_t> mask(size_t(kN * kN), 0);
   for (int64_t i = 0; i < kN; ++i)
     for (int64_t j = 0; j <= i; ++j) mask[size_t(i * kN + j)] = 1;
-  for (Isa isa : isas()) {
+  for (Isa isa : kernel_isas()) {
     SCOPED_TRACE(isa_name(isa));
     const Gradients with_mask = gradients(isa, q, k, v, &mask, false), causal = gradients(isa, q, k, v, nullptr, true);
     expect_near(with_mask.dq, causal.dq, "dq");
