@@ -235,15 +235,23 @@ def tileattn_mask(*args, config=None, **kwargs):
     """transformers' mask builder for "tileattn": sdpa's (boolean, or None where sdpa's no-mask
     semantics hold, which tileattn_attention_forward reproduces), except for models whose code
     assumes more of the mask than sdpa's builder gives any name but "sdpa":
-      - eager's float mask (never None) for _FLOAT_MASK_MODEL_TYPES;
-      - no skipped mask for models that drop query rows after building their masks and guard
-        that only for "sdpa" (Gemma 4 with KV-shared layers, `num_kv_shared_layers`: its last
+      - eager's float mask (a causal mask is never skipped) for _FLOAT_MASK_MODEL_TYPES;
+      - no skipped causal mask for Gemma 4 with KV-shared layers (`num_kv_shared_layers`), which
+        drops query rows after building its masks and guards that only for "sdpa": its last
         `logits_to_keep` queries would take a top-left causal mask, or see a static cache's
-        unwritten slots)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text, "model_type", None) in _FLOAT_MASK_MODEL_TYPES:
+        unwritten slots. This builds an [B, 1, q, kv] boolean mask for every call of such a
+        model (the builder cannot tell which calls drop rows); the kernel skips the tiles it
+        hides. Gemma 3n has the same field and keeps its queries: it keeps the skip."""
+    text = config
+    if hasattr(config, "get_text_config"):
+        try:
+            text = config.get_text_config(decoder=True)
+        except (TypeError, ValueError):  # older signatures; composite configs with several text parts
+            text = config
+    model_type = getattr(text, "model_type", None) or ""
+    if model_type in _FLOAT_MASK_MODEL_TYPES:
         return eager_mask(*args, config=config, **kwargs)
-    if getattr(text, "num_kv_shared_layers", 0):
+    if model_type.startswith("gemma4") and getattr(text, "num_kv_shared_layers", 0):
         kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, config=config, **kwargs)
 
