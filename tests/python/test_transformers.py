@@ -260,6 +260,18 @@ def test_tileattn_cache_says_not_supported_without_cache_layers(monkeypatch):
 
 
 
+def eager_and_tileattn(config):
+    """{"eager": model, "tileattn": model} of `config` with the same weights, in eval mode; a config
+    of its own each (from_config records the implementation in the config)."""
+    models = {}
+    for impl in ("eager", "tileattn"):
+        torch.manual_seed(0)
+        models[impl] = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                                     attn_implementation=impl).eval()
+    models["tileattn"].load_state_dict(models["eager"].state_dict())
+    return models
+
+
 @pytest.mark.skipif(not hasattr(transformers, "Gemma4TextConfig"), reason="transformers without Gemma 4")
 def test_gemma4_kv_shared_layers_keep_causality_when_queries_are_dropped():
     """Gemma 4 runs its KV-shared layers on the last logits_to_keep queries only, after building
@@ -272,13 +284,7 @@ def test_gemma4_kv_shared_layers_keep_causality_when_queries_are_dropped():
         num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=64, vocab_size_per_layer_input=97,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         hidden_size_per_layer_input=8, num_kv_shared_layers=2, initializer_range=0.3, max_position_embeddings=128)
-    models = {}
-    for impl in ("eager", "tileattn"):
-        torch.manual_seed(0)
-        # A config of its own each: from_config records the implementation in the config.
-        models[impl] = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
-                                                                     attn_implementation=impl).eval()
-    models["tileattn"].load_state_dict(models["eager"].state_dict())
+    models = eager_and_tileattn(config)
     ids = torch.randint(3, 97, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(models["tileattn"](ids, logits_to_keep=4).logits,
@@ -302,12 +308,7 @@ def test_deepseek_v4_float_block_bias_in_the_mask():
         num_nextn_predict_layers=0, initializer_range=0.3, max_position_embeddings=128,
         compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
         layer_types=["compressed_sparse_attention", "heavily_compressed_attention"])
-    models = {}
-    for impl in ("eager", "tileattn"):
-        torch.manual_seed(0)
-        models[impl] = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
-                                                                     attn_implementation=impl).eval()
-    models["tileattn"].load_state_dict(models["eager"].state_dict())
+    models = eager_and_tileattn(config)
     for n in (16, 5):  # a mask with the block bias, and one sdpa's builder would have skipped
         ids = torch.randint(3, 97, (2, n), generator=torch.Generator().manual_seed(n))
         with torch.no_grad():
