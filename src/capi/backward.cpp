@@ -10,9 +10,7 @@ namespace {
 constexpr std::size_t kBackwardArgsV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_backward_args, dv);
 
 tileattn_backward_args default_backward_args() {
-  tileattn_backward_args args;
-  std::memset(static_cast<void*>(&args), 0, sizeof args);
-  args.struct_size = sizeof args;
+  tileattn_backward_args args = capi::zeroed_struct<tileattn_backward_args>();
   args.o.stride[3] = args.d_o.stride[3] = 1;
   args.dq.stride[3] = args.dk.stride[3] = args.dv.stride[3] = 1;
   args.lse_stride[2] = 1;
@@ -44,9 +42,7 @@ extern "C" {
 
 tileattn_status(tileattn_backward_args_init)(tileattn_backward_args* args) {
   return capi::guarded(__func__, [&] {
-    capi::require(args, "args");
-    const auto defaults = default_backward_args();
-    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+    capi::init_versioned(args, sizeof *args, kBackwardArgsV1Size, default_backward_args(), "args");  // the whole struct
   });
 }
 

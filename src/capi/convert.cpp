@@ -45,9 +45,7 @@ int32_t from_isa(Isa isa) {
 
 tileattn_forward_args default_forward_args() {
   const ForwardArgs defaults;
-  tileattn_forward_args args;
-  std::memset(static_cast<void*>(&args), 0, sizeof args);
-  args.struct_size = sizeof args;
+  tileattn_forward_args args = zeroed_struct<tileattn_forward_args>();
   args.dtype = TILEATTN_F32;
   for (int i = 0; i < 4; ++i) {
     args.q.stride[i] = args.k.stride[i] = args.v.stride[i] = args.o.stride[i] = defaults.q.stride[i];

@@ -12,9 +12,7 @@ namespace {
 constexpr std::size_t kMergeArgsV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_merge_args, lse_out_stride);
 
 tileattn_merge_args default_merge_args() {
-  tileattn_merge_args args;
-  std::memset(static_cast<void*>(&args), 0, sizeof args);
-  args.struct_size = sizeof args;
+  tileattn_merge_args args = capi::zeroed_struct<tileattn_merge_args>();
   args.dtype = TILEATTN_F32;
   args.o_a.stride[3] = args.o_b.stride[3] = args.o_out.stride[3] = 1;
   args.lse_a_stride[2] = args.lse_b_stride[2] = args.lse_out_stride[2] = 1;
@@ -27,9 +25,7 @@ extern "C" {
 
 tileattn_status(tileattn_forward_args_init)(tileattn_forward_args* args) {
   return capi::guarded(__func__, [&] {
-    capi::require(args, "args");
-    const auto defaults = capi::default_forward_args();
-    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+    capi::init_versioned(args, sizeof *args, capi::kForwardArgsV1Size, capi::default_forward_args(), "args");  // the whole struct
   });
 }
 
@@ -49,9 +45,7 @@ tileattn_status tileattn_forward_validate(const tileattn_forward_args* args) {
 
 tileattn_status(tileattn_merge_args_init)(tileattn_merge_args* args) {
   return capi::guarded(__func__, [&] {
-    capi::require(args, "args");
-    const auto defaults = default_merge_args();
-    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+    capi::init_versioned(args, sizeof *args, kMergeArgsV1Size, default_merge_args(), "args");  // the whole struct
   });
 }
 

@@ -77,10 +77,21 @@ void write_versioned(const T& filled, T* user, const char* name, std::size_t v1_
   user->struct_size = size;
 }
 
+// An argument struct of this library's size: every byte 0, struct_size set
+// (the start of each struct's defaults).
+template <class T>
+T zeroed_struct() {
+  T result;
+  std::memset(static_cast<void*>(&result), 0, sizeof result);
+  result.struct_size = sizeof result;
+  return result;
+}
+
 inline constexpr std::size_t kMaxStructSize = 65536;
 
 // Fills a caller's versioned struct of `size` bytes (its sizeof, which the
-// header's *_init macros pass): the defaults of the fields this library
+// header's *_init macros pass; the *_init functions themselves pass this
+// library's): the defaults of the fields this library
 // knows, zeros past them in a longer (newer) struct, struct_size = size.
 // Nothing past `size` is written; below `v1_size` nothing at all.
 template <class T>

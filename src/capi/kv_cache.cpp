@@ -15,9 +15,7 @@ constexpr std::size_t kKvCacheArgsV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_k
 // Defaults are those of tileattn::KvCacheArgs.
 tileattn_kv_cache_args default_kv_cache_args() {
   const KvCacheArgs defaults;
-  tileattn_kv_cache_args args;
-  std::memset(static_cast<void*>(&args), 0, sizeof args);
-  args.struct_size = sizeof args;
+  tileattn_kv_cache_args args = capi::zeroed_struct<tileattn_kv_cache_args>();
   args.dtype = TILEATTN_F32;
   args.q.stride[3] = args.o.stride[3] = args.k_cache.stride[3] = args.v_cache.stride[3] = 1;
   args.k_new.stride[3] = args.v_new.stride[3] = 1;
@@ -101,9 +99,7 @@ extern "C" {
 
 tileattn_status(tileattn_kv_cache_args_init)(tileattn_kv_cache_args* args) {
   return capi::guarded(__func__, [&] {
-    capi::require(args, "args");
-    const auto defaults = default_kv_cache_args();
-    std::memcpy(static_cast<void*>(args), &defaults, sizeof defaults);
+    capi::init_versioned(args, sizeof *args, kKvCacheArgsV1Size, default_kv_cache_args(), "args");  // the whole struct
   });
 }
 

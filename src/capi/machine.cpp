@@ -19,14 +19,6 @@ void copy_truncated(char* destination, std::size_t capacity, const std::string& 
 
 constexpr std::size_t kCpuInfoV1Size = TILEATTN_CAPI_SIZE_THROUGH(tileattn_cpu_info, brand);
 
-// A zeroed tileattn_cpu_info of this library's size.
-tileattn_cpu_info empty_cpu_info() {
-  tileattn_cpu_info info;
-  std::memset(static_cast<void*>(&info), 0, sizeof info);
-  info.struct_size = sizeof info;
-  return info;
-}
-
 // The C runtime installed last, behind one C++ ThreadRuntime that forwards
 // to it (its run has no user data to carry the pointer).
 std::atomic<const tileattn_thread_runtime*>& installed_c_runtime() {
@@ -48,14 +40,14 @@ extern "C" {
 
 tileattn_status(tileattn_cpu_info_init)(tileattn_cpu_info* info) {
   return capi::guarded(__func__, [&] {
-    capi::require(info, "info");
-    const auto defaults = empty_cpu_info();
-    std::memcpy(static_cast<void*>(info), &defaults, sizeof defaults);
+    capi::init_versioned(info, sizeof *info, kCpuInfoV1Size, capi::zeroed_struct<tileattn_cpu_info>(), "info");  // the whole struct
   });
 }
 
 tileattn_status tileattn_cpu_info_init_sized(tileattn_cpu_info* info, size_t struct_size) {
-  return capi::guarded(__func__, [&] { capi::init_versioned(info, struct_size, kCpuInfoV1Size, empty_cpu_info(), "info"); });
+  return capi::guarded(__func__, [&] {
+    capi::init_versioned(info, struct_size, kCpuInfoV1Size, capi::zeroed_struct<tileattn_cpu_info>(), "info");
+  });
 }
 
 tileattn_status tileattn_get_cpu_info(tileattn_cpu_info* info) {
@@ -63,7 +55,7 @@ tileattn_status tileattn_get_cpu_info(tileattn_cpu_info* info) {
     capi::require(info, "info");
     const CpuFeatures& f = cpu_features();
     const CacheSizes& c = cache_sizes();
-    tileattn_cpu_info filled = empty_cpu_info();
+    tileattn_cpu_info filled = capi::zeroed_struct<tileattn_cpu_info>();
     filled.avx2 = f.avx2;
     filled.fma = f.fma;
     filled.f16c = f.f16c;

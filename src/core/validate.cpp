@@ -204,6 +204,20 @@ static ViewSpan validate_kv_scales(const char* name, const ForwardArgs& a, const
   return range;
 }
 
+ViewSpan alibi_slopes_view(const ForwardArgs& a) {
+  const AttentionShape& s = a.shape;
+  if (!a.alibi_slopes || s.batch <= 0 || s.heads <= 0) return {};
+  const int64_t sizes[2] = {a.alibi_batch_stride > 0 ? s.batch : 1, s.heads};
+  const int64_t strides[2] = {a.alibi_batch_stride, 1};
+  return view_range("alibi_slopes", a.alibi_slopes, 4, sizes, strides, 2);
+}
+
+ViewSpan sinks_view(const ForwardArgs& a) {
+  if (!a.sinks) return {};
+  const int64_t sizes[1] = {a.shape.heads}, strides[1] = {1};
+  return view_range("sinks", a.sinks, 4, sizes, strides, 1);
+}
+
 void validate(const ForwardArgs& a, OutputUse o_use) {
   const AttentionShape& s = a.shape;
   if (s.batch < 0) fail("batch must be >= 0, got " + str(s.batch));
@@ -359,16 +373,7 @@ void validate(const ForwardArgs& a, OutputUse o_use) {
                       a.mask.stride.data(), 4);
   }
   // The score modifiers' per-head inputs, read while O and LSE are written.
-  ViewSpan alibi, sinks;
-  if (a.alibi_slopes && s.batch > 0 && s.heads > 0) {
-    const int64_t sizes[2] = {a.alibi_batch_stride > 0 ? s.batch : 1, s.heads};
-    const int64_t strides[2] = {a.alibi_batch_stride, 1};
-    alibi = view_range("alibi_slopes", a.alibi_slopes, 4, sizes, strides, 2);
-  }
-  if (a.sinks && s.heads > 0) {
-    const int64_t sizes[1] = {s.heads}, strides[1] = {1};
-    sinks = view_range("sinks", a.sinks, 4, sizes, strides, 1);
-  }
+  const ViewSpan alibi = alibi_slopes_view(a), sinks = sinks_view(a);
   if (o_written) {
     if (views_overlap(o, alibi)) fail("o: output overlaps input alibi_slopes");
     if (views_overlap(o, sinks)) fail("o: output overlaps input sinks");

@@ -22,6 +22,10 @@ struct ViewSpan {
 };
 ViewSpan view_range(const char* name, const void* data, int64_t element_size,
                     const int64_t* sizes, const int64_t* strides, int rank);
+// The score modifiers' per-head inputs as views (empty when not given):
+// ALiBi slopes [heads] or [batch, heads] (alibi_batch_stride > 0), sinks [heads].
+ViewSpan alibi_slopes_view(const ForwardArgs& a);
+ViewSpan sinks_view(const ForwardArgs& a);
 // Whether two views share a byte. Exact when the search over their index
 // differences stays within a budget (views of one buffer that interleave,
 // such as q, k and v of a fused QKV projection [B, N, 3, H, D] or K and V of

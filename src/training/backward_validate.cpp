@@ -88,14 +88,7 @@ void validate(const BackwardArgs& b) {
   const int64_t h_sizes[1] = {s.heads};
   const int64_t unit_stride[1] = {1};
   const ViewSpan d_sinks = b.d_sinks ? view_range("d_sinks", b.d_sinks, 4, h_sizes, unit_stride, 1) : ViewSpan{};
-  const ViewSpan sinks = a.sinks ? view_range("sinks", a.sinks, 4, h_sizes, unit_stride, 1) : ViewSpan{};
-  // ALiBi slopes: [heads] or [batch, heads] (alibi_batch_stride > 0).
-  ViewSpan alibi;
-  if (a.alibi_slopes && s.batch > 0 && s.heads > 0) {
-    const int64_t sizes[2] = {a.alibi_batch_stride > 0 ? s.batch : 1, s.heads};
-    const int64_t strides[2] = {a.alibi_batch_stride, 1};
-    alibi = view_range("alibi_slopes", a.alibi_slopes, 4, sizes, strides, 2);
-  }
+  const ViewSpan sinks = sinks_view(a), alibi = alibi_slopes_view(a);
 
   struct Named {
     const char* name;
