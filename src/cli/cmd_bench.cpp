@@ -11,6 +11,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/memory_check.hpp"
 #include "cli/naive_baseline.hpp"
 #include "cli/openblas.hpp"
 #include "cli/report.hpp"
@@ -24,7 +25,6 @@
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/machine.hpp"
 
-#include <unistd.h>
 
 namespace tileattn::cli {
 
@@ -155,17 +155,12 @@ int cmd_bench(int argc, char** argv) {
   const double esize = double(dtype_size(dtype));
   double buffer_bytes = double(q_elems + k_elems + v_elems + o_elems) * esize;
   if (backward) buffer_bytes += double(q_elems + k_elems + v_elems + o_elems) * esize + double(batch * heads * seq) * 4;
-  const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (memory_bytes > 0 && buffer_bytes > memory_bytes) {
-    char text[320];
-    std::snprintf(text, sizeof text,
-                  "bench: --batch %lld --heads %lld --kv-heads %lld %s %lld --dim %lld needs %.1f GiB of buffers, "
-                  "more than this machine's %.1f GiB of memory",
-                  static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(kv_heads),
-                  decode ? "--kv-seq" : "--seq", static_cast<long long>(decode ? kv_seq : seq),
-                  static_cast<long long>(dim), buffer_bytes / double(1 << 30), memory_bytes / double(1 << 30));
-    throw UsageError(text);
-  }
+  char flags[200];
+  std::snprintf(flags, sizeof flags, "bench: --batch %lld --heads %lld --kv-heads %lld %s %lld --dim %lld",
+                static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(kv_heads),
+                decode ? "--kv-seq" : "--seq", static_cast<long long>(decode ? kv_seq : seq),
+                static_cast<long long>(dim));
+  require_memory(buffer_bytes, flags);
 
   // Only q, k, v and o are allocated for our kernel (the memory target).
   const TypedBuffer q = random_buffer(dtype, q_elems, 1);

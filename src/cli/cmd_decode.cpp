@@ -17,6 +17,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/memory_check.hpp"
 #include "cli/report.hpp"
 #include "cli/timing.hpp"
 #include "core/half.hpp"
@@ -543,6 +544,34 @@ int cmd_decode(int argc, char** argv) {
       kv_elems > (int64_t{1} << 34))
     throw UsageError("decode: the cache would be too large");
 
+  // What the run allocates, checked before any of it is: the prompt's K/V
+  // (--dtype), the read buffer (the K/V bytes) and the eviction buffer (twice
+  // the last-level cache, cold steps), and then the larger of the timed
+  // caches (the main one, a contiguous one beside a paged one, a --dtype one
+  // beside a quantized one) and the recompute loop's (a contiguous cache, Q
+  // and O over every token).
+  const int64_t kv_bytes = token_bytes(s) * (s.prompt + s.steps / 2);
+  const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
+  const bool cold = args.has("--cold") || kv_bytes >= (int64_t{4} << 20);
+  {
+    const double esize = double(dtype_size(s.dtype));
+    Shape unquantized = s;
+    unquantized.kv_quant = KvQuant::none;
+    const double timed_caches = double(token_bytes(s)) * double(cache_rows) +
+                                (paged ? double(token_bytes(s)) * double(capacity) : 0.0) +
+                                (s.kv_quant != KvQuant::none ? double(token_bytes(unquantized)) * double(cache_rows) : 0.0);
+    const double recompute = recompute_steps > 0 ? double(token_bytes(s)) * double(capacity) +
+                                                       double(s.batch * s.heads) * double(capacity) *
+                                                           double(s.dim + s.dim_v) * esize
+                                                 : 0.0;
+    const double bytes = double(s.batch * s.kv_heads) * double(s.prompt) * double(s.dim + s.dim_v) * esize +
+                         double(kv_bytes) + (cold ? 2.0 * double(l3) : 0.0) + std::max(timed_caches, recompute);
+    std::string what = "decode: --batch " + std::to_string(s.batch) + " --kv-heads " + std::to_string(s.kv_heads) +
+                       " --prompt " + std::to_string(s.prompt) + " --dim " + std::to_string(s.dim);
+    if (recompute > timed_caches) what += " (the recompute loop's Q and O included; --recompute-steps 0 leaves it out)";
+    require_memory(bytes, what);
+  }
+
   const RopeTables rope = rope_tables(kLlama3RopeTheta, capacity, rotary_dim);
   Tokens t;
   t.prompt_k = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 1);
@@ -556,7 +585,6 @@ int cmd_decode(int argc, char** argv) {
   // more are evicted before every step and read pass by reading twice the
   // last-level cache (at least 64 MiB); smaller ones are what tests and tiny
   // models use, and stay as they are.
-  const int64_t kv_bytes = token_bytes(s) * (s.prompt + s.steps / 2);
   if (s.kv_quant == KvQuant::fp8_e4m3) {
     // One scale per KV head that maps the prompt's largest |x| to 224, half of e4m3's 448.
     float amax = 0.0f;
@@ -567,8 +595,6 @@ int cmd_decode(int argc, char** argv) {
     }
     s.fp8_scale = amax > 0.0f ? amax / 224.0f : 1.0f;
   }
-  const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
-  const bool cold = args.has("--cold") || kv_bytes >= (int64_t{4} << 20);
   ReadBandwidth reader(kv_bytes, threads, cold ? 2 * l3 : 0);
   reader.evict();  // page the eviction buffer in
   reader.pass();  // page the buffer in

@@ -193,6 +193,27 @@ TEST(cliDecode, PagedCacheLimitCountsWholePages) {
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
+// A shape whose buffers exceed the machine's memory (here 183-488 GiB) is a
+// usage error naming the flags, before anything is allocated (an allocation
+// past memory can succeed and the process then be killed with no message);
+// where the recompute loop's Q and O are what is too large, the message says
+// how to leave them out.
+TEST(cliDecode, BuffersBeyondTheMachinesMemoryAreAUsageError) {
+  TempDir dir;
+  Result r = run_cli("decode --dtype fp32 --prompt 2000000 --batch 8 --heads 8 --kv-heads 8 --steps 2 --json", dir);
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("decode: --batch 8 --kv-heads 8 --prompt 2000000 --dim 128"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("GiB of buffers, more than this machine's"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--recompute-steps 0 leaves it out"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = run_cli("decode --dtype fp32 --prompt 2000000 --batch 8 --heads 8 --kv-heads 8 --steps 2 --recompute-steps 0",
+              dir);
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("more than this machine's"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--recompute-steps 0 leaves"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // One step: the recompute loop defaults to min(2, --steps) steps, since each
 // appends one of the generated tokens to a cache of prompt + steps; more
 // recompute steps than steps is an error naming the flag.
