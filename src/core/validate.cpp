@@ -218,6 +218,23 @@ ViewSpan sinks_view(const ForwardArgs& a) {
   return view_range("sinks", a.sinks, 4, sizes, strides, 1);
 }
 
+std::array<NamedView, 6> index_array_views(const ForwardArgs& a) {
+  const int64_t batch = a.shape.batch;
+  const auto list = [&](const char* name, const int32_t* data, int64_t count) {
+    if (!data || batch <= 0) return NamedView{name, ViewSpan{}};
+    const int64_t sizes[1] = {count}, strides[1] = {1};
+    return NamedView{name, view_range(name, data, 4, sizes, strides, 1)};
+  };
+  NamedView table{"block_table", ViewSpan{}};
+  if (a.kv.block_table && batch > 0) {
+    const int64_t sizes[2] = {batch, a.kv.block_table_stride}, strides[2] = {a.kv.block_table_stride, 1};
+    table.view = view_range("block_table", a.kv.block_table, 4, sizes, strides, 2);
+  }
+  return {list("cu_seqlens_q", a.cu_seqlens_q, batch + 1), list("cu_seqlens_k", a.cu_seqlens_k, batch + 1),
+          list("cache_seqlens", a.kv.seqlens, batch),      list("cache_batch_idx", a.kv.batch_index, batch),
+          list("cache_leftpad", a.kv.row_start, batch),    table};
+}
+
 void validate(const ForwardArgs& a, OutputUse o_use) {
   const AttentionShape& s = a.shape;
   if (s.batch < 0) fail("batch must be >= 0, got " + str(s.batch));
@@ -374,7 +391,10 @@ void validate(const ForwardArgs& a, OutputUse o_use) {
   }
   // The score modifiers' per-head inputs, read while O and LSE are written.
   const ViewSpan alibi = alibi_slopes_view(a), sinks = sinks_view(a);
+  const std::array<NamedView, 6> index_arrays = index_array_views(a);
   if (o_written) {
+    for (const NamedView& x : index_arrays)
+      if (views_overlap(o, x.view)) fail(std::string("o: output overlaps input ") + x.name);
     if (views_overlap(o, alibi)) fail("o: output overlaps input alibi_slopes");
     if (views_overlap(o, sinks)) fail("o: output overlaps input sinks");
     if (views_overlap(o, q)) fail("o: output overlaps input q");
@@ -395,6 +415,8 @@ void validate(const ForwardArgs& a, OutputUse o_use) {
     if (views_overlap(lse, k_scale) || views_overlap(lse, v_scale)) fail("lse: overlaps an input");
     if (views_overlap(lse, alibi)) fail("lse: overlaps input alibi_slopes");
     if (views_overlap(lse, sinks)) fail("lse: overlaps input sinks");
+    for (const NamedView& x : index_arrays)
+      if (views_overlap(lse, x.view)) fail(std::string("lse: overlaps input ") + x.name);
   }
 }
 

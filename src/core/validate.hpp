@@ -2,6 +2,7 @@
 // KV cache) so that all of them check the same way.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "tileattn/attention.hpp"
@@ -26,6 +27,16 @@ ViewSpan view_range(const char* name, const void* data, int64_t element_size,
 // ALiBi slopes [heads] or [batch, heads] (alibi_batch_stride > 0), sinks [heads].
 ViewSpan alibi_slopes_view(const ForwardArgs& a);
 ViewSpan sinks_view(const ForwardArgs& a);
+// The int32 index arrays work items read as they run (their sequence's rows
+// and pages), as views (empty when not given): cu_seqlens_q and
+// cu_seqlens_k [batch + 1], kv seqlens, batch_index and row_start [batch],
+// block_table [batch, block_table_stride]. An output over one of them would
+// move later items' rows while they run.
+struct NamedView {
+  const char* name;
+  ViewSpan view;
+};
+std::array<NamedView, 6> index_array_views(const ForwardArgs& a);
 // Whether two views share a byte. Exact when the search over their index
 // differences stays within a budget (views of one buffer that interleave,
 // such as q, k and v of a fused QKV projection [B, N, 3, H, D] or K and V of

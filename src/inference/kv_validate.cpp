@@ -397,6 +397,14 @@ void validate_apart_from_cache(const KvCacheArgs& a, const AppendPlan& plan) {
   if (a.lse)
     fail_if_overlapping("lse: output overlaps input", lse,
                         {{"k_cache", k}, {"v_cache", v}, {"k_scale", scales.k}, {"v_scale", scales.v}});
+  // cache_seqlens: read by the call and written at its end, after O and LSE
+  // (the forward sees the new lengths in a copy, so its check of o against
+  // the index arrays does not cover this one).
+  const int64_t seqlens_sizes[1] = {a.batch}, unit_stride[1] = {1};
+  const ViewSpan seqlens = view_range("cache_seqlens", a.cache_seqlens, 4, seqlens_sizes, unit_stride, 1);
+  fail_if_overlapping("o: output overlaps", o, {{"cache_seqlens", seqlens}}, ", which this call also writes");
+  if (a.lse)
+    fail_if_overlapping("lse: output overlaps", lse, {{"cache_seqlens", seqlens}}, ", which this call also writes");
   const bool appends = std::any_of(plan.counts.begin(), plan.counts.end(), [](int32_t n) { return n > 0; });
   const ViewSpan q = view_range("q", a.q.data, esize, q_sizes, a.q.stride.data(), 4);
   if (appends)

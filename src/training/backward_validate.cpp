@@ -97,10 +97,13 @@ void validate(const BackwardArgs& b) {
   const Named inputs[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"d_o", &d_o},
                           {"lse", &lse}, {"mask", &mask}, {"sinks", &sinks}, {"alibi_slopes", &alibi}};
   const Named outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"d_sinks", &d_sinks}};
+  const std::array<NamedView, 6> index_arrays = index_array_views(a);
   for (const Named& out : outputs) {
     for (const Named& in : inputs)
       if (views_overlap(*out.range, *in.range))
         fail(std::string(out.name) + ": output overlaps input " + in.name);
+    for (const NamedView& in : index_arrays)
+      if (views_overlap(*out.range, in.view)) fail(std::string(out.name) + ": output overlaps input " + in.name);
   }
   if (views_overlap(dq, dk)) fail("dq: overlaps output dk");
   if (views_overlap(dq, dv)) fail("dq: overlaps output dv");

@@ -183,6 +183,33 @@ TEST(KvCacheBadInput, AttentionArgumentsCheckedBeforeTheAppend) {
   expect_rejected(contiguous_spec(), [](KvCacheArgs& a, DecodeRun&) { a.scale = INFINITY; }, "scale");
 }
 
+// cache_seqlens, which the call writes after O and LSE, and the index arrays
+// the attention reads as it runs (block_table here) may not lie under O or LSE.
+TEST(KvCacheBadInput, IndexArraysUnderTheOutputs) {
+  expect_rejected(contiguous_spec(),
+                  [](KvCacheArgs& a, DecodeRun& r) {
+                    auto* inside = static_cast<int32_t*>(a.o.data) + 4;
+                    std::memcpy(inside, r.seqlens.data(), r.seqlens.size() * sizeof(int32_t));
+                    a.cache_seqlens = inside;
+                  },
+                  "o: output overlaps cache_seqlens, which this call also writes");
+  expect_rejected(contiguous_spec(),
+                  [](KvCacheArgs& a, DecodeRun& r) {
+                    auto* inside = reinterpret_cast<int32_t*>(a.lse) + 1;
+                    std::memcpy(inside, r.seqlens.data(), r.seqlens.size() * sizeof(int32_t));
+                    a.cache_seqlens = inside;
+                  },
+                  "lse: output overlaps cache_seqlens, which this call also writes");
+  expect_rejected(paged_spec(),
+                  [](KvCacheArgs& a, DecodeRun& r) {
+                    ASSERT_LE(r.block_table.size() + 1, r.lse.size());
+                    auto* inside = reinterpret_cast<int32_t*>(a.lse) + 1;
+                    std::memcpy(inside, r.block_table.data(), r.block_table.size() * sizeof(int32_t));
+                    a.block_table = inside;
+                  },
+                  "lse: overlaps input block_table");
+}
+
 // What an appending call reads or advances besides the new rows may not lie
 // in the cache it writes: the append would change it before it is read
 // (sinks, ALiBi slopes, rotary tables) or the final write of cache_seqlens

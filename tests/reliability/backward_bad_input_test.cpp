@@ -81,6 +81,23 @@ TEST(BackwardBadInput, GradientOnAnInput) {
                           {"dq: output overlaps input alibi_slopes"});
 }
 
+// A gradient over an index array the items read as they run (cu_seqlens_q here).
+TEST(BackwardBadInput, GradientOverAnIndexArray) {
+  BackwardCase bc = small_backward_case();
+  bc.c.varlen = true;
+  bc.c.varlen_q_lengths = {3, 5};
+  bc.c.varlen_k_lengths = {4, 6};
+  BackwardData data(bc, Isa::automatic);
+  std::vector<float> dq_with_cu(size_t(bc.c.heads * 8 * bc.c.head_dim) + 8, 0.0f);
+  std::memcpy(dq_with_cu.data() + 3, data.fwd.cu_q.data(), data.fwd.cu_q.size() * sizeof(int32_t));
+  const std::vector<float> before = dq_with_cu;
+  expect_backward_refused(data, [&](BackwardArgs& a) {
+    a.dq.data = dq_with_cu.data();
+    a.forward.cu_seqlens_q = reinterpret_cast<const int32_t*>(dq_with_cu.data() + 3);
+  }, {"dq: output overlaps input cu_seqlens_q"});
+  EXPECT_EQ(dq_with_cu, before);
+}
+
 TEST(BackwardBadInput, CuSeqlens) {
   BackwardCase bc = small_backward_case();
   bc.c.varlen = true;

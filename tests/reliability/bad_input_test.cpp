@@ -261,6 +261,34 @@ TEST(BadInput, OutputAliasingAnInput) {
   expect_forward_refused(data, {"lse: overlaps input alibi_slopes"});
 }
 
+// The index arrays work items read as they run (here cu_seqlens_q and
+// cu_seqlens_k of packed sequences) may not lie under O or LSE: an item's
+// writes would move the rows of items still running. The arrays sit in
+// buffers of the test's own, checked unchanged.
+TEST(BadInput, OutputOverAnIndexArray) {
+  Case c = small_case();
+  c.varlen = true;
+  c.varlen_q_lengths = {3, 5};
+  c.varlen_k_lengths = {4, 6};
+  CaseData data(c);
+  const ForwardArgs good = data.args;
+  std::vector<float> o_with_cu(data.o32.size() + 8, 0.0f);
+  std::memcpy(o_with_cu.data() + 4, data.cu_q.data(), data.cu_q.size() * sizeof(int32_t));
+  data.args.o.data = o_with_cu.data();
+  data.args.cu_seqlens_q = reinterpret_cast<const int32_t*>(o_with_cu.data() + 4);
+  const std::vector<float> o_before = o_with_cu;
+  expect_forward_refused(data, {"o: output overlaps input cu_seqlens_q"});
+  EXPECT_EQ(o_with_cu, o_before);
+  data.args = good;
+  std::vector<float> lse_with_cu(data.lse.size() + 8, 0.0f);
+  std::memcpy(lse_with_cu.data() + 2, data.cu_k.data(), data.cu_k.size() * sizeof(int32_t));
+  data.args.lse = lse_with_cu.data();
+  data.args.cu_seqlens_k = reinterpret_cast<const int32_t*>(lse_with_cu.data() + 2);
+  const std::vector<float> lse_before = lse_with_cu;
+  expect_forward_refused(data, {"lse: overlaps input cu_seqlens_k"});
+  EXPECT_EQ(lse_with_cu, lse_before);
+}
+
 // An empty batch is valid whatever packed row count Q claims; no path may
 // size a buffer by that count (the float64 reference path once allocated
 // heads x seqlen_q x head_dim doubles here -- 16 TB -- found by fuzz_forward).
