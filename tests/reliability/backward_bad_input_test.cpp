@@ -81,12 +81,18 @@ TEST(BackwardBadInput, GradientOnAnInput) {
                           {"dq: output overlaps input alibi_slopes"});
 }
 
-// A gradient over an index array the items read as they run (cu_seqlens_q here).
-TEST(BackwardBadInput, GradientOverAnIndexArray) {
+// Two packed sequences (3 and 5 queries, 4 and 6 keys).
+BackwardCase varlen_backward_case() {
   BackwardCase bc = small_backward_case();
   bc.c.varlen = true;
   bc.c.varlen_q_lengths = {3, 5};
   bc.c.varlen_k_lengths = {4, 6};
+  return bc;
+}
+
+// A gradient over an index array the items read as they run (cu_seqlens_q here).
+TEST(BackwardBadInput, GradientOverAnIndexArray) {
+  const BackwardCase bc = varlen_backward_case();
   BackwardData data(bc, Isa::automatic);
   std::vector<float> dq_with_cu(size_t(bc.c.heads * 8 * bc.c.head_dim) + 8, 0.0f);
   std::memcpy(dq_with_cu.data() + 3, data.fwd.cu_q.data(), data.fwd.cu_q.size() * sizeof(int32_t));
@@ -99,11 +105,7 @@ TEST(BackwardBadInput, GradientOverAnIndexArray) {
 }
 
 TEST(BackwardBadInput, CuSeqlens) {
-  BackwardCase bc = small_backward_case();
-  bc.c.varlen = true;
-  bc.c.varlen_q_lengths = {3, 5};
-  bc.c.varlen_k_lengths = {4, 6};
-  BackwardData data(bc, Isa::automatic);
+  BackwardData data(varlen_backward_case(), Isa::automatic);
   data.fwd.cu_q = {0, 6, 2};  // decreasing
   expect_backward_refused(data, [](BackwardArgs&) {}, {"cu_seqlens_q", "non-decreasing"});
   data.fwd.cu_q = {0, 3, 8};
