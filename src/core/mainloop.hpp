@@ -400,6 +400,7 @@ class ForwardMainloop {
       k_ahead_in_pv_ = dot_probabilities_ && K::few_rows_dot_accumulate_prefetches_k(kv_dtype_);
     k_row_bytes_ = p.args.shape.head_dim * int64_t(dtype_size(kv_dtype_));
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
+    walk_burst_to_l2_ = direct_ && decode_walk_burst_to_l2(prefetch_to_l2_);
     // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
     // AVX512-VNNI for bf16 queries with bf16_probabilities, few_rows_vnni.hpp):
     // Q rounded once per item to int16 rows, keys read in place with unit
@@ -504,6 +505,12 @@ class ForwardMainloop {
             fill_key_rows(a_.k, seq, w.batch, next_kv_head, next_begin, ahead_, k_ahead_);
             fill_key_rows(a_.v, seq, w.batch, next_kv_head, next_begin, ahead_, v_ahead_);
             if (quantized_) prefetch_key_scales(seq, w.batch, next_kv_head, next_begin, ahead_);
+            // Walking small pages: the next step's rows toward L2 now, a
+            // step ahead of the products' own prefetches (decode_walk_burst_to_l2).
+            if (walk_burst_to_l2_ && w.kv_head_count > 1) {
+              prefetch_rows_to_l2(k_ahead_, ahead_, a_.shape.head_dim * int64_t(dtype_size(kv_dtype_)));
+              prefetch_rows_to_l2(v_ahead_, ahead_, p_.v_head_dim * int64_t(dtype_size(kv_dtype_)));
+            }
           }
         } else {
           load_kv_tile(seq, w.batch, kv_head, j_begin, n);
@@ -954,6 +961,7 @@ class ForwardMainloop {
   bool k_ahead_in_pv_ = false;         // ... whose kernel asks for the next step's K rows (not the scores)
   int64_t k_row_bytes_ = 0;            // ... and their length: head_dim elements of the cache's type
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
+  bool walk_burst_to_l2_ = false;      // direct_: walking items ask for the next step toward L2 first
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile

@@ -23,6 +23,15 @@ TEST(RowPrefetch, DecodeRowsGoToL2OnlyForTheDotScoresOnZen4) {
   EXPECT_FALSE(detail::decode_prefetch_to_l2(true, "GenuineIntel", 6));
 }
 
+// Items walking small pages burst the next step toward L2 on AMD family 0x19
+// (Zen 4) where the products prefetch to L1; nowhere else.
+TEST(RowPrefetch, WalkingItemsBurstTheNextStepToL2OnlyOnZen4WithL1Products) {
+  EXPECT_TRUE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x19));
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(true, "AuthenticAMD", 0x19));  // the dot scores' rows go to L2
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x1A));  // Zen 5
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "GenuineIntel", 6));
+}
+
 TEST(RowPrefetch, CountsEveryLineOfEveryRowOnce) {
   std::vector<char> buffer(4096);
   const void* rows[3] = {buffer.data(), buffer.data() + 1024, buffer.data() + 2048};
