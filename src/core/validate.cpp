@@ -1,6 +1,7 @@
 // One validation layer for the forward call: every pointer, size, stride and
 // option is checked before anything is allocated or written. Errors name the
 // argument and what was expected.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -225,9 +226,14 @@ std::array<NamedView, 6> index_array_views(const ForwardArgs& a) {
     const int64_t sizes[1] = {count}, strides[1] = {1};
     return NamedView{name, view_range(name, data, 4, sizes, strides, 1)};
   };
+  // The table's entries the call reads: each sequence's pages (the longest
+  // sequence's count in every row; a row stride may be larger).
   NamedView table{"block_table", ViewSpan{}};
-  if (a.kv.block_table && batch > 0) {
-    const int64_t sizes[2] = {batch, a.kv.block_table_stride}, strides[2] = {a.kv.block_table_stride, 1};
+  if (a.kv.block_table && a.kv.seqlens && a.kv.page_size > 0 && batch > 0) {
+    int64_t pages = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      if (a.kv.seqlens[b] > 0) pages = std::max<int64_t>(pages, (a.kv.seqlens[b] - 1) / a.kv.page_size + 1);
+    const int64_t sizes[2] = {batch, pages}, strides[2] = {a.kv.block_table_stride, 1};
     table.view = view_range("block_table", a.kv.block_table, 4, sizes, strides, 2);
   }
   return {list("cu_seqlens_q", a.cu_seqlens_q, batch + 1), list("cu_seqlens_k", a.cu_seqlens_k, batch + 1),
