@@ -132,7 +132,8 @@ inline bool decode_prefetch_to_l2(bool dot_scores) {
 // hardware prefetcher streams) also asks for the next step's rows toward L2
 // in one burst as each step starts, where the products' own prefetches, a
 // few lines per key, go to L1. Chosen once per call, on AMD family 0x19
-// (Zen 4), where a core keeps more L2 misses than L1 misses in flight:
+// with AVX-512 (Zen 4; Zen 3, the same family without AVX-512, was not
+// measured), where a core keeps more L2 misses than L1 misses in flight:
 // Llama-3-8B decode, 8192 tokens, pages of 16, cold, `paged_vs_contiguous`
 // (paired per step; contiguous items walk no pages and are unchanged) with
 // the burst against without (AMD EPYC Zen 4, 2026-12-06, rounds
@@ -141,12 +142,12 @@ inline bool decode_prefetch_to_l2(bool dot_scores) {
 // 0.84-0.91 (3). Not where the rows already go to L2 (decode_prefetch_to_l2):
 // a bf16 cache on the dot scores took 0.81-0.86 against 0.86-0.96 with it.
 // Not measured elsewhere.
-inline bool decode_walk_burst_to_l2(bool rows_to_l2, const std::string& vendor, int family) {
-  return !rows_to_l2 && vendor == "AuthenticAMD" && family == 0x19;
+inline bool decode_walk_burst_to_l2(bool rows_to_l2, const std::string& vendor, int family, bool avx512) {
+  return !rows_to_l2 && vendor == "AuthenticAMD" && family == 0x19 && avx512;
 }
 inline bool decode_walk_burst_to_l2(bool rows_to_l2) {
   const CpuFeatures& cpu = cpu_features();
-  return decode_walk_burst_to_l2(rows_to_l2, cpu.vendor, cpu.family);
+  return decode_walk_burst_to_l2(rows_to_l2, cpu.vendor, cpu.family, cpu.avx512f);
 }
 
 // Every line of rows[0, n), row_bytes each, toward L2, in one burst.

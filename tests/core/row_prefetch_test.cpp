@@ -24,12 +24,13 @@ TEST(RowPrefetch, DecodeRowsGoToL2OnlyForTheDotScoresOnZen4) {
 }
 
 // Items walking small pages burst the next step toward L2 on AMD family 0x19
-// (Zen 4) where the products prefetch to L1; nowhere else.
+// with AVX-512 (Zen 4) where the products prefetch to L1; nowhere else.
 TEST(RowPrefetch, WalkingItemsBurstTheNextStepToL2OnlyOnZen4WithL1Products) {
-  EXPECT_TRUE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x19));
-  EXPECT_FALSE(detail::decode_walk_burst_to_l2(true, "AuthenticAMD", 0x19));  // the dot scores' rows go to L2
-  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x1A));  // Zen 5
-  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "GenuineIntel", 6));
+  EXPECT_TRUE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x19, true));
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(true, "AuthenticAMD", 0x19, true));  // the dot scores' rows go to L2
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x19, false));  // Zen 3: not measured
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "AuthenticAMD", 0x1A, true));   // Zen 5
+  EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "GenuineIntel", 6, true));
 }
 
 TEST(RowPrefetch, CountsEveryLineOfEveryRowOnce) {
