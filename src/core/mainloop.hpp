@@ -508,8 +508,9 @@ class ForwardMainloop {
             // Walking small pages: the next step's rows toward L2 now, a
             // step ahead of the products' own prefetches (decode_walk_burst_to_l2).
             if (walk_burst_to_l2_ && w.kv_head_count > 1) {
-              prefetch_rows_to_l2(k_ahead_, ahead_, a_.shape.head_dim * int64_t(dtype_size(kv_dtype_)));
-              prefetch_rows_to_l2(v_ahead_, ahead_, p_.v_head_dim * int64_t(dtype_size(kv_dtype_)));
+              prefetch_rows_to<false>(RowsToPrefetch{k_ahead_, ahead_}, 0, ahead_, k_row_bytes_);
+              prefetch_rows_to<false>(RowsToPrefetch{nullptr, 0, v_ahead_, ahead_}, 0, ahead_,
+                                      p_.v_head_dim * int64_t(dtype_size(kv_dtype_)));
             }
           }
         } else {

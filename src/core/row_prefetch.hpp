@@ -150,14 +150,6 @@ inline bool decode_walk_burst_to_l2(bool rows_to_l2) {
   return decode_walk_burst_to_l2(rows_to_l2, cpu.vendor, cpu.family, cpu.avx512f);
 }
 
-// Every line of rows[0, n), row_bytes each, toward L2, in one burst.
-inline void prefetch_rows_to_l2(const void* const* rows, int64_t n, int64_t row_bytes) {
-  for (int64_t i = 0; i < n; ++i) {
-    const char* row = static_cast<const char*>(rows[i]);
-    for (int64_t off = 0; off < row_bytes; off += 64) prefetch_line<false>(row + off);
-  }
-}
-
 // Every line of rows [i0, i1) of `ahead`'s K table, then of its V table
 // (row_bytes each; rows past a table's count are skipped): each table in a
 // loop of its own with its bound taken once. With the two bound checks per
