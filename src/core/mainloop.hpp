@@ -401,6 +401,13 @@ class ForwardMainloop {
     k_row_bytes_ = p.args.shape.head_dim * int64_t(dtype_size(kv_dtype_));
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     walk_burst_to_l2_ = direct_ && decode_walk_burst_to_l2(prefetch_to_l2_);
+    // The FMA P V asks for the next step's V rows (the scores then ask for
+    // none) where decode_pv_asks_next_v chose so, except on walking items
+    // that burst the next step to L2 already (core/row_prefetch.hpp).
+    if constexpr (requires { K::kFewRowsAccumulateAsksNextV; })
+      pv_asks_next_v_ = direct_ && !dot_probabilities_ && p.args.v.stride[3] == 1 &&
+                        !(walk_burst_to_l2_ && p.kv_heads_per_item > 1) &&
+                        decode_pv_asks_next_v();
     // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
     // AVX512-VNNI for bf16 queries with bf16_probabilities, few_rows_vnni.hpp):
     // Q rounded once per item to int16 rows, keys read in place with unit
@@ -625,10 +632,12 @@ class ForwardMainloop {
         // contiguous 0.92-0.97 of the time at 2 threads, 0.96-0.97 at 1
         // (pages of 64 and 256: 0.96-1.01); walking pages of 16 it lost
         // (1.01-1.03), their 4 KiB runs give the hardware nothing to stream.
+        // Where P V asks for the next step's V itself (pv_asks_next_v_) the
+        // scores ask for K alone.
         const bool this_steps_v = p_.kv_heads_per_item == 1;
         few_rows_scores(s0, m, n, t0,
                         RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? 0 : ahead_, this_steps_v ? v_rows_ : v_ahead_,
-                                       this_steps_v ? n : ahead_, prefetch_to_l2_});
+                                       pv_asks_next_v_ ? 0 : this_steps_v ? n : ahead_, prefetch_to_l2_});
       }
     } else {
       operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
@@ -720,6 +729,11 @@ class ForwardMainloop {
                                               acc_ + s0 * dp, dp,
                                               RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? ahead_ : 0, nullptr, 0,
                                                              prefetch_to_l2_, k_row_bytes_});
+        if constexpr (requires { K::kFewRowsAccumulateAsksNextV; })
+          if (pv_asks_next_v_)
+            return K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_,
+                                          a_.v.stride[3], acc_ + s0 * dp, dp,
+                                          RowsToPrefetch{nullptr, 0, v_ahead_, ahead_, true});
         K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_, a_.v.stride[3],
                                acc_ + s0 * dp, dp);
         return;
@@ -963,6 +977,7 @@ class ForwardMainloop {
   int64_t k_row_bytes_ = 0;            // ... and their length: head_dim elements of the cache's type
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool walk_burst_to_l2_ = false;      // direct_: walking items ask for the next step toward L2 first
+  bool pv_asks_next_v_ = false;        // direct_: the FMA P V asks for the next step's V rows (decode_pv_asks_next_v)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile

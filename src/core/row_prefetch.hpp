@@ -38,6 +38,21 @@ inline void prefetch_line(const void* p) {
 #endif
 }
 
+// One prefetcht1 of the line holding p, its address in a register operand:
+// the form for a loop whose accumulators must stay in registers. With
+// prefetch_line's memory operand inside few_rows16::accumulate_pass's key
+// loop, GCC 12 kept the P V's 16 accumulators in memory and stored them at
+// every key: a hot decode step took 41 ns per (token, KV head) against 27
+// (Llama-3-8B, bf16, 1 thread, AMD EPYC Zen 4, 2026-12-06); this form leaves
+// them in registers (27.5 ns). Volatile, so kept like prefetch_line.
+inline void prefetch_line_to_l2_by_register(const void* p) {
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
+  asm volatile("prefetcht1 (%0)" : : "r"(p));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 class RowPrefetch {
  public:
   // Rows rows[0, n_rows), each row_bytes long, toward L2. The table must
@@ -148,6 +163,34 @@ inline bool decode_walk_burst_to_l2(bool rows_to_l2, const std::string& vendor, 
 inline bool decode_walk_burst_to_l2(bool rows_to_l2) {
   const CpuFeatures& cpu = cpu_features();
   return decode_walk_burst_to_l2(rows_to_l2, cpu.vendor, cpu.family, cpu.avx512f);
+}
+
+// Whether a decode step's FMA P V asks for the next step's V rows toward L2,
+// a few lines per key as it runs, instead of the scores asking for V rows
+// (this step's on contiguous items), so that the step's misses stay in
+// flight through P V too and not only through the scores. Chosen once per
+// call, on AMD family 0x19 with AVX-512 (Zen 4; Zen 3 unmeasured); the main
+// loop leaves out walking items that burst the next step to L2 already
+// (decode_walk_burst_to_l2) and P V on the pair products. Llama-3-8B decode,
+// 8192 tokens, cold, `tileattn decode` with it against without, alternating
+// (AMD EPYC Zen 4, 2026-12-06), time ratios per round: 2 threads, bf16 cache
+// 0.78-0.91 (4 rounds), the avx512 rung's bf16 0.83-0.84 (2), paged bf16
+// (pages of 16) 0.62-0.93 (3), fp16 0.79-0.82 (3), fp32 0.84-0.86 (2), int8
+// 0.90-0.99 (3), fp8 e4m3 0.97-1.03 (3); 1 thread, bf16 0.79-0.94 (3), int8
+// 0.90-1.02 (2). Walking items that also burst: paged int8 1.03-1.42; with
+// the P V's asks in place of the burst: paged int8 0.98-1.05, fp16
+// 0.96-0.97, within the noise, so they keep the burst. Elsewhere the scores
+// keep asking for V: on the Intel Xeon VMs a P V asking for the next V lost
+// (1.05-1.14x, docs/inference.md), asked a chunk at a time or through
+// prefetch_line, whose memory operand spills this loop's accumulators
+// (prefetch_line_to_l2_by_register); the per-key form here is unmeasured
+// there.
+inline bool decode_pv_asks_next_v(const std::string& vendor, int family, bool avx512) {
+  return vendor == "AuthenticAMD" && family == 0x19 && avx512;
+}
+inline bool decode_pv_asks_next_v() {
+  const CpuFeatures& cpu = cpu_features();
+  return decode_pv_asks_next_v(cpu.vendor, cpu.family, cpu.avx512f);
 }
 
 // Every line of rows [i0, i1) of `ahead`'s K table, then of its V table

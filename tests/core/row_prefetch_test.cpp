@@ -33,6 +33,16 @@ TEST(RowPrefetch, WalkingItemsBurstTheNextStepToL2OnlyOnZen4WithL1Products) {
   EXPECT_FALSE(detail::decode_walk_burst_to_l2(false, "GenuineIntel", 6, true));
 }
 
+// The FMA P V asks for the next step's V rows on AMD family 0x19 with AVX-512
+// (Zen 4), where that was measured faster; the scores ask for V elsewhere.
+TEST(RowPrefetch, ProbabilityProductAsksForTheNextStepsValuesOnlyOnZen4) {
+  EXPECT_TRUE(detail::decode_pv_asks_next_v("AuthenticAMD", 0x19, true));
+  EXPECT_FALSE(detail::decode_pv_asks_next_v("AuthenticAMD", 0x19, false));  // Zen 3: not measured
+  EXPECT_FALSE(detail::decode_pv_asks_next_v("AuthenticAMD", 0x1A, true));   // Zen 5
+  EXPECT_FALSE(detail::decode_pv_asks_next_v("GenuineIntel", 6, true));
+  EXPECT_FALSE(detail::decode_pv_asks_next_v("GenuineIntel", 0x19, true));
+}
+
 TEST(RowPrefetch, CountsEveryLineOfEveryRowOnce) {
   std::vector<char> buffer(4096);
   const void* rows[3] = {buffer.data(), buffer.data() + 1024, buffer.data() + 2048};

@@ -266,14 +266,23 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   }
 }
 
+// The next step's V rows that P V asks for as it goes (decode_pv_asks_next_v,
+// core/row_prefetch.hpp): rows[c] (c clamped to count - 1), the bytes of each
+// column pass's columns, toward L2. count > 0 where used.
+struct NextRows {
+  const void* const* rows = nullptr;
+  int64_t count = 0;
+};
+
 // acc[r, t, t + 16 NVP) += sum_{c in [c0, c1)} p[r, c - c0] value_rows[c][t, ...):
 // one column pass. Even NVP: whole 32-element chunks, in `load`'s order
 // (Load::kChunkOrder: chunk order); NVP = 1 with kMasked: the lanes of
-// `last` only.
-template <DType kType, int M, int NVP, bool kMasked = false, class Load>
+// `last` only. kAsk: key c also asks for the lines of next.rows[c] that
+// hold this pass's columns.
+template <DType kType, int M, int NVP, bool kMasked = false, bool kAsk = false, class Load>
 static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const float* p, int64_t ldp,
                                    const void* const* value_rows, float* acc, int64_t ldacc, const Load& load,
-                                   __mmask16 last = 0xffff) {
+                                   __mmask16 last = 0xffff, NextRows next = {}) {
   static_assert(!kMasked || NVP == 1, "only a single vector is masked");
   constexpr bool kChunks = NVP % 2 == 0;
   constexpr bool kOrder = kChunks && Load::kChunkOrder;
@@ -298,6 +307,10 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
     } else {
       for (int u = 0; u < NVP; ++u) v[u] = load.load16(row + 16 * u * kS);
     }
+    if constexpr (kAsk) {
+      const char* ahead = static_cast<const char*>(next.rows[c < next.count ? c : next.count - 1]) + t * kS;
+      for (int64_t line = 0; line < 16 * NVP * kS; line += 64) prefetch_line_to_l2_by_register(ahead + line);
+    }
     for (int r = 0; r < M; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * ldp + (c - c0)]);
       for (int u = 0; u < NVP; ++u) o[r][u] = _mm512_fmadd_ps(pr, v[u], o[r][u]);
@@ -314,11 +327,10 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
   }
 }
 
-// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < M, c < n (contiguous
-// rows), V read through `load` (Loads<kType> by default).
-template <DType kType, int M, class Load = Loads<kType>>
-static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
-                       float* acc, int64_t ldacc, const Load& load = {}) {
+// accumulate's body; kAsk: next.count > 0.
+template <DType kType, int M, bool kAsk, class Load>
+static void accumulate_asking(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
+                              float* acc, int64_t ldacc, const Load& load, NextRows next) {
   constexpr int NV = kVectorsPerPass<M>;
   const int64_t d16 = d / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (d - d16)) - 1u);
@@ -341,18 +353,28 @@ static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const 
     const int64_t ldc = kScaledP ? kKeysPerChunk : ldp;
     int64_t t = 0;
     for (; t + 16 * NV <= d; t += 16 * NV)
-      accumulate_pass<kType, M, NV>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load);
+      accumulate_pass<kType, M, NV, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next);
     // What is left is < 16 NV columns (NV a power of two): each narrower
     // pass runs at most once.
     if constexpr (NV > 8)
-      if (t + 128 <= d) accumulate_pass<kType, M, 8>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 128;
+      if (t + 128 <= d) accumulate_pass<kType, M, 8, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 128;
     if constexpr (NV > 4)
-      if (t + 64 <= d) accumulate_pass<kType, M, 4>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 64;
+      if (t + 64 <= d) accumulate_pass<kType, M, 4, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 64;
     if constexpr (NV > 2)
-      if (t + 32 <= d) accumulate_pass<kType, M, 2>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 32;
-    if (t + 16 <= d) accumulate_pass<kType, M, 1>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load), t += 16;
-    if (tail) accumulate_pass<kType, M, 1, true>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, tail);
+      if (t + 32 <= d) accumulate_pass<kType, M, 2, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 32;
+    if (t + 16 <= d) accumulate_pass<kType, M, 1, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 16;
+    if (tail) accumulate_pass<kType, M, 1, true, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, tail, next);
   }
+}
+
+// acc[r, :d] += sum_c p[r, c] value_rows[c][:d] for r < M, c < n (contiguous
+// rows), V read through `load` (Loads<kType> by default); with next.count > 0
+// each key also asks for its share of the next step's V rows (NextRows).
+template <DType kType, int M, class Load = Loads<kType>>
+static void accumulate(int64_t n, int64_t d, const float* p, int64_t ldp, const void* const* value_rows,
+                       float* acc, int64_t ldacc, const Load& load = {}, NextRows next = {}) {
+  if (next.count > 0) return accumulate_asking<kType, M, true>(n, d, p, ldp, value_rows, acc, ldacc, load, next);
+  accumulate_asking<kType, M, false>(n, d, p, ldp, value_rows, acc, ldacc, load, next);
 }
 
 }  // namespace few_rows16
@@ -438,24 +460,29 @@ struct FewRows16Kernels {
     few_rows_int8_accumulate_vnni(m, n, d, p, ldp, value_rows, acc, ldacc, ahead);
   }
 
+  // `next`: the next step's V rows (next.v_rows, next.v_count) that the
+  // product asks for toward L2 as it goes, where the main loop chooses so
+  // (decode_pv_asks_next_v): unit element stride, not fp8.
+  static constexpr bool kFewRowsAccumulateAsksNextV = true;
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                   const void* const* value_rows, DType dtype, int64_t stride,
-                                  float* acc, int64_t ldacc) {
+                                  float* acc, int64_t ldacc, const RowsToPrefetch& next = {}) {
     if (stride != 1)
       return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
+    const few_rows16::NextRows ahead{next.v_rows, next.v_rows ? next.v_count : 0};
     if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
 #ifdef TILEATTN_E4M3_PERMUTES
       const few_rows16::E4m3Loads load{};
       auto run = [&]<DType kType, int M>() {
-        few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load);
+        few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, load, ahead);
       };
       return few_rows::with_rows<DType::f8_e4m3>(m, run);
 #else
-      return few_rows_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
+      return few_rows_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc, next);
 #endif
     }
     few_rows::with_type_and_rows(dtype, m, [&]<DType kType, int M>() {
-      few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc);
+      few_rows16::accumulate<kType, M>(n, d, p, ldp, value_rows, acc, ldacc, {}, ahead);
     });
   }
 };

@@ -14,8 +14,10 @@ void few_rows_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, int64
 }
 
 void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                              const void* const* value_rows, float* acc, int64_t ldacc) {
-  avx512_vbmi::FewRows16Kernels::few_rows_accumulate(m, n, d, p, ldp, value_rows, DType::f8_e4m3, 1, acc, ldacc);
+                              const void* const* value_rows, float* acc, int64_t ldacc,
+                              const RowsToPrefetch& next) {
+  avx512_vbmi::FewRows16Kernels::few_rows_accumulate(m, n, d, p, ldp, value_rows, DType::f8_e4m3, 1, acc, ldacc,
+                                                     next);
 }
 
 }  // namespace tileattn::detail

@@ -14,5 +14,6 @@ namespace tileattn::detail {
 void few_rows_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, int64_t ldq,
                           const void* const* key_rows, float* s, int64_t lds, const RowsToPrefetch& ahead);
 void few_rows_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                              const void* const* value_rows, float* acc, int64_t ldacc);
+                              const void* const* value_rows, float* acc, int64_t ldacc,
+                              const RowsToPrefetch& next);
 }  // namespace tileattn::detail
