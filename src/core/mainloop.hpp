@@ -401,13 +401,17 @@ class ForwardMainloop {
     k_row_bytes_ = p.args.shape.head_dim * int64_t(dtype_size(kv_dtype_));
     prefetch_to_l2_ = decode_prefetch_to_l2(dot_scores_);
     walk_burst_to_l2_ = direct_ && decode_walk_burst_to_l2(prefetch_to_l2_);
-    // The FMA P V asks for the next step's V rows (the scores then ask for
-    // none) where decode_pv_asks_next_v chose so, except on walking items
-    // that burst the next step to L2 already (core/row_prefetch.hpp).
-    if constexpr (requires { K::kFewRowsAccumulateAsksNextV; })
-      pv_asks_next_v_ = direct_ && !dot_probabilities_ && p.args.v.stride[3] == 1 &&
-                        !(walk_burst_to_l2_ && p.kv_heads_per_item > 1) &&
-                        decode_pv_asks_next_v();
+    // P V asks for the next step's V rows (the scores then ask for none)
+    // where decode_pv_asks_next_v chose so and its kernel can (the FMA P V;
+    // the pair products where few_rows_dot_accumulate_asks_next_v), except on
+    // walking items that burst the next step to L2 already
+    // (core/row_prefetch.hpp).
+    bool pv_can_ask = false;
+    if constexpr (requires { K::kFewRowsAccumulateAsksNextV; }) pv_can_ask = !dot_probabilities_;
+    if constexpr (requires { K::few_rows_dot_accumulate_asks_next_v(kv_dtype_); })
+      if (dot_probabilities_) pv_can_ask = K::few_rows_dot_accumulate_asks_next_v(kv_dtype_);
+    pv_asks_next_v_ = direct_ && pv_can_ask && p.args.v.stride[3] == 1 &&
+                      !(walk_burst_to_l2_ && p.kv_heads_per_item > 1) && decode_pv_asks_next_v();
     // Few-rows scores of an int8 cache on integer products (K::kFewRowsInt8Scores:
     // AVX512-VNNI for bf16 queries with bf16_probabilities, few_rows_vnni.hpp):
     // Q rounded once per item to int16 rows, keys read in place with unit
@@ -727,8 +731,10 @@ class ForwardMainloop {
           if (dot_probabilities_)
             return K::few_rows_dot_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_,
                                               acc_ + s0 * dp, dp,
-                                              RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? ahead_ : 0, nullptr, 0,
-                                                             prefetch_to_l2_, k_row_bytes_});
+                                              RowsToPrefetch{k_ahead_, k_ahead_in_pv_ ? ahead_ : 0,
+                                                             pv_asks_next_v_ ? v_ahead_ : nullptr,
+                                                             pv_asks_next_v_ ? ahead_ : 0, prefetch_to_l2_,
+                                                             k_row_bytes_});
         if constexpr (requires { K::kFewRowsAccumulateAsksNextV; })
           if (pv_asks_next_v_)
             return K::few_rows_accumulate(m, n, d, s_tile_ + t0 * kv_pad_, kv_pad_, v_rows_, kv_dtype_,

@@ -169,15 +169,17 @@ inline bool decode_walk_burst_to_l2(bool rows_to_l2) {
 // a few lines per key as it runs, instead of the scores asking for V rows
 // (this step's on contiguous items), so that the step's misses stay in
 // flight through P V too and not only through the scores. Chosen once per
-// call, on AMD family 0x19 with AVX-512 (Zen 4; Zen 3 unmeasured); the main
-// loop leaves out walking items that burst the next step to L2 already
-// (decode_walk_burst_to_l2) and P V on the pair products. Llama-3-8B decode,
+// call, on AMD family 0x19 with AVX-512 (Zen 4; Zen 3 unmeasured), for the
+// FMA P V and the pair products' (bf16_probabilities, avx512bf16 rung); the
+// main loop leaves out walking items that burst the next step to L2 already
+// (decode_walk_burst_to_l2) and the VNNI P V of the avx512 rung. Llama-3-8B decode,
 // 8192 tokens, cold, `tileattn decode` with it against without, alternating
 // (AMD EPYC Zen 4, 2026-12-06), time ratios per round: 2 threads, bf16 cache
 // 0.78-0.91 (4 rounds), the avx512 rung's bf16 0.83-0.84 (2), paged bf16
 // (pages of 16) 0.62-0.93 (3), fp16 0.79-0.82 (3), fp32 0.84-0.86 (2), int8
-// 0.90-0.99 (3), fp8 e4m3 0.97-1.03 (3); 1 thread, bf16 0.79-0.94 (3), int8
-// 0.90-1.02 (2). Walking items that also burst: paged int8 1.03-1.42; with
+// 0.90-0.99 (3), fp8 e4m3 0.97-1.03 (3); with bf16_probabilities (the pair
+// products) bf16 0.84-1.12, int8 0.86-1.00, fp8 0.94-0.99 (3 each); 1
+// thread, bf16 0.79-0.94 (3), int8 0.90-1.02 (2). Walking items that also burst: paged int8 1.03-1.42; with
 // the P V's asks in place of the burst: paged int8 0.98-1.05, fp16
 // 0.96-0.97, within the noise, so they keep the burst. Elsewhere the scores
 // keep asking for V: on the Intel Xeon VMs a P V asking for the next V lost
@@ -192,6 +194,15 @@ inline bool decode_pv_asks_next_v() {
   const CpuFeatures& cpu = cpu_features();
   return decode_pv_asks_next_v(cpu.vendor, cpu.family, cpu.avx512f);
 }
+
+// The next step's V rows that a decode P V asks for as it goes
+// (decode_pv_asks_next_v): rows[c] for key c of the step (c clamped to count
+// - 1), the lines of each column pass's columns, toward L2. count > 0 where
+// used.
+struct NextRows {
+  const void* const* rows = nullptr;
+  int64_t count = 0;
+};
 
 // Every line of rows [i0, i1) of `ahead`'s K table, then of its V table
 // (row_bytes each; rows past a table's count are skipped): each table in a

@@ -94,23 +94,33 @@ TEST(PrefetchCode, TheDotScoresCanPrefetchToL2) {
     EXPECT_GT(count, 0) << name << " has no prefetcht1: its L2 prefetches were compiled away";
 }
 
-// The FMA P V asks for the next step's V rows toward L2 where the main loop
-// chooses so (decode_pv_asks_next_v): every out-of-line copy of its column
-// pass, or of the loop around it, instantiated to ask (kAsk, the template
-// argument before the Load type) has its prefetcht1.
-TEST(PrefetchCode, TheProbabilityProductCanAskForTheNextStepsValues) {
+// The decode P V asks for the next step's V rows toward L2 where the main
+// loop chooses so (decode_pv_asks_next_v): every out-of-line copy of a
+// column pass, or of the loop around it, instantiated to ask (kAsk: the
+// template argument before the Load type of the FMA P V, the last one of the
+// pair products' P V) has its prefetcht1.
+TEST(PrefetchCode, TheProbabilityProductsCanAskForTheNextStepsValues) {
   ASSERT_EQ(std::system("objdump --version > /dev/null 2>&1"), 0) << "objdump (binutils) is needed";
-  const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, "few_rows16::accumulate", "prefetcht1");
-  ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
-  const std::regex asking(R"(few_rows16::accumulate(_pass|_asking)<.*, true, tileattn::detail::\w+::few_rows16::(E4m3)?Loads)");
-  int asking_copies = 0;
-  for (const auto& [name, count] : d.counts) {
-    if (!std::regex_search(name, asking)) continue;
-    ++asking_copies;
-    EXPECT_GT(count, 0) << name << " has no prefetcht1: its asks for the next V rows were compiled away";
+  const struct {
+    const char* needle;
+    const char* asking;
+  } products[] = {
+      {"few_rows16::accumulate", R"(few_rows16::accumulate(_pass|_asking)<.*, true, tileattn::detail::\w+::few_rows16::(E4m3)?Loads)"},
+      {"few_rows_dot::accumulate_pairs", R"(few_rows_dot::accumulate_pairs_(pass|asking)<.*, true>\(long)"},
+  };
+  for (const auto& product : products) {
+    const Disassembly d = prefetches_by_function(TILEATTN_LIBRARY_FILE, product.needle, "prefetcht1");
+    ASSERT_TRUE(d.ok && d.functions > 0) << "objdump found no functions in " << TILEATTN_LIBRARY_FILE;
+    const std::regex asking(product.asking);
+    int asking_copies = 0;
+    for (const auto& [name, count] : d.counts) {
+      if (!std::regex_search(name, asking)) continue;
+      ++asking_copies;
+      EXPECT_GT(count, 0) << name << " has no prefetcht1: its asks for the next V rows were compiled away";
+    }
+    if (asking_copies == 0)
+      GTEST_SKIP() << product.needle << ": the asking P V was inlined into its callers (or its rung is not built)";
   }
-  if (asking_copies == 0)
-    GTEST_SKIP() << "the asking P V was inlined into its callers (or the AVX-512 rungs are not built)";
 }
 
 }  // namespace

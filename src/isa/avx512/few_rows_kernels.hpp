@@ -266,14 +266,6 @@ static void scores(int64_t n, int64_t d, const float* q, int64_t ldq, const void
   }
 }
 
-// The next step's V rows that P V asks for as it goes (decode_pv_asks_next_v,
-// core/row_prefetch.hpp): rows[c] (c clamped to count - 1), the bytes of each
-// column pass's columns, toward L2. count > 0 where used.
-struct NextRows {
-  const void* const* rows = nullptr;
-  int64_t count = 0;
-};
-
 // acc[r, t, t + 16 NVP) += sum_{c in [c0, c1)} p[r, c - c0] value_rows[c][t, ...):
 // one column pass. Even NVP: whole 32-element chunks, in `load`'s order
 // (Load::kChunkOrder: chunk order); NVP = 1 with kMasked: the lanes of
@@ -469,7 +461,7 @@ struct FewRows16Kernels {
                                   float* acc, int64_t ldacc, const RowsToPrefetch& next = {}) {
     if (stride != 1)
       return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
-    const few_rows16::NextRows ahead{next.v_rows, next.v_rows ? next.v_count : 0};
+    const NextRows ahead{next.v_rows, next.v_rows ? next.v_count : 0};
     if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
 #ifdef TILEATTN_E4M3_PERMUTES
       const few_rows16::E4m3Loads load{};

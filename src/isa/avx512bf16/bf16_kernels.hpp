@@ -405,12 +405,16 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   // paid on the VNNI P V of the avx512 rung and lost on its FMA P V
   // (few_rows_vnni.cpp); this one is unmeasured on the CPUs it runs on.
   static bool few_rows_dot_accumulate_prefetches_k(DType /*value_type*/) { return false; }
+  // It asks for the next step's V rows (ahead.v_rows) where the main loop
+  // gives them (decode_pv_asks_next_v), as the FMA P V does.
+  static bool few_rows_dot_accumulate_asks_next_v(DType /*value_type*/) { return true; }
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, DType value_type, float* acc, int64_t ldacc,
-                                      const RowsToPrefetch& /*ahead: none, above*/) {
+                                      const RowsToPrefetch& ahead) {
+    const NextRows next{ahead.v_rows, ahead.v_rows ? ahead.v_count : 0};
     const auto run = [&]<DType kVType>() {
       few_rows_dot::with_rows(m, [&]<int M>() {
-        few_rows_dot::accumulate_bf16_probabilities<M, kVType>(n, d, p, ldp, value_rows, acc, ldacc);
+        few_rows_dot::accumulate_bf16_probabilities<M, kVType>(n, d, p, ldp, value_rows, acc, ldacc, next);
       });
     };
     if (value_type == DType::i8) return run.template operator()<DType::i8>();
@@ -418,7 +422,7 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
 #ifdef TILEATTN_E4M3_PERMUTES
     run.template operator()<DType::f8_e4m3>();
 #else
-    few_rows_dot_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc);
+    few_rows_dot_accumulate_e4m3(m, n, d, p, ldp, value_rows, acc, ldacc, ahead);
 #endif
   }
 };

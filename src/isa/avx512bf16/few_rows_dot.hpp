@@ -26,7 +26,8 @@ void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, i
 // The same P V with P rounded to bf16 (few_rows_dot::accumulate_bf16_probabilities
 // with e4m3 V rows).
 void few_rows_dot_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                                  const void* const* value_rows, float* acc, int64_t ldacc);
+                                  const void* const* value_rows, float* acc, int64_t ldacc,
+                                  const RowsToPrefetch& next);
 }  // namespace tileattn::detail
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
@@ -269,11 +270,12 @@ struct PairRows<DType::f8_e4m3> {
 
 // One column pass of keys [c0, c1) (c1 - c0 <= 32, their P pairs in
 // `pairs`): columns [t, t + 16 NV), or with kMasked (NV == 2) the d - t < 32
-// columns left.
-template <int M, int NV, bool kMasked, DType kVType>
+// columns left. kAsk: each key pair also asks for the lines of its two
+// next.rows (NextRows) that hold this pass's columns.
+template <int M, int NV, bool kMasked, DType kVType, bool kAsk = false>
 static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int64_t d, const uint32_t (*pairs)[16],
                                          const void* const* value_rows, float* acc, int64_t ldacc,
-                                         const PairRows<kVType>& rows) {
+                                         const PairRows<kVType>& rows, NextRows next = {}) {
   static_assert(NV % 2 == 0 && (!kMasked || NV == 2), "whole 32-column groups; one masked group");
   constexpr int64_t kS = PairRows<kVType>::kSize;
   const __mmask16 m0 = kMasked ? lanes16(d - t) : __mmask16(0xffff);
@@ -292,6 +294,12 @@ static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int6
     const uint8_t* r0 = static_cast<const uint8_t*>(value_rows[c]) + t * kS;
     const uint8_t* r1 = c + 1 < c1 ? static_cast<const uint8_t*>(value_rows[c + 1]) + t * kS
                                    : reinterpret_cast<const uint8_t*>(kZeroRow);
+    if constexpr (kAsk) {
+      for (int64_t k = c; k < c + 2; ++k) {
+        const char* ahead = static_cast<const char*>(next.rows[k < next.count ? k : next.count - 1]) + t * kS;
+        for (int64_t line = 0; line < 16 * NV * kS; line += 64) prefetch_line_to_l2_by_register(ahead + line);
+      }
+    }
     __m512i v[NV];
     rows.template load<NV, kMasked>(r0, r1, words, v);
     const int64_t j = (c - c0) / 2;
@@ -315,9 +323,11 @@ static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int6
   }
 }
 
-template <int M, DType kVType = DType::bf16>
-static void accumulate_bf16_probabilities(int64_t n, int64_t d, const float* p, int64_t ldp,
-                                          const void* const* value_rows, float* acc, int64_t ldacc) {
+// accumulate_bf16_probabilities' body; kAsk: next.count > 0.
+template <int M, DType kVType, bool kAsk>
+static void accumulate_pairs_asking(int64_t n, int64_t d, const float* p, int64_t ldp,
+                                    const void* const* value_rows, float* acc, int64_t ldacc,
+                                    NextRows next) {
   constexpr int NV = kPairVectorsPerPass<M>;
   constexpr int64_t kKeys = kPairKeysPerChunk;
   const PairRows<kVType> rows{};
@@ -331,20 +341,31 @@ static void accumulate_bf16_probabilities(int64_t n, int64_t d, const float* p, 
     }
     int64_t t = 0;
     for (; t + 16 * NV <= d; t += 16 * NV)
-      accumulate_pairs_pass<M, NV, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows);
+      accumulate_pairs_pass<M, NV, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next);
     // What is left is < 16 NV columns (NV a power of two): each narrower
     // pass runs at most once, then one masked 32-column group.
     if constexpr (NV > 8)
       if (t + 128 <= d)
-        accumulate_pairs_pass<M, 8, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows), t += 128;
+        accumulate_pairs_pass<M, 8, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next), t += 128;
     if constexpr (NV > 4)
       if (t + 64 <= d)
-        accumulate_pairs_pass<M, 4, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows), t += 64;
+        accumulate_pairs_pass<M, 4, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next), t += 64;
     if constexpr (NV > 2)
       if (t + 32 <= d)
-        accumulate_pairs_pass<M, 2, false, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows), t += 32;
-    if (t < d) accumulate_pairs_pass<M, 2, true, kVType>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows);
+        accumulate_pairs_pass<M, 2, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next), t += 32;
+    if (t < d) accumulate_pairs_pass<M, 2, true, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next);
   }
+}
+
+// The next step's V rows, where given (next.count > 0), asked for as the
+// passes go (decode_pv_asks_next_v, core/row_prefetch.hpp).
+template <int M, DType kVType = DType::bf16>
+static void accumulate_bf16_probabilities(int64_t n, int64_t d, const float* p, int64_t ldp,
+                                          const void* const* value_rows, float* acc, int64_t ldacc,
+                                          NextRows next = {}) {
+  if (next.count > 0)
+    return accumulate_pairs_asking<M, kVType, true>(n, d, p, ldp, value_rows, acc, ldacc, next);
+  accumulate_pairs_asking<M, kVType, false>(n, d, p, ldp, value_rows, acc, ldacc, next);
 }
 
 }  // namespace few_rows_dot

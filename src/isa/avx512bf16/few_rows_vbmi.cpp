@@ -20,10 +20,12 @@ void few_rows_dot_scores_e4m3(int64_t m, int64_t n, int64_t d, const float* q, i
 }
 
 void few_rows_dot_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
-                                  const void* const* value_rows, float* acc, int64_t ldacc) {
+                                  const void* const* value_rows, float* acc, int64_t ldacc,
+                                  const RowsToPrefetch& next) {
   using namespace avx512bf16_vbmi;
+  const NextRows ahead{next.v_rows, next.v_rows ? next.v_count : 0};
   few_rows_dot::with_rows(m, [&]<int M>() {
-    few_rows_dot::accumulate_bf16_probabilities<M, DType::f8_e4m3>(n, d, p, ldp, value_rows, acc, ldacc);
+    few_rows_dot::accumulate_bf16_probabilities<M, DType::f8_e4m3>(n, d, p, ldp, value_rows, acc, ldacc, ahead);
   });
 }
 
