@@ -983,7 +983,7 @@ class ForwardMainloop {
   int64_t k_row_bytes_ = 0;            // ... and their length: head_dim elements of the cache's type
   bool prefetch_to_l2_ = false;        // direct_: the step's rows go to L2 (decode_prefetch_to_l2)
   bool walk_burst_to_l2_ = false;      // direct_: walking items ask for the next step toward L2 first
-  bool pv_asks_next_v_ = false;        // direct_: the FMA P V asks for the next step's V rows (decode_pv_asks_next_v)
+  bool pv_asks_next_v_ = false;        // direct_: P V asks for the next step's V rows (decode_pv_asks_next_v)
   bool p_in_operands_ = false;         // the operands hold P (Operands::exponentials)
   const void** k_rows_ = nullptr;      // direct_: K row addresses of the tile
   const void** v_rows_ = nullptr;      // direct_: V row addresses of the tile

@@ -172,16 +172,17 @@ inline bool decode_walk_burst_to_l2(bool rows_to_l2) {
 // call, on AMD family 0x19 with AVX-512 (Zen 4; Zen 3 unmeasured), for the
 // FMA P V and the pair products' (bf16_probabilities, avx512bf16 rung); the
 // main loop leaves out walking items that burst the next step to L2 already
-// (decode_walk_burst_to_l2) and the VNNI P V of the avx512 rung. Llama-3-8B decode,
-// 8192 tokens, cold, `tileattn decode` with it against without, alternating
+// (decode_walk_burst_to_l2) and the VNNI P V of the avx512 rung. Llama-3-8B
+// decode, 8192 tokens, cold, `tileattn decode` with it against without, alternating
 // (AMD EPYC Zen 4, 2026-12-06), time ratios per round: 2 threads, bf16 cache
 // 0.78-0.91 (4 rounds), the avx512 rung's bf16 0.83-0.84 (2), paged bf16
 // (pages of 16) 0.62-0.93 (3), fp16 0.79-0.82 (3), fp32 0.84-0.86 (2), int8
 // 0.90-0.99 (3), fp8 e4m3 0.97-1.03 (3); with bf16_probabilities (the pair
 // products) bf16 0.84-1.12, int8 0.86-1.00, fp8 0.94-0.99 (3 each); 1
-// thread, bf16 0.79-0.94 (3), int8 0.90-1.02 (2). Walking items that also burst: paged int8 1.03-1.42; with
-// the P V's asks in place of the burst: paged int8 0.98-1.05, fp16
-// 0.96-0.97, within the noise, so they keep the burst. Elsewhere the scores
+// thread, bf16 0.79-0.94 (3), int8 0.90-1.02 (2). Walking items that also
+// burst: paged int8 1.03-1.42; with the P V's asks in place of the burst:
+// paged int8 0.98-1.05, fp16 0.96-0.97, within the noise, so they keep the
+// burst. Elsewhere the scores
 // keep asking for V: on the Intel Xeon VMs a P V asking for the next V lost
 // (1.05-1.14x, docs/inference.md), asked a chunk at a time or through
 // prefetch_line, whose memory operand spills this loop's accumulators

@@ -105,7 +105,8 @@ TEST(PrefetchCode, TheProbabilityProductsCanAskForTheNextStepsValues) {
     const char* needle;
     const char* asking;
   } products[] = {
-      {"few_rows16::accumulate", R"(few_rows16::accumulate(_pass|_asking)<.*, true, tileattn::detail::\w+::few_rows16::(E4m3)?Loads)"},
+      {"few_rows16::accumulate",
+       R"(few_rows16::accumulate(_pass|_asking)<.*, true, tileattn::detail::\w+::few_rows16::(E4m3)?Loads)"},
       {"few_rows_dot::accumulate_pairs", R"(few_rows_dot::accumulate_pairs_(pass|asking)<.*, true>\(long)"},
   };
   for (const auto& product : products) {
@@ -119,7 +120,8 @@ TEST(PrefetchCode, TheProbabilityProductsCanAskForTheNextStepsValues) {
       EXPECT_GT(count, 0) << name << " has no prefetcht1: its asks for the next V rows were compiled away";
     }
     if (asking_copies == 0)
-      GTEST_SKIP() << product.needle << ": the asking P V was inlined into its callers (or its rung is not built)";
+      GTEST_SKIP() << product.needle
+                   << ": the asking P V was inlined into its callers (or its rung is not built)";
   }
 }
 

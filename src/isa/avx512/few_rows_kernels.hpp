@@ -349,12 +349,20 @@ static void accumulate_asking(int64_t n, int64_t d, const float* p, int64_t ldp,
     // What is left is < 16 NV columns (NV a power of two): each narrower
     // pass runs at most once.
     if constexpr (NV > 8)
-      if (t + 128 <= d) accumulate_pass<kType, M, 8, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 128;
+      if (t + 128 <= d)
+        accumulate_pass<kType, M, 8, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next),
+            t += 128;
     if constexpr (NV > 4)
-      if (t + 64 <= d) accumulate_pass<kType, M, 4, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 64;
+      if (t + 64 <= d)
+        accumulate_pass<kType, M, 4, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next),
+            t += 64;
     if constexpr (NV > 2)
-      if (t + 32 <= d) accumulate_pass<kType, M, 2, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 32;
-    if (t + 16 <= d) accumulate_pass<kType, M, 1, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next), t += 16;
+      if (t + 32 <= d)
+        accumulate_pass<kType, M, 2, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next),
+            t += 32;
+    if (t + 16 <= d)
+      accumulate_pass<kType, M, 1, false, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, 0xffff, next),
+          t += 16;
     if (tail) accumulate_pass<kType, M, 1, true, kAsk>(c0, c1, t, pc, ldc, value_rows, acc, ldacc, load, tail, next);
   }
 }
@@ -454,7 +462,7 @@ struct FewRows16Kernels {
 
   // `next`: the next step's V rows (next.v_rows, next.v_count) that the
   // product asks for toward L2 as it goes, where the main loop chooses so
-  // (decode_pv_asks_next_v): unit element stride, not fp8.
+  // (decode_pv_asks_next_v; unit element stride).
   static constexpr bool kFewRowsAccumulateAsksNextV = true;
   static void few_rows_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                   const void* const* value_rows, DType dtype, int64_t stride,

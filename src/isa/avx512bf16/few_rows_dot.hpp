@@ -346,13 +346,16 @@ static void accumulate_pairs_asking(int64_t n, int64_t d, const float* p, int64_
     // pass runs at most once, then one masked 32-column group.
     if constexpr (NV > 8)
       if (t + 128 <= d)
-        accumulate_pairs_pass<M, 8, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next), t += 128;
+        accumulate_pairs_pass<M, 8, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next),
+            t += 128;
     if constexpr (NV > 4)
       if (t + 64 <= d)
-        accumulate_pairs_pass<M, 4, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next), t += 64;
+        accumulate_pairs_pass<M, 4, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next),
+            t += 64;
     if constexpr (NV > 2)
       if (t + 32 <= d)
-        accumulate_pairs_pass<M, 2, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next), t += 32;
+        accumulate_pairs_pass<M, 2, false, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next),
+            t += 32;
     if (t < d) accumulate_pairs_pass<M, 2, true, kVType, kAsk>(c0, c1, t, d, pairs, value_rows, acc, ldacc, rows, next);
   }
 }
