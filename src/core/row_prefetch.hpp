@@ -203,7 +203,19 @@ inline bool decode_pv_asks_next_v() {
 struct NextRows {
   const void* const* rows = nullptr;
   int64_t count = 0;
+
+  // The V rows of `ahead` (none where it has no V table).
+  static NextRows values_of(const RowsToPrefetch& ahead) {
+    return NextRows{ahead.v_rows, ahead.v_rows ? ahead.v_count : 0};
+  }
 };
+
+// Asks for the lines of next.rows[key] (key clamped to next.count - 1) that
+// hold its bytes [offset, offset + bytes): per key, inside a P V's key loop.
+inline void ask_next_row(NextRows next, int64_t key, int64_t offset, int64_t bytes) {
+  const char* row = static_cast<const char*>(next.rows[key < next.count ? key : next.count - 1]) + offset;
+  for (int64_t line = 0; line < bytes; line += 64) prefetch_line_to_l2_by_register(row + line);
+}
 
 // Every line of rows [i0, i1) of `ahead`'s K table, then of its V table
 // (row_bytes each; rows past a table's count are skipped): each table in a

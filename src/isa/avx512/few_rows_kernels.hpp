@@ -299,10 +299,7 @@ static inline void accumulate_pass(int64_t c0, int64_t c1, int64_t t, const floa
     } else {
       for (int u = 0; u < NVP; ++u) v[u] = load.load16(row + 16 * u * kS);
     }
-    if constexpr (kAsk) {
-      const char* ahead = static_cast<const char*>(next.rows[c < next.count ? c : next.count - 1]) + t * kS;
-      for (int64_t line = 0; line < 16 * NVP * kS; line += 64) prefetch_line_to_l2_by_register(ahead + line);
-    }
+    if constexpr (kAsk) ask_next_row(next, c, t * kS, 16 * NVP * kS);
     for (int r = 0; r < M; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * ldp + (c - c0)]);
       for (int u = 0; u < NVP; ++u) o[r][u] = _mm512_fmadd_ps(pr, v[u], o[r][u]);
@@ -469,7 +466,7 @@ struct FewRows16Kernels {
                                   float* acc, int64_t ldacc, const RowsToPrefetch& next = {}) {
     if (stride != 1)
       return few_rows::accumulate_strided(m, n, d, p, ldp, value_rows, dtype, stride, acc, ldacc);
-    const NextRows ahead{next.v_rows, next.v_rows ? next.v_count : 0};
+    const NextRows ahead = NextRows::values_of(next);
     if (dtype == DType::f8_e4m3 && e4m3_on_permutes()) {
 #ifdef TILEATTN_E4M3_PERMUTES
       const few_rows16::E4m3Loads load{};

@@ -411,7 +411,7 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, DType value_type, float* acc, int64_t ldacc,
                                       const RowsToPrefetch& ahead) {
-    const NextRows next{ahead.v_rows, ahead.v_rows ? ahead.v_count : 0};
+    const NextRows next = NextRows::values_of(ahead);
     const auto run = [&]<DType kVType>() {
       few_rows_dot::with_rows(m, [&]<int M>() {
         few_rows_dot::accumulate_bf16_probabilities<M, kVType>(n, d, p, ldp, value_rows, acc, ldacc, next);

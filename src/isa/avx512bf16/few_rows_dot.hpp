@@ -295,10 +295,8 @@ static inline void accumulate_pairs_pass(int64_t c0, int64_t c1, int64_t t, int6
     const uint8_t* r1 = c + 1 < c1 ? static_cast<const uint8_t*>(value_rows[c + 1]) + t * kS
                                    : reinterpret_cast<const uint8_t*>(kZeroRow);
     if constexpr (kAsk) {
-      for (int64_t k = c; k < c + 2; ++k) {
-        const char* ahead = static_cast<const char*>(next.rows[k < next.count ? k : next.count - 1]) + t * kS;
-        for (int64_t line = 0; line < 16 * NV * kS; line += 64) prefetch_line_to_l2_by_register(ahead + line);
-      }
+      ask_next_row(next, c, t * kS, 16 * NV * kS);
+      ask_next_row(next, c + 1, t * kS, 16 * NV * kS);
     }
     __m512i v[NV];
     rows.template load<NV, kMasked>(r0, r1, words, v);

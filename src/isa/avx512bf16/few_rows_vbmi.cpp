@@ -23,7 +23,7 @@ void few_rows_dot_accumulate_e4m3(int64_t m, int64_t n, int64_t d, const float* 
                                   const void* const* value_rows, float* acc, int64_t ldacc,
                                   const RowsToPrefetch& next) {
   using namespace avx512bf16_vbmi;
-  const NextRows ahead{next.v_rows, next.v_rows ? next.v_count : 0};
+  const NextRows ahead = NextRows::values_of(next);
   few_rows_dot::with_rows(m, [&]<int M>() {
     few_rows_dot::accumulate_bf16_probabilities<M, DType::f8_e4m3>(n, d, p, ldp, value_rows, acc, ldacc, ahead);
   });
