@@ -2,6 +2,7 @@
 // cache, cache_seqlens and outputs exactly as they were.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -288,7 +289,18 @@ TEST(KvCacheBadInput, QuantizedCacheScales) {
   // The outputs, the queries and the new rows must not alias a scale the call writes.
   expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.lse = a.v_scale; },
                   "lse: output overlaps input v_scale");
-  expect_rejected(quantized_spec(KvQuant::int8), [](KvCacheArgs& a, DecodeRun&) { a.o = {a.k_scale, a.o.stride}; },
+  // o laid over k_scale alone: both in one buffer of their own, longer than
+  // o's whole extent. (o from k_scale's own start spans past the scales into
+  // whatever the allocator put next, once the v_cache: the check then named
+  // that first.)
+  expect_rejected(quantized_spec(KvQuant::int8),
+                  [](KvCacheArgs& a, DecodeRun& r) {
+                    static std::vector<float> scales_and_o;
+                    scales_and_o.assign(r.k_scale.size() + 2 * size_t(r.o.elements()), 0.0f);
+                    std::copy(r.k_scale.begin(), r.k_scale.end(), scales_and_o.begin());
+                    a.k_scale = scales_and_o.data();
+                    a.o = {scales_and_o.data(), a.o.stride};
+                  },
                   "o: output overlaps input k_scale");
   // k_new laid over v_scale spans past its end: which scale the check names
   // first depends on where the allocator put k_scale (next to v_scale under
