@@ -162,8 +162,8 @@ TEST(KvQuant, DecodeMatchesTheReferenceOverTheDequantizedCache) {
 // (few_rows_dot.hpp: fp8 V through the byte permutes, int8 through fp32);
 // on avx512, avx512bf16 and amx with VNNI an int8 cache's scores run on
 // vpdpwssd with Q rounded to 16-bit integers (few_rows_vnni.hpp, an error
-// ~2^-17 of the scores'), and on avx512 (avx512bf16 takes vdpbf16ps there,
-// amx keeps P at fp32) its P V with P rounded to 16-bit integers; elsewhere
+// ~2^-17 of the scores'), and on avx512 and avx512bf16 (amx keeps P at fp32)
+// its P V with P rounded to 16-bit integers; elsewhere
 // the flag changes nothing here. The output moves by
 // at most 2^-8 max |V| (V dequantized: within 2^-4 of the bf16 values it
 // came from for fp8, half a scale for int8) plus both outputs' bf16
@@ -214,6 +214,39 @@ TEST(KvQuant, QuantizedBf16ProbabilitiesOnTheDotProducts) {
         EXPECT_EQ(rounded.lse, contiguous.lse);
       }
     }
+}
+
+// With VNNI both AVX-512 rungs take the same products for an int8 cache under
+// bf16_probabilities (the VNNI scores and P V, few_rows_vnni.hpp; the
+// avx512bf16 rung's vdpbf16ps P V was slower for int8 V on Zen 4,
+// bf16_kernels.hpp), so their outputs agree bit for bit.
+TEST(KvQuant, Int8Bf16ProbabilitiesTakeTheVnniProductsOnBothAvx512Rungs) {
+  if (!isa_available(Isa::avx512bf16) || !cpu_features().avx512_vnni)
+    GTEST_SKIP() << "this CPU has no avx512bf16 rung with AVX512-VNNI";
+  for (const auto& [head_dim, cached] : std::vector<std::pair<int64_t, std::vector<int32_t>>>{
+           {128, {1100}}, {40, {5, 99}}, {96, {333}}}) {
+    std::vector<uint8_t> outputs[2];
+    std::vector<float> lses[2];
+    for (int i = 0; i < 2; ++i) {
+      DecodeSpec s;
+      s.isa = i == 0 ? Isa::avx512 : Isa::avx512bf16;
+      s.kv_quant = KvQuant::int8;
+      s.dtype = DType::bf16;
+      s.heads = 8;
+      s.kv_heads = 2;
+      s.head_dim = head_dim;
+      s.cached = cached;
+      SCOPED_TRACE(s.name());
+      DecodeRun run(s);
+      run.args.bf16_probabilities = true;
+      run.prefill();
+      run.decode();
+      outputs[i] = run.o.bytes();
+      lses[i] = run.lse;
+    }
+    EXPECT_EQ(outputs[0], outputs[1]) << "head dim " << head_dim << ": the rungs' int8 P V differ";
+    EXPECT_EQ(lses[0], lses[1]) << "head dim " << head_dim;
+  }
 }
 
 // MLA's absorbed decode on a quantized cache: K 576 wide, V 512 (each row

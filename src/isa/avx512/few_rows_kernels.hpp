@@ -440,8 +440,8 @@ struct FewRows16Kernels {
   }
   // Decode P V of an int8 cache with bf16_probabilities, where CPUID has VNNI:
   // P rounded to 16-bit integers (one step per row and 32 keys) on vpdpwssd
-  // (few_rows_vnni.hpp). The avx512bf16 rung's take hides this (vdpbf16ps
-  // with VBMI, else the FMA P V), and so does the amx rung's (fp32 P).
+  // (few_rows_vnni.hpp). The avx512bf16 rung takes it too (Bf16DotKernels::
+  // few_rows_dot_int8_on_vnni); the amx rung's take hides it (fp32 P).
   static constexpr bool kFewRowsDotProbabilities = true;
   static bool few_rows_dot_probabilities_take(DType value_type) {
     return value_type == DType::i8 && cpu_features().avx512_vnni;

@@ -388,29 +388,44 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
     few_rows_dot_scores_e4m3(m, n, d, q, ldq, key_rows, scale, s, lds, ahead);
 #endif
   }
-  // Decode P V with P rounded to bf16 (ForwardArgs / KvCacheArgs
-  // ::bf16_probabilities) on vdpbf16ps (few_rows_dot::
-  // accumulate_bf16_probabilities): the main loop takes it for a bf16, fp8
-  // e4m3 or int8 cache read with unit element stride on the CPUs where the
-  // dot scores run (VBMI; Cooper Lake, unmeasured, keeps the FMA products;
-  // an int8 cache's scores are not dot products: FMAs, or VNNI with
-  // bf16_probabilities, FewRows16Kernels, docs/inference.md).
+  // Decode P V with P rounded (ForwardArgs / KvCacheArgs
+  // ::bf16_probabilities): to bf16 on vdpbf16ps (few_rows_dot::
+  // accumulate_bf16_probabilities) for a bf16, fp8 e4m3 or int8 cache read
+  // with unit element stride on the CPUs where the dot scores run (VBMI;
+  // Cooper Lake, unmeasured, keeps the FMA products), except that an int8
+  // cache takes the VNNI P V where CPUID has VNNI (next; its scores are not
+  // dot products either: FMAs, or VNNI with bf16_probabilities,
+  // FewRows16Kernels, docs/inference.md).
   static constexpr bool kFewRowsDotProbabilities = true;
   static bool few_rows_dot_probabilities_take(DType value_type) {
-    return (value_type == DType::bf16 || value_type == DType::f8_e4m3 || value_type == DType::i8) &&
-           few_rows_dot_vbmi();
+    return ((value_type == DType::bf16 || value_type == DType::f8_e4m3 || value_type == DType::i8) &&
+            few_rows_dot_vbmi()) ||
+           few_rows_dot_int8_on_vnni(value_type);
+  }
+  // An int8 V takes the avx512 rung's P V on vpdpwssd instead where CPUID
+  // has VNNI (P in 16-bit integers, one step per row and 32 keys;
+  // few_rows_vnni.hpp): Llama-3-8B decode of an int8 cache with
+  // bf16_probabilities (900 tokens in cache, one thread, AMD EPYC Zen 4,
+  // 3 rounds) 18.96-19.52 ns per (token, KV head) against 21.45-21.77 on
+  // vdpbf16ps, whose int8 -> bf16 conversion costs more than the
+  // vpdpwssd pairs' interleave (docs/inference.md).
+  static bool few_rows_dot_int8_on_vnni(DType value_type) {
+    return value_type == DType::i8 && cpu_features().avx512_vnni;
   }
   // The next step's K rows stay with the scores here (`ahead` of
-  // few_rows_dot_accumulate is then never given rows): P V asking for them
-  // paid on the VNNI P V of the avx512 rung and lost on its FMA P V
-  // (few_rows_vnni.cpp); this one is unmeasured on the CPUs it runs on.
-  static bool few_rows_dot_accumulate_prefetches_k(DType /*value_type*/) { return false; }
-  // It asks for the next step's V rows (ahead.v_rows) where the main loop
-  // gives them (decode_pv_asks_next_v), as the FMA P V does.
-  static bool few_rows_dot_accumulate_asks_next_v(DType /*value_type*/) { return true; }
+  // few_rows_dot_accumulate is then never given rows), except for the VNNI
+  // P V, which asks for them itself (few_rows_vnni.cpp): P V asking for them
+  // paid on the VNNI P V and lost on the FMA P V; the vdpbf16ps one is
+  // unmeasured.
+  static bool few_rows_dot_accumulate_prefetches_k(DType value_type) { return few_rows_dot_int8_on_vnni(value_type); }
+  // The vdpbf16ps P V asks for the next step's V rows (ahead.v_rows) where
+  // the main loop gives them (decode_pv_asks_next_v), as the FMA P V does.
+  static bool few_rows_dot_accumulate_asks_next_v(DType value_type) { return !few_rows_dot_int8_on_vnni(value_type); }
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, DType value_type, float* acc, int64_t ldacc,
                                       const RowsToPrefetch& ahead) {
+    if (few_rows_dot_int8_on_vnni(value_type))
+      return few_rows_int8_accumulate_vnni(m, n, d, p, ldp, value_rows, acc, ldacc, ahead);
     const NextRows next = NextRows::values_of(ahead);
     const auto run = [&]<DType kVType>() {
       few_rows_dot::with_rows(m, [&]<int M>() {
