@@ -408,24 +408,43 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   // bf16_probabilities (900 tokens in cache, one thread, AMD EPYC Zen 4,
   // 3 rounds) 18.96-19.52 ns per (token, KV head) against 21.45-21.77 on
   // vdpbf16ps, whose int8 -> bf16 conversion costs more than the
-  // vpdpwssd pairs' interleave (docs/inference.md).
+  // vpdpwssd pairs' interleave (docs/inference.md). The avx512 rung's own
+  // rule and kernel (FewRows16Kernels) decide and run it; under the AVX-512
+  // emulation (AVX2 few-rows products beneath) there is none, and the
+  // emulated vdpbf16ps P V runs.
+  template <class Base = Kernels>
   static bool few_rows_dot_int8_on_vnni(DType value_type) {
-    return value_type == DType::i8 && cpu_features().avx512_vnni;
+    if constexpr (requires { Base::kFewRowsDotProbabilities; })
+      return Base::few_rows_dot_probabilities_take(value_type);
+    else
+      return false;
+  }
+  // The avx512 rung's VNNI P V (only where few_rows_dot_int8_on_vnni).
+  template <class Base = Kernels>
+  static void vnni_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
+                              const void* const* value_rows, DType value_type, float* acc, int64_t ldacc,
+                              const RowsToPrefetch& ahead) {
+    if constexpr (requires { Base::kFewRowsDotProbabilities; })
+      Base::few_rows_dot_accumulate(m, n, d, p, ldp, value_rows, value_type, acc, ldacc, ahead);
   }
   // The next step's K rows stay with the scores here (`ahead` of
   // few_rows_dot_accumulate is then never given rows), except for the VNNI
   // P V, which asks for them itself (few_rows_vnni.cpp): P V asking for them
   // paid on the VNNI P V and lost on the FMA P V; the vdpbf16ps one is
   // unmeasured.
-  static bool few_rows_dot_accumulate_prefetches_k(DType value_type) { return few_rows_dot_int8_on_vnni(value_type); }
+  static bool few_rows_dot_accumulate_prefetches_k(DType value_type) {
+    return few_rows_dot_int8_on_vnni(value_type);
+  }
   // The vdpbf16ps P V asks for the next step's V rows (ahead.v_rows) where
   // the main loop gives them (decode_pv_asks_next_v), as the FMA P V does.
-  static bool few_rows_dot_accumulate_asks_next_v(DType value_type) { return !few_rows_dot_int8_on_vnni(value_type); }
+  static bool few_rows_dot_accumulate_asks_next_v(DType value_type) {
+    return !few_rows_dot_int8_on_vnni(value_type);
+  }
   static void few_rows_dot_accumulate(int64_t m, int64_t n, int64_t d, const float* p, int64_t ldp,
                                       const void* const* value_rows, DType value_type, float* acc, int64_t ldacc,
                                       const RowsToPrefetch& ahead) {
     if (few_rows_dot_int8_on_vnni(value_type))
-      return few_rows_int8_accumulate_vnni(m, n, d, p, ldp, value_rows, acc, ldacc, ahead);
+      return vnni_accumulate(m, n, d, p, ldp, value_rows, value_type, acc, ldacc, ahead);
     const NextRows next = NextRows::values_of(ahead);
     const auto run = [&]<DType kVType>() {
       few_rows_dot::with_rows(m, [&]<int M>() {
