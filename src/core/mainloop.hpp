@@ -137,7 +137,9 @@ class Bf16Operands {
         v_tile_(reinterpret_cast<uint16_t*>(scratch + l.v_tile)),
         p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_hi)),
         p_lo_(p.args.bf16_probabilities ? nullptr : reinterpret_cast<uint16_t*>(scratch + l.p_lo)),
-        s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
+        p_lo_scales_(scratch + l.p_lo_scales), v_q_(reinterpret_cast<uint8_t*>(scratch + l.v_q)),
+        v_q_scales_(scratch + l.v_q_scales), s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
+    lo_rows_ = l.p_lo_rows;
     // P from the exponentials in place over the scores (AMX, hi + lo): each
     // 32-column piece's 128 bytes of S become its 32 hi words then its 32 lo
     // words (a_step 64), so a band's S and P take 32 KiB of L1 instead of 64,
@@ -151,6 +153,12 @@ class Bf16Operands {
     // alone, and key tiles that are not whole 32-key pieces.
     if constexpr (requires { K::kAsyncProducts; })
       p_in_place_ = p_lo_ != nullptr && kv_pad_ == bf16_kv_pad_;
+    // P V's lo on int8 products (isa/avx512bf16/lo_int8.hpp) where the rung
+    // has them; a tile takes them where pack_v says its V allows (tile_lo_int8_).
+    if constexpr (requires { K::kLoOnInt8; })
+      if constexpr (K::kLoOnInt8)
+        lo_int8_ = p_lo_ != nullptr && !p_in_place_ && p.args.dropout_p == 0.0f &&
+                   p.args.kv.quant == KvQuant::none && K::lo_on_int8_take();
   }
 
   void begin_item() { K::bf16_begin(); }
@@ -164,6 +172,9 @@ class Bf16Operands {
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
     K::bf16_pack_v(rows, n, p_.v_head_dim, stride, v_tile_, bf16_kv_pad_);
+    if constexpr (requires { K::kLoOnInt8; })
+      if (lo_int8_)
+        tile_lo_int8_ = K::lo_int8_pack_v(v_tile_, bf16_kv_pad_, p_.v_head_dim_padded, v_q_, v_q_scales_);
   }
 
   // The factor the softmax still applies to the scores (1: none; problem.hpp).
@@ -213,7 +224,8 @@ class Bf16Operands {
 
   // P = exp2(S * scale - row_max) (scale 1: S - row_max) of `rows` rows of the
   // step's scores (s: its row r0), as the bf16 hi + lo rows accumulate reads;
-  // sums: their fp32 sums. S is left as it is, or becomes P (p_in_place_).
+  // sums: their fp32 sums. S is left as it is, or becomes P (p_in_place_),
+  // or holds the fp32 lo between the passes of lo_int8.hpp (tile_lo_int8_).
   // The queued tile blocks run one 32-k step (four tdpbf16ps, two in a
   // 16-column block) at a time,
   // spread evenly between the exponentials' 32-column pieces, so that the
@@ -250,6 +262,11 @@ class Bf16Operands {
                          tick);
       return;
     }
+    if constexpr (requires { K::kLoOnInt8; })
+      if (tile_lo_int8_)
+        return K::exp2_split_rows_lo_int8(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
+                                          bf16_kv_pad_, lo_bytes() + r0 * bf16_kv_pad_, bf16_kv_pad_,
+                                          p_lo_scales_ + r0, lo_offsets() + r0);
     K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
                        p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, 32, tick);
   }
@@ -263,7 +280,8 @@ class Bf16Operands {
   void clear_p_row(int64_t r) {
     if (p_in_place_) return std::memset(s_tile_ + r * kv_pad_, 0, sizeof(float) * kv_pad_), void();
     std::memset(p_hi_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
-    if (p_lo_) std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
+    if (tile_lo_int8_) p_lo_scales_[r] = 0.0f;  // lo's bytes then count for nothing
+    else if (p_lo_) std::memset(p_lo_ + r * bf16_kv_pad_, 0, sizeof(uint16_t) * bf16_kv_pad_);
   }
 
   // acc (m, Dv_pad) += P V, P from exponentials() (p_in_operands) or the fp32
@@ -282,6 +300,14 @@ class Bf16Operands {
       }
     }
     uint16_t* hi = p_hi_ + t0 * bf16_kv_pad_;
+    if constexpr (requires { K::kLoOnInt8; }) {
+      if (p_in_operands && tile_lo_int8_) {
+        K::bf16_gemm(m, dp, k, hi, nullptr, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
+                     prefetch);
+        return K::lo_int8_products(m, dp, k, lo_bytes() + t0 * bf16_kv_pad_, bf16_kv_pad_, p_lo_scales_ + t0,
+                                   lo_offsets() + t0, v_q_, kPanelWidth * bf16_kv_pad_, v_q_scales_, acc, dp);
+      }
+    }
     uint16_t* lo = p_lo_ ? p_lo_ + t0 * bf16_kv_pad_ : nullptr;
     if (!p_in_operands) K::bf16_split_rows(p, ldp, m, n, k, hi, lo, bf16_kv_pad_);
     if (queue_blocks(m, dp, k, hi, lo, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true, prefetch))
@@ -294,6 +320,10 @@ class Bf16Operands {
   // P in place over S (p_in_place_): in a row of 2 kv_pad bf16 elements, the
   // 32-column piece c holds hi at 64 (c / 32), lo 32 elements after it.
   static constexpr int64_t kInPlaceLo = 32, kInPlaceStep = 64;
+  // lo as bytes (tile_lo_int8_): p_lo_'s rows, bf16_kv_pad bytes apart.
+  int8_t* lo_bytes() const { return reinterpret_cast<int8_t*>(p_lo_); }
+  // The lo bytes' row offsets (lo_int8.hpp), after their scales.
+  int32_t* lo_offsets() const { return reinterpret_cast<int32_t*>(p_lo_scales_ + lo_rows_); }
 
   // Queues C (m, n) (+)= A B [+ A_lo B] as blocks of 32 rows by up to 32
   // columns, when the tile products run asynchronously to the vector units
@@ -341,9 +371,15 @@ class Bf16Operands {
   uint16_t* v_tile_;  // Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
   uint16_t* p_hi_;    // (stacked rows + 16, bf16_kv_pad)
   uint16_t* p_lo_;    // as p_hi_; null: P is hi alone (ForwardArgs::bf16_probabilities)
+  float* p_lo_scales_;  // (lo_rows_) the lo bytes' scales, then (lo_rows_) int32 offsets (tile_lo_int8_)
+  int64_t lo_rows_;     // stacked rows + 16
+  uint8_t* v_q_;        // V as int8 + 128, Dv_pad / 16 panels of (bf16_kv_pad / 4, 16, 4) (tile_lo_int8_)
+  float* v_q_scales_;   // (Dv_pad) V's column scales (tile_lo_int8_)
   float* s_tile_;     // the main loop's score tile (stacked rows + 16, kv_pad)
   int64_t kv_pad_;
   bool p_in_place_ = false;  // the exponentials' P over S (constructor)
+  bool lo_int8_ = false;       // the rung can take P V's lo on int8 products (constructor)
+  bool tile_lo_int8_ = false;  // this KV tile does (pack_v): lo as bytes, V as int8
 };
 
 template <class K, class Operands>

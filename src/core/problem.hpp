@@ -223,7 +223,14 @@ struct ForwardScratchLayout {
                               // (Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)) bf16
   int64_t s_tile = 0;         // (stacked rows [+ 16 for bf16], kv_pad) fp32: scores, then P
   int64_t p_hi = 0;           // bf16_dot: P as bf16 hi, (stacked rows + 16, bf16_kv_pad)
-  int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape
+  int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape (or as bytes,
+                              // isa/avx512bf16/lo_int8.hpp, the same row stride in bytes)
+  int64_t p_lo_rows = 0;      // stacked rows + 16 (the rows of p_hi and p_lo)
+  int64_t p_lo_scales = 0;    // bf16_dot, P as hi + lo: lo bytes' scales (p_lo_rows), then
+                              // their int32 offsets (p_lo_rows), isa/avx512bf16/lo_int8.hpp
+  int64_t v_q = 0;            // bf16_dot, P as hi + lo: V as int8 + 128 (Dv_pad / 16 panels of
+                              // (bf16_kv_pad / 4, 16, 4) bytes), lo_int8.hpp
+  int64_t v_q_scales = 0;     // their column scales (Dv_pad)
   int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)
   int64_t kv_scales = 0;      // quantized K/V: this tile's K scales, then its V scales (2 x kv_pad)
   int64_t q16 = 0;            // int8 cache, few rows: Q rounded to int16 for the VNNI scores,

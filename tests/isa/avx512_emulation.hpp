@@ -461,6 +461,49 @@ inline __m256i _mm512_cvtepi32_epi16(__m512i a) {
   for (int i = 0; i < 16; ++i) r.u16[i] = uint16_t(uint32_t(a.i32[i]));
   return r;
 }
+// ---- P V's low part on int8 products (src/isa/avx512bf16/lo_int8.hpp)
+inline __m512i _mm512_sub_epi32(__m512i a, __m512i b) {
+  return per_lane_epi32([&](int i) { return int32_t(uint32_t(a.i32[i]) - uint32_t(b.i32[i])); });
+}
+inline __m512i _mm512_xor_si512(__m512i a, __m512i b) {
+  return per_lane_epi32([&](int i) { return a.i32[i] ^ b.i32[i]; });
+}
+// VPMAXUD: unsigned dword max.
+inline __m512i _mm512_max_epu32(__m512i a, __m512i b) {
+  return per_lane_epi32([&](int i) { return uint32_t(a.i32[i]) > uint32_t(b.i32[i]) ? a.i32[i] : b.i32[i]; });
+}
+// VCVTPS2DQ: fp32 to int32 rounded to nearest even (MXCSR's default); NaN
+// and values outside int32 give the "integer indefinite" 0x80000000.
+inline __m512i _mm512_cvtps_epi32(__m512 a) {
+  return per_lane_epi32([&](int i) {
+    const float x = a.f32[i];
+    if (!(x >= -2147483648.0f && x < 2147483648.0f)) return int32_t(INT32_MIN);
+    return int32_t(std::nearbyint(x));
+  });
+}
+// VPMOVDB: each dword truncated to its low byte.
+inline __m128i _mm512_cvtepi32_epi8(__m512i a) {
+  __m128i r;
+  for (int i = 0; i < 16; ++i) r.i8[i] = int8_t(uint8_t(uint32_t(a.i32[i])));
+  return r;
+}
+inline void _mm_storeu_si128(__m128i* p, __m128i a) { std::memcpy(p, &a, sizeof a); }
+// VPDPBUSD: lane i += the four products of a's unsigned bytes 4i..4i+3 with
+// b's signed bytes 4i..4i+3, wrapping (no saturation). Counted (all threads)
+// for the tests that check which P V ran.
+inline std::atomic<int64_t> int8_dot_count{0};
+inline __m512i _mm512_dpbusd_epi32(__m512i src, __m512i a, __m512i b) {
+  int8_dot_count.fetch_add(1, std::memory_order_relaxed);
+  uint8_t ua[64];
+  int8_t sb[64];
+  std::memcpy(ua, &a, 64);
+  std::memcpy(sb, &b, 64);
+  return per_lane_epi32([&](int i) {
+    uint32_t sum = uint32_t(src.i32[i]);
+    for (int j = 0; j < 4; ++j) sum += uint32_t(int32_t(ua[4 * i + j]) * int32_t(sb[4 * i + j]));
+    return int32_t(sum);
+  });
+}
 // bf16_kernels.hpp's cast of a vector of bf16 pairs (a C cast natively).
 inline __m512bh as_bf16_pairs(__m512i v) {
   __m512bh r;

@@ -36,6 +36,21 @@ Bf16KernelSet bf16_kernel_set_of(std::string name, bool amx) {
     K::bf16_gemm(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate);
     K::bf16_end();
   };
+  if constexpr (K::kLoOnInt8) {
+    s.lo_int8_pack_v = [](const uint16_t* v, int64_t kv_pad, int64_t d_pad, uint8_t* v_q, float* v_scale) {
+      return K::lo_int8_pack_v(v, kv_pad, d_pad, v_q, v_scale);
+    };
+    s.lo_int8_exp_rows = [](float* sc, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale, const float* sub,
+                            float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q, int64_t ld8, float* lo_scale,
+                            int32_t* lo_offset) {
+      K::exp2_split_rows_lo_int8(sc, ld, rows, n, k, scale, sub, sums, hi, ld16, lo_q, ld8, lo_scale, lo_offset);
+    };
+    s.lo_int8_products = [](int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda, const float* a_scale,
+                            const int32_t* a_offset, const uint8_t* b, int64_t b_panel, const float* b_scale, float* c,
+                            int64_t ldc) {
+      K::lo_int8_products(m, n, k, a, lda, a_scale, a_offset, b, b_panel, b_scale, c, ldc);
+    };
+  }
   return s;
 }
 

@@ -26,6 +26,15 @@ struct Bf16KernelSet {
   // bf16_begin(); bf16_gemm(...); bf16_end(), as one work item runs them.
   void (*gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* a_lo, int64_t lda,
                const uint16_t* b, int64_t b_panel, float* c, int64_t ldc, bool accumulate) = nullptr;
+  // P V's lo on int8 products (isa/avx512bf16/lo_int8.hpp; Bf16DotKernels only,
+  // null for AmxKernels, whose lo stays bf16).
+  bool (*lo_int8_pack_v)(const uint16_t* v, int64_t kv_pad, int64_t d_pad, uint8_t* v_q, float* v_scale) = nullptr;
+  void (*lo_int8_exp_rows)(float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale, const float* sub,
+                           float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q, int64_t ld8, float* lo_scale,
+                           int32_t* lo_offset) = nullptr;
+  void (*lo_int8_products)(int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda, const float* a_scale,
+                           const int32_t* a_offset, const uint8_t* b, int64_t b_panel, const float* b_scale, float* c,
+                           int64_t ldc) = nullptr;
 };
 
 Bf16KernelSet emulated_dot_kernels();
@@ -50,6 +59,9 @@ void emulated_cvtne2ps_pbh(const float* a, const float* b, uint16_t* out);
 // (Natively it runs only inside the decode products, checked by the KV
 // cache tests where the CPU has AVX512-VBMI.)
 void emulated_e4m3_to_bf16(const uint8_t* x, uint16_t* out);
+// vpdpbusd instructions the emulation has run so far (all threads): whether
+// the emulated forward took P V's lo on int8 products.
+int64_t emulated_int8_dot_count();
 
 // One tdpbf16ps on tiles configured as C (m rows x n fp32), A (m rows x
 // k_pairs pairs), B (k_pairs rows x n pairs), loaded from c/a/b (row strides

@@ -35,6 +35,8 @@ void emulated_e4m3_to_bf16(const uint8_t* x, uint16_t* out) {
   std::memcpy(out + 32, &k1, 64);
 }
 
+int64_t emulated_int8_dot_count() { return emulated::int8_dot_count.load(); }
+
 void emulated_tile_dpbf16ps(const TileProduct& t) {
   using namespace emulated;
   const TileProductConfig config(t);

@@ -173,6 +173,8 @@ static inline void amx_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, 
 // products on tiles.
 struct AmxKernels : Bf16DotKernels {
   static constexpr bool kBf16Products = true;
+  // P V's lo stays bf16 on the tiles (lo_int8.hpp is vdpbf16ps' companion).
+  static constexpr bool kLoOnInt8 = false;
   // The tile unit runs a block's tdpbf16ps while the core goes on with the
   // vector instructions after it (up to its reorder window), so the main loop
   // queues 32-row blocks and runs them a step at a time between pieces of

@@ -346,6 +346,7 @@ static inline void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const uint16_t
 }  // namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE
 
 #include "isa/avx512bf16/few_rows_dot.hpp"
+#include "isa/avx512bf16/lo_int8.hpp"
 
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
@@ -362,6 +363,33 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
                         RowPrefetch* prefetch = nullptr) {
     if (a_lo) bf16_dot_gemm<true>(m, n, k, a, a_lo, lda, b, b_panel, c, ldc, accumulate, prefetch);
     else bf16_dot_gemm<false>(m, n, k, a, nullptr, lda, b, b_panel, c, ldc, accumulate, prefetch);
+  }
+  // P V's low part on int8 products (lo_int8.hpp) where CPUID has VNNI: the
+  // forward's P from its own exponentials, V tiles within the range there.
+  // AMD EPYC Zen 4, bf16 H8 N4096 D128, 2 threads: docs/architecture.md.
+  static constexpr bool kLoOnInt8 = true;
+  static bool lo_on_int8_take() { return lo_on_int8_available(); }
+  static bool lo_int8_pack_v(const uint16_t* v, int64_t kv_pad, int64_t d_pad, uint8_t* v_q, float* v_scale) {
+    return pack_v_int8(v, kv_pad, d_pad, v_q, v_scale);
+  }
+  // exp2_split_rows with lo as lo_int8.hpp's lo_q rows (stride ld8 bytes),
+  // their lo_scale and lo_offset.
+  static void exp2_split_rows_lo_int8(float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
+                                      const float* sub, float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q,
+                                      int64_t ld8, float* lo_scale, int32_t* lo_offset) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (scale != 1.0f)
+        exp2_split_row_lo_int8<true>(s + r * ld, n, k, scale, sub[r], sums + r, hi + r * ld16, lo_q + r * ld8,
+                                     lo_scale + r, lo_offset + r);
+      else
+        exp2_split_row_lo_int8<false>(s + r * ld, n, k, 1.0f, sub[r], sums + r, hi + r * ld16, lo_q + r * ld8,
+                                      lo_scale + r, lo_offset + r);
+    }
+  }
+  static void lo_int8_products(int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda, const float* a_scale,
+                               const int32_t* a_offset, const uint8_t* b, int64_t b_panel, const float* b_scale,
+                               float* c, int64_t ldc) {
+    lo_int8_gemm(m, n, k, a, lda, a_scale, a_offset, b, b_panel, b_scale, c, ldc);
   }
   // Decode scores of bf16 and fp8 e4m3 keys on vdpbf16ps
   // (few_rows_dot::scores): the main loop gives these kernels its few rows
