@@ -159,9 +159,11 @@ static inline void exp2_split_row_lo_int8(float* s, int64_t n, int64_t k, float 
   }
   alignas(64) int32_t lane_sums[16];
   _mm512_store_si512(lane_sums, q_sum);
-  int32_t row_sum = 0;
-  for (int i = 0; i < 16; ++i) row_sum += lane_sums[i];
-  *lo_offset = 128 * row_sum;
+  // Summed modulo 2^32: a NaN row's lanes (cvtps2dq's 0x80000000; the row is
+  // cleared afterwards) must not overflow a signed sum; real rows stay small.
+  uint32_t row_sum = 0;
+  for (int i = 0; i < 16; ++i) row_sum += uint32_t(lane_sums[i]);
+  *lo_offset = int32_t(128u * row_sum);
 }
 
 // C (MR rows x 16 NV columns, row stride ldc) += (A_q (B_q + 128) -
