@@ -54,7 +54,7 @@ class Fp32Operands {
         q_scale_(query_scale(p)),
         q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile), v_tile_(scratch + l.v_tile) {}
 
-  void begin_item() {}
+  void begin_item(bool /*p_from_exponentials*/) {}
   void end_item() {}
 
   float deferred_scale() const { return deferred_score_scale(p_); }
@@ -138,8 +138,8 @@ class Bf16Operands {
         p_hi_(reinterpret_cast<uint16_t*>(scratch + l.p_hi)),
         p_lo_(p.args.bf16_probabilities ? nullptr : reinterpret_cast<uint16_t*>(scratch + l.p_lo)),
         p_lo_scales_(scratch + l.p_lo_scales), v_q_(reinterpret_cast<uint8_t*>(scratch + l.v_q)),
-        v_q_scales_(scratch + l.v_q_scales), s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
-    lo_rows_ = l.p_lo_rows;
+        lo_offsets_(reinterpret_cast<int32_t*>(scratch + l.p_lo_offsets)), v_q_scales_(scratch + l.v_q_scales),
+        s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
     // P from the exponentials in place over the scores (AMX, hi + lo): each
     // 32-column piece's 128 bytes of S become its 32 hi words then its 32 lo
     // words (a_step 64), so a band's S and P take 32 KiB of L1 instead of 64,
@@ -154,14 +154,19 @@ class Bf16Operands {
     if constexpr (requires { K::kAsyncProducts; })
       p_in_place_ = p_lo_ != nullptr && kv_pad_ == bf16_kv_pad_;
     // P V's lo on int8 products (isa/avx512bf16/lo_int8.hpp) where the rung
-    // has them; a tile takes them where pack_v says its V allows (tile_lo_int8_).
+    // has them; an item's tile takes them where its P comes from the
+    // exponentials (begin_item) and pack_v says its V allows (tile_lo_int8_).
     if constexpr (requires { K::kLoOnInt8; })
-      if constexpr (K::kLoOnInt8)
-        lo_int8_ = p_lo_ != nullptr && !p_in_place_ && p.args.dropout_p == 0.0f &&
-                   p.args.kv.quant == KvQuant::none && K::lo_on_int8_take();
+      if constexpr (K::kLoOnInt8) lo_int8_ = p_lo_ != nullptr && !p_in_place_ && K::lo_on_int8_take();
   }
 
-  void begin_item() { K::bf16_begin(); }
+  // p_from_exponentials: the item's P comes from exponentials() (else from
+  // fp32 rows, accumulate's p), so its tiles may take lo on int8 products.
+  void begin_item(bool p_from_exponentials) {
+    K::bf16_begin();
+    lo_int8_item_ = lo_int8_ && p_from_exponentials;
+    tile_lo_int8_ = false;
+  }
   void end_item() { K::bf16_end(); }
 
   void load_q_row(int64_t s, const void* src, int64_t stride) {
@@ -173,7 +178,7 @@ class Bf16Operands {
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
     K::bf16_pack_v(rows, n, p_.v_head_dim, stride, v_tile_, bf16_kv_pad_);
     if constexpr (requires { K::kLoOnInt8; })
-      if (lo_int8_)
+      if (lo_int8_item_)
         tile_lo_int8_ = K::lo_int8_pack_v(v_tile_, bf16_kv_pad_, p_.v_head_dim_padded, v_q_, v_q_scales_);
   }
 
@@ -266,7 +271,7 @@ class Bf16Operands {
       if (tile_lo_int8_)
         return K::exp2_split_rows_lo_int8(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
                                           bf16_kv_pad_, lo_bytes() + r0 * bf16_kv_pad_, bf16_kv_pad_,
-                                          p_lo_scales_ + r0, lo_offsets() + r0);
+                                          p_lo_scales_ + r0, lo_offsets_ + r0);
     K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
                        p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, 32, tick);
   }
@@ -305,7 +310,7 @@ class Bf16Operands {
         K::bf16_gemm(m, dp, k, hi, nullptr, bf16_kv_pad_, v_tile_, kPanelWidth * bf16_kv_pad_, acc, dp, true,
                      prefetch);
         return K::lo_int8_products(m, dp, k, lo_bytes() + t0 * bf16_kv_pad_, bf16_kv_pad_, p_lo_scales_ + t0,
-                                   lo_offsets() + t0, v_q_, kPanelWidth * bf16_kv_pad_, v_q_scales_, acc, dp);
+                                   lo_offsets_ + t0, v_q_, kPanelWidth * bf16_kv_pad_, v_q_scales_, acc, dp);
       }
     }
     uint16_t* lo = p_lo_ ? p_lo_ + t0 * bf16_kv_pad_ : nullptr;
@@ -322,8 +327,6 @@ class Bf16Operands {
   static constexpr int64_t kInPlaceLo = 32, kInPlaceStep = 64;
   // lo as bytes (tile_lo_int8_): p_lo_'s rows, bf16_kv_pad bytes apart.
   int8_t* lo_bytes() const { return reinterpret_cast<int8_t*>(p_lo_); }
-  // The lo bytes' row offsets (lo_int8.hpp), after their scales.
-  int32_t* lo_offsets() const { return reinterpret_cast<int32_t*>(p_lo_scales_ + lo_rows_); }
 
   // Queues C (m, n) (+)= A B [+ A_lo B] as blocks of 32 rows by up to 32
   // columns, when the tile products run asynchronously to the vector units
@@ -371,14 +374,15 @@ class Bf16Operands {
   uint16_t* v_tile_;  // Dv_pad / 16 panels of (bf16_kv_pad / 2, 16, 2)
   uint16_t* p_hi_;    // (stacked rows + 16, bf16_kv_pad)
   uint16_t* p_lo_;    // as p_hi_; null: P is hi alone (ForwardArgs::bf16_probabilities)
-  float* p_lo_scales_;  // (lo_rows_) the lo bytes' scales, then (lo_rows_) int32 offsets (tile_lo_int8_)
-  int64_t lo_rows_;     // stacked rows + 16
+  float* p_lo_scales_;  // (stacked rows + 16): the lo bytes' scales (tile_lo_int8_)
   uint8_t* v_q_;        // V as int8 + 128, Dv_pad / 16 panels of (bf16_kv_pad / 4, 16, 4) (tile_lo_int8_)
+  int32_t* lo_offsets_;  // (stacked rows + 16): the lo bytes' row offsets (tile_lo_int8_)
   float* v_q_scales_;   // (Dv_pad) V's column scales (tile_lo_int8_)
   float* s_tile_;     // the main loop's score tile (stacked rows + 16, kv_pad)
   int64_t kv_pad_;
   bool p_in_place_ = false;  // the exponentials' P over S (constructor)
   bool lo_int8_ = false;       // the rung can take P V's lo on int8 products (constructor)
+  bool lo_int8_item_ = false;  // and this item's P comes from the exponentials (begin_item)
   bool tile_lo_int8_ = false;  // this KV tile does (pack_v): lo as bytes, V as int8
 };
 
@@ -471,10 +475,10 @@ class ForwardMainloop {
     rows_ = w.q_end - w.q_begin;
     const int64_t dvp = p_.v_head_dim_padded;
     const int64_t stacked = w.head_count * rows_;
-    if (!direct_) operands_.begin_item();
     // Dropout scales P in place, and the few-rows products read it there.
     // (Quantized caches scale P by the V scales there too.)
     p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f && !quantized_;
+    if (!direct_) operands_.begin_item(p_in_operands_);
     load_q_tiles(seq, w);
     // Rows that are not all finite take the fp32 products (NaN and infinity
     // as the reference has them).

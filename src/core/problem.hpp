@@ -225,9 +225,9 @@ struct ForwardScratchLayout {
   int64_t p_hi = 0;           // bf16_dot: P as bf16 hi, (stacked rows + 16, bf16_kv_pad)
   int64_t p_lo = 0;           // bf16_dot: P - hi as bf16, the same shape (or as bytes,
                               // isa/avx512bf16/lo_int8.hpp, the same row stride in bytes)
-  int64_t p_lo_rows = 0;      // stacked rows + 16 (the rows of p_hi and p_lo)
-  int64_t p_lo_scales = 0;    // bf16_dot, P as hi + lo: lo bytes' scales (p_lo_rows), then
-                              // their int32 offsets (p_lo_rows), isa/avx512bf16/lo_int8.hpp
+  int64_t p_lo_scales = 0;    // bf16_dot, P as hi + lo: lo bytes' scales, (stacked rows + 16)
+                              // fp32, isa/avx512bf16/lo_int8.hpp
+  int64_t p_lo_offsets = 0;   // their row offsets, (stacked rows + 16) int32
   int64_t v_q = 0;            // bf16_dot, P as hi + lo: V as int8 + 128 (Dv_pad / 16 panels of
                               // (bf16_kv_pad / 4, 16, 4) bytes), lo_int8.hpp
   int64_t v_q_scales = 0;     // their column scales (Dv_pad)

@@ -80,11 +80,12 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   // bf16: 16 slack rows, for AMX's P V, which may read P from S's own rows
   // (mainloop.hpp's Bf16Operands) in whole 16-row tiles.
   l.s_tile = take((score_tile_rows(p) + (bf16 ? kSlackRows : 0)) * l.kv_pad);
-  l.p_hi = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
-  l.p_lo = take(bf16 ? bf16_floats((score_tile_rows(p) + kSlackRows) * l.bf16_kv_pad) : 0);
+  const int64_t p_rows = score_tile_rows(p) + kSlackRows;  // rows of P's bf16 operands
+  l.p_hi = take(bf16 ? bf16_floats(p_rows * l.bf16_kv_pad) : 0);
+  l.p_lo = take(bf16 ? bf16_floats(p_rows * l.bf16_kv_pad) : 0);
   const bool lo = bf16 && !p.args.bf16_probabilities;  // P V's lo (on int8 products where the rung can)
-  l.p_lo_rows = score_tile_rows(p) + kSlackRows;
-  l.p_lo_scales = take(lo ? 2 * l.p_lo_rows : 0);
+  l.p_lo_scales = take(lo ? p_rows : 0);
+  l.p_lo_offsets = take(lo ? p_rows : 0);
   l.v_q = take(lo ? l.bf16_kv_pad * dvp / 4 : 0);
   l.v_q_scales = take(lo ? dvp : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));

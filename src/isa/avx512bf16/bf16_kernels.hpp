@@ -377,14 +377,13 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
   static void exp2_split_rows_lo_int8(float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                                       const float* sub, float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q,
                                       int64_t ld8, float* lo_scale, int32_t* lo_offset) {
-    for (int64_t r = 0; r < rows; ++r) {
-      if (scale != 1.0f)
-        exp2_split_row_lo_int8<true>(s + r * ld, n, k, scale, sub[r], sums + r, hi + r * ld16, lo_q + r * ld8,
-                                     lo_scale + r, lo_offset + r);
-      else
-        exp2_split_row_lo_int8<false>(s + r * ld, n, k, 1.0f, sub[r], sums + r, hi + r * ld16, lo_q + r * ld8,
-                                      lo_scale + r, lo_offset + r);
-    }
+    const auto each_row = [&]<bool kScaled>() {
+      for (int64_t r = 0; r < rows; ++r)
+        exp2_split_row_lo_int8<kScaled>(s + r * ld, n, k, scale, sub[r], sums + r, hi + r * ld16, lo_q + r * ld8,
+                                        lo_scale + r, lo_offset + r);
+    };
+    if (scale != 1.0f) each_row.template operator()<true>();
+    else each_row.template operator()<false>();
   }
   static void lo_int8_products(int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda, const float* a_scale,
                                const int32_t* a_offset, const uint8_t* b, int64_t b_panel, const float* b_scale,
