@@ -427,7 +427,7 @@ std::vector<Case> correctness_cases() {
   for (size_t i = 0; i < cases.size(); ++i) cases[i].seed = 1000 + i;
   // TILEATTN_TEST_QUICK=1 (sanitizer runs in CI): drop the cases whose float64
   // reference is expensive; every mask, dtype, layout and path stays covered.
-  if (const char* quick = std::getenv("TILEATTN_TEST_QUICK"); quick && std::string(quick) == "1") {
+  if (quick_tests()) {
     std::vector<Case> kept;
     for (const Case& c : cases) {
       const int64_t work = c.batch * c.heads * c.seqlen_q * c.seqlen_k * c.head_dim;
@@ -436,6 +436,15 @@ std::vector<Case> correctness_cases() {
     cases = kept;
   }
   return cases;
+}
+
+bool quick_tests() {
+  const char* quick = std::getenv("TILEATTN_TEST_QUICK");
+  return quick && std::string(quick) == "1";
+}
+
+bool in_quick_share(int64_t index, int64_t path, int64_t paths) {
+  return !quick_tests() || index % paths == path;
 }
 
 }  // namespace tileattn::testing

@@ -9,7 +9,20 @@
 namespace tileattn::testing {
 
 // Awkward sizes, every mask, GQA ratios, layouts, strides, varlen, dtypes.
+// Under quick_tests() the cases whose float64 reference is expensive are left out.
 std::vector<Case> correctness_cases();
+
+// TILEATTN_TEST_QUICK=1: the sanitizer runs of CI (scripts/sanitize.sh), whose
+// ASan+UBSan build runs the library several times slower than CTest's.
+bool quick_tests();
+
+// Whether combination `index` of a test's loop over `paths` paths (ISAs) runs
+// on path number `path`: always, except under quick_tests(), where each
+// combination runs on the one path index mod paths. A test that loops over
+// several dimensions passes the sum of their loop counters as the index, so
+// that every path still meets every value of every dimension; CTest (the full
+// run) keeps every combination on every path.
+bool in_quick_share(int64_t index, int64_t path, int64_t paths);
 
 // Groups of correctness_cases that the backward's table
 // (tests/training/backward_test.cpp) shares, each handed to `add` in order.
