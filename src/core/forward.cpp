@@ -43,8 +43,9 @@ int effective_threads(int requested) {
 
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   Problem p = describe(args);
-  // A quantized cache takes the fp32 products (its packed tiles convert
-  // int8 / fp8 to fp32; decode reads them in place either way).
+  // A quantized cache takes the fp32 products here (its packed tiles convert
+  // int8 / fp8 to fp32; decode reads the cache in place), and the bf16 ones
+  // below where a step stacks more rows than the few-rows products take.
   p.product = args.kv.quant == KvQuant::none ? tile_product(isa, args.dtype) : TileProduct::fp32_fma;
   TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype, p.v_head_dim);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
@@ -129,6 +130,13 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   const int64_t head_cap = max64(max64(1, cache_sizes().l2 / 2 / per_head_bytes), p.stack_rows / max64(1, p.block_q));
   const int64_t group_items = (p.group + head_cap - 1) / head_cap;
   p.heads_per_item = int((p.group + group_items - 1) / group_items);
+  // bf16 queries against an int8 / fp8 e4m3 cache in steps of more than the
+  // few-rows products' rows (prefill, chunked prefill, MLA decode): the bf16
+  // products, their packed tiles converted to bf16 exactly
+  // (Bf16Operands::stage_rows), with the cache model's tiles (the wider bf16
+  // tiles above are for unquantized calls).
+  if (args.kv.quant != KvQuant::none && int64_t(p.heads_per_item) * p.block_q > kFewRowsMax)
+    p.product = tile_product(isa, args.dtype);
   // Decode steps stacking more rows than the few-rows products take (MLA)
   // on bf16 products: the widest of 256 or 128 keys whose per-thread scratch
   // (bf16 K/V tiles, not the cache model's fp32 ones) fits L2, as unbanded

@@ -140,6 +140,17 @@ class Bf16Operands {
         p_lo_scales_(scratch + l.p_lo_scales), v_q_(reinterpret_cast<uint8_t*>(scratch + l.v_q)),
         lo_offsets_(reinterpret_cast<int32_t*>(scratch + l.p_lo_offsets)), v_q_scales_(scratch + l.v_q_scales),
         s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
+    // A quantized cache's int8 / fp8 e4m3 rows convert to bf16 exactly (every
+    // int8 and every e4m3 value is a bf16 value) through staged rows; their
+    // scales stay with the main loop, on the scores and on P (scale_columns),
+    // as on the FMA products.
+    if (p.args.kv.quant != KvQuant::none) {
+      kv_dtype_ = kv_storage_dtype(p.args.dtype, p.args.kv.quant);
+      staged_row_ = l.kv_staged_row;
+      staged_ = reinterpret_cast<uint16_t*>(scratch + l.kv_staged);
+      staged_f32_ = scratch + l.kv_staged_f32;
+      staged_rows_ = reinterpret_cast<const void**>(scratch + l.kv_staged_rows);
+    }
     // P from the exponentials in place over the scores (AMX, hi + lo): each
     // 32-column piece's 128 bytes of S become its 32 hi words then its 32 lo
     // words (a_step 64), so a band's S and P take 32 KiB of L1 instead of 64,
@@ -173,9 +184,11 @@ class Bf16Operands {
     K::bf16_copy_row(src, p_.args.shape.head_dim, stride, q_tile_ + s * bf16_k_, bf16_k_);
   }
   void pack_k(const void* const* rows, int64_t n, int64_t stride) {
+    if (staged_) rows = stage_rows(rows, n, p_.args.shape.head_dim, stride), stride = 1;
     K::bf16_pack_k(rows, n, p_.args.shape.head_dim, stride, k_tile_, bf16_k_);
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
+    if (staged_) rows = stage_rows(rows, n, p_.v_head_dim, stride), stride = 1;
     K::bf16_pack_v(rows, n, p_.v_head_dim, stride, v_tile_, bf16_kv_pad_);
     if constexpr (requires { K::kLoOnInt8; })
       if (lo_int8_item_)
@@ -184,6 +197,20 @@ class Bf16Operands {
 
   // The factor the softmax still applies to the scores (1: none; problem.hpp).
   float deferred_scale() const { return deferred_score_scale(p_); }
+
+  // Rows [0, n) of d quantized elements (element stride `stride`) as bf16
+  // rows of the staging piece, unscaled, zero past d; returns their addresses.
+  // Per row: the ISA's fp32 load (int8 / e4m3 exactly), then rounded to bf16,
+  // which changes nothing. A tile's conversions serve all its query rows.
+  const void* const* stage_rows(const void* const* rows, int64_t n, int64_t d, int64_t stride) {
+    for (int64_t c = 0; c < n; ++c) {
+      uint16_t* row = staged_ + c * staged_row_;
+      K::load_row(rows[c], kv_dtype_, d, stride, 1.0f, staged_f32_);
+      K::bf16_split_rows(staged_f32_, 0, 1, d, round_up(d, kBf16PairBlock), row, nullptr, staged_row_);
+      staged_rows_[c] = row;
+    }
+    return staged_rows_;
+  }
 
   // s (m, n_pad) = Q (stacked rows [s0, s0 + m)) K^T, unscaled where
   // deferred_scale() says so. May be queued (see queue_blocks): done by the
@@ -380,6 +407,14 @@ class Bf16Operands {
   float* v_q_scales_;   // (Dv_pad) V's column scales (tile_lo_int8_)
   float* s_tile_;     // the main loop's score tile (stacked rows + 16, kv_pad)
   int64_t kv_pad_;
+  // A quantized cache (stage_rows): its storage dtype, the staged bf16 rows
+  // (kv_pad, staged_row_), one fp32 row and the staged rows' addresses; null
+  // staged_ otherwise.
+  DType kv_dtype_ = DType::bf16;
+  int64_t staged_row_ = 0;
+  uint16_t* staged_ = nullptr;
+  float* staged_f32_ = nullptr;
+  const void** staged_rows_ = nullptr;
   bool p_in_place_ = false;  // the exponentials' P over S (constructor)
   bool lo_int8_ = false;       // the rung can take P V's lo on int8 products (constructor)
   bool lo_int8_item_ = false;  // and this item's P comes from the exponentials (begin_item)

@@ -233,6 +233,11 @@ struct ForwardScratchLayout {
   int64_t v_q_scales = 0;     // their column scales (Dv_pad)
   int64_t key_rows = 0;       // 2 x kv_pad row addresses (8-byte slots)
   int64_t kv_scales = 0;      // quantized K/V: this tile's K scales, then its V scales (2 x kv_pad)
+  int64_t kv_staged = 0;      // bf16_dot with a quantized cache: the tile's rows converted to bf16,
+                              // (kv_pad, kv_staged_row), for the pair packers (Bf16Operands::stage_rows)
+  int64_t kv_staged_row = 0;  // elements of a staged row: max(bf16_k, Dv_pad rounded up to 32)
+  int64_t kv_staged_f32 = 0;  // one row on its way there, (kv_staged_row) fp32
+  int64_t kv_staged_rows = 0; // the staged rows' addresses, kv_pad 8-byte slots
   int64_t q16 = 0;            // int8 cache, few rows: Q rounded to int16 for the VNNI scores,
                               // (rows, q16_row_stride(D)) (isa/avx512/few_rows_vnni.hpp)
   int64_t q16_steps = 0;      // their steps, (rows) fp32

@@ -90,6 +90,11 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   l.v_q_scales = take(lo ? dvp : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));
   l.kv_scales = take(p.args.kv.quant != KvQuant::none ? 2 * l.kv_pad : 0);
+  const bool staged = bf16 && p.args.kv.quant != KvQuant::none;
+  l.kv_staged_row = staged ? max64(l.bf16_k, round_up(dvp, kBf16PairBlock)) : 0;
+  l.kv_staged = take(staged ? bf16_floats(l.kv_pad * l.kv_staged_row) : 0);
+  l.kv_staged_f32 = take(l.kv_staged_row);
+  l.kv_staged_rows = take(staged ? l.kv_pad * int64_t(sizeof(void*) / sizeof(float)) : 0);
   // The VNNI scores' Q (isa/avx512/few_rows_vnni.hpp): one int16 row and one
   // step per query row, only where the few-rows products read an int8 cache.
   const bool int8_rows = p.args.kv.quant == KvQuant::int8 && p.heads_per_item * p.block_q <= kFewRowsMax;

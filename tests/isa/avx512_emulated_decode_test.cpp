@@ -318,6 +318,29 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
           }
 }
 
+// bf16 queries against an int8 or fp8 e4m3 cache in steps past the few-rows
+// limit (9 rows of one group, 4 heads x 4 tokens, 40 tokens: chunked prefill):
+// the packed products of the emulated avx512bf16 and amx rungs run on bf16,
+// the cache's bytes converted to bf16 rows (Bf16Operands::stage_rows), the
+// scales on the scores and on P as before. Against the float64 reference over
+// the dequantized K/V, split keys included; on avx512bf16 the vdpbf16ps count
+// shows the bf16 products ran.
+TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
+  for (Isa isa : {Isa::avx512bf16, Isa::amx})
+    for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+      for (const Stack& st : {Stack{9, 1}, Stack{4, 4}, Stack{1, 40}})
+        for (int64_t head_dim : {59, 128})
+          for (int64_t seqlen_k : {100, 1100}) {
+            CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
+            const QuantizedCopy quantized(data, quant);
+            SCOPED_TRACE(data.c.name() + " " + kv_quant_name(quant) + " on the emulated " + isa_name(isa) + " rung");
+            const int64_t before = emulated_bf16_dot_count();
+            ASSERT_TRUE(emulated_bf16_forward(quantized.args, isa));
+            if (isa == Isa::avx512bf16) EXPECT_GT(emulated_bf16_dot_count(), before);
+            expect_matches_float64(quantized, data);
+          }
+}
+
 // A bf16 cache on the emulated avx512bf16 and amx rungs: the decode scores
 // run on vdpbf16ps on avx512bf16 and on FMAs on amx (where one vdpbf16ps
 // holds both FMA ports for two cycles, amx_kernels.hpp); P V on FMAs on both.
