@@ -35,21 +35,25 @@ const char* const kHelp =
     "                       [--dim D] [--dim-v DV] [--dtype fp32|fp16|bf16] [--threads T] [--paged]\n"
     "                       [--page-size N] [--recompute-steps R] [--rotary-dim R]\n"
     "                       [--kv-dtype int8|fp8_e4m3|bf16|fp16|fp32] [--bf16-probabilities] [--cold]\n"
-    "                       [--json]\n"
+    "                       [--new-tokens N] [--json]\n"
     "Defaults (Llama-3-8B attention): P=4096 S=32 B=1 H=32 HKV=8 D=128 bf16, every hardware\n"
     "thread, page size 16, R=min(2, S) (R may not exceed S: the recompute loop appends the\n"
-    "same S tokens). RoPE (theta 500000) is fused into the append and the query.\n"
+    "same S steps' tokens). RoPE (theta 500000) is fused into the append and the query.\n"
     "--dim-v DV: V's head dim (default D; D is 2..576, DV 1..512). DeepSeek MLA's absorbed\n"
     "decode: --dim 576 --dim-v 512 --kv-heads 1 --heads 128 --rotary-dim 64.\n"
     "--rotary-dim R: RoPE rotates the first R dims of q and k (even, 2..D; default D).\n"
+    "--new-tokens N: each step appends N tokens per sequence and attends their N queries\n"
+    "(causal among them, bottom-right aligned): speculative decoding's verify step (N of\n"
+    "4-16) or chunked prefill against the cache (N of 256-2048). Default 1.\n"
     "--bf16-probabilities (bf16): P rounded to bf16 in the packed P V products, which steps\n"
     "stacking more than 8 query rows per KV head take, and on avx512bf16 (with VBMI) in the\n"
     "few-rows ones of smaller steps too, there also of an fp8_e4m3 or int8 cache; on avx512\n"
     "with VNNI an int8 cache's few-rows products round Q and P to 16-bit integers instead,\n"
-    "on amx with VNNI its scores round Q so\n"
+    "on amx with VNNI its few-rows scores round Q so and its P V keeps P in fp32\n"
     "(KvCacheArgs::bf16_probabilities).\n"
-    "Reports ms_per_token (median step: one new token per sequence), tokens_per_s\n"
-    "(B tokens per step), kv_gb_per_s (K and V bytes a step reads / its time), read_gb_per_s\n"
+    "Reports ms_per_step (median step), ms_per_token (ms_per_step / N; every *_ms_per_token\n"
+    "is per token likewise), tokens_per_s (B N tokens per step), kv_gb_per_s (K and V bytes\n"
+    "a step reads / its time), read_gb_per_s\n"
     "(a streaming read of a buffer of the same bytes, same threads, each reading two streams,\n"
     "one pass right after each step) and fraction_of_bandwidth (median over steps of the\n"
     "step's rate / the pass's), and\n"
@@ -83,6 +87,7 @@ struct Shape {
   DType dtype;
   KvQuant kv_quant = KvQuant::none;  // --kv-dtype int8 / fp8_e4m3
   bool bf16_probabilities = false;   // --bf16-probabilities (KvCacheArgs::bf16_probabilities)
+  int64_t new_tokens = 1;            // --new-tokens: tokens each sequence appends (and queries) per step
   float fp8_scale = 1.0f;            // fp8: every KV head's scale (the prompt's max |x| / 224)
 };
 
@@ -99,7 +104,7 @@ class DecodeLoop {
   DecodeLoop(const DecodeLoop&) = delete;
   DecodeLoop& operator=(const DecodeLoop&) = delete;
   DecodeLoop(const Shape& s, int64_t page_size, int threads, const RopeTables& rope)
-      : s_(s), capacity_(s.prompt + s.steps) {
+      : s_(s), capacity_(s.prompt + s.steps * s.new_tokens) {
     const int64_t kv_rows = s.batch * s.kv_heads * capacity_;
     KvCacheArgs& a = args_;
     a.batch = s.batch;
@@ -148,36 +153,30 @@ class DecodeLoop {
     kv_cache_append(a);
   }
 
-  // One decode step: append token `step` of every sequence, attend its query.
+  // One decode step: append step `step`'s N tokens of every sequence, attend
+  // their queries (q, k, v: [S, B, H or HKV, N, D]; o: [B, H, N, DV]).
   void step(const TypedBuffer& q, const TypedBuffer& k, const TypedBuffer& v, TypedBuffer& o, int64_t step) {
     KvCacheArgs a = args_;
+    const int64_t n = s_.new_tokens;
     const int64_t esize = int64_t(dtype_size(s_.dtype));
-    const auto q_stride = dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim);
-    const auto k_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, 1, s_.dim);
-    const auto v_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, 1, s_.dim_v);
-    const int64_t q_step = s_.batch * s_.heads * s_.dim * esize;
-    const int64_t k_step = s_.batch * s_.kv_heads * s_.dim * esize;
-    const int64_t v_step = s_.batch * s_.kv_heads * s_.dim_v * esize;
-    a.seqlen_q = 1;
-    a.seqlen_new = 1;
-    a.q = {static_cast<const char*>(q.data()) + step * q_step, q_stride};
+    const auto k_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, n, s_.dim);
+    const auto v_stride = dense_strides(Layout::bhsd, s_.batch, s_.kv_heads, n, s_.dim_v);
+    const int64_t k_step = s_.batch * s_.kv_heads * n * s_.dim * esize;
+    const int64_t v_step = s_.batch * s_.kv_heads * n * s_.dim_v * esize;
+    set_queries(a, q, o, step);
+    a.seqlen_new = n;
     a.k_new = {static_cast<const char*>(k.data()) + step * k_step, k_stride};
     a.v_new = {static_cast<const char*>(v.data()) + step * v_step, v_stride};
-    a.o = {o.data(), dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim_v)};
     attention_with_kvcache(a);
   }
 
-  // Token `step`'s query attends to the cache as it stands (no append), on
+  // Step `step`'s queries attend to the cache as it stands (no append), on
   // `threads` threads: a step's bytes, read from this same cache.
   void attend(const TypedBuffer& q, TypedBuffer& o, int64_t step, int threads) {
     KvCacheArgs a = args_;
-    const int64_t esize = int64_t(dtype_size(s_.dtype));
-    const auto q_stride = dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim);
     a.threads = threads;
-    a.seqlen_q = 1;
+    set_queries(a, q, o, step);
     a.seqlen_new = 0;
-    a.q = {static_cast<const char*>(q.data()) + step * s_.batch * s_.heads * s_.dim * esize, q_stride};
-    a.o = {o.data(), dense_strides(Layout::bhsd, s_.batch, s_.heads, 1, s_.dim_v)};
     attention_with_kvcache(a);
   }
 
@@ -195,6 +194,15 @@ class DecodeLoop {
   const KvCacheArgs& args() const { return args_; }
 
  private:
+  // Step `step`'s N queries of every sequence and head, and the output.
+  void set_queries(KvCacheArgs& a, const TypedBuffer& q, TypedBuffer& o, int64_t step) const {
+    const int64_t n = s_.new_tokens;
+    const int64_t q_step = s_.batch * s_.heads * n * s_.dim * int64_t(dtype_size(s_.dtype));
+    a.seqlen_q = n;
+    a.q = {static_cast<const char*>(q.data()) + step * q_step, dense_strides(Layout::bhsd, s_.batch, s_.heads, n, s_.dim)};
+    a.o = {o.data(), dense_strides(Layout::bhsd, s_.batch, s_.heads, n, s_.dim_v)};
+  }
+
   // K and V storage of `rows_total` rows each (dim and dim_v elements of
   // dtype, or int8 / fp8 bytes), and the scales of a quantized cache: int8
   // [outer, kv_heads, rows], fp8 [kv_heads].
@@ -317,7 +325,7 @@ class ReadBandwidth {
 };
 
 struct LoopResult {
-  double ms_per_token = 0;  // median step
+  double ms_per_step = 0;   // median step
   double kv_gb_per_s = 0;   // median over steps of bytes read / step time
   int64_t kv_bytes_last = 0;
   double read_gb_per_s = 0;  // median of the interleaved read passes (when asked)
@@ -335,7 +343,7 @@ struct LoopResult {
 // The inputs every timed loop shares.
 struct Tokens {
   TypedBuffer prompt_k, prompt_v;  // [B, HKV, P, D]
-  TypedBuffer q, k, v;             // [S, B, H or HKV, 1, D]
+  TypedBuffer q, k, v;             // [S, B, H or HKV, N, D]
 };
 
 // A decode loop to time: contiguous (page_size 0) or paged, on `threads`.
@@ -377,7 +385,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
     loops.push_back(std::make_unique<DecodeLoop>(variant_shape(s, v), v.page_size, v.threads, rope));
     loops.back()->prefill(t.prompt_k, t.prompt_v);
   }
-  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.dim_v);
+  TypedBuffer o = zeros(s.dtype, s.batch * s.heads * s.new_tokens * s.dim_v);
   const size_t n = variants.size();
   std::vector<int64_t> bytes_per_token;  // the cache's bytes per token of each variant
   for (const Variant& v : variants) bytes_per_token.push_back(token_bytes(variant_shape(s, v)));
@@ -416,7 +424,7 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
     }
   }
   // The first step also pays for the thread pool starting: medians ignore it.
-  for (LoopResult& x : r) x.ms_per_token = median(x.step_ms);
+  for (LoopResult& x : r) x.ms_per_step = median(x.step_ms);
   r[0].kv_gb_per_s = median(gb_per_s);
   if (reader) {
     r[0].read_gb_per_s = median(read_gb);
@@ -440,18 +448,18 @@ double paired_ratio(const LoopResult& a, const LoopResult& b) {
   return median(ratio);
 }
 
-// A causal forward over all tokens so far (prompt + step + 1), every query:
-// the work per generated token without a cache. Median over `reps` steps.
+// A causal forward over all tokens so far (prompt + (step + 1) N), every
+// query: the work per step without a cache. Median over `reps` steps.
 double time_recompute(const Shape& s, const Tokens& t, int threads, const RopeTables& rope, int64_t reps) {
   DecodeLoop loop(s, 0, threads, rope);  // a contiguous cache holds the (rotated) keys
   loop.prefill(t.prompt_k, t.prompt_v);
-  const int64_t capacity = s.prompt + s.steps;
+  const int64_t capacity = s.prompt + s.steps * s.new_tokens;
   TypedBuffer q = random_buffer(s.dtype, s.batch * s.heads * capacity * s.dim, 11);
   TypedBuffer o = zeros(s.dtype, s.batch * s.heads * capacity * s.dim_v);
-  TypedBuffer step_o = zeros(s.dtype, s.batch * s.heads * s.dim_v);
+  TypedBuffer step_o = zeros(s.dtype, s.batch * s.heads * s.new_tokens * s.dim_v);
   std::vector<double> ms;
   for (int64_t i = 0; i < reps; ++i) {
-    loop.step(t.q, t.k, t.v, step_o, i);  // the new token joins the cache
+    loop.step(t.q, t.k, t.v, step_o, i);  // the step's tokens join the cache
     const int64_t n = loop.length();
     ForwardArgs f;
     f.shape = {s.batch, s.heads, s.kv_heads, n, capacity, s.dim, s.dim_v};
@@ -477,7 +485,7 @@ int cmd_decode(int argc, char** argv) {
              {"--kv-heads", true}, {"--dim", true}, {"--dtype", true}, {"--threads", true},
              {"--paged", false}, {"--page-size", true}, {"--recompute-steps", true}, {"--json", false},
              {"--kv-dtype", true}, {"--dim-v", true}, {"--bf16-probabilities", false},
-             {"--rotary-dim", true}, {"--cold", false}});
+             {"--rotary-dim", true}, {"--cold", false}, {"--new-tokens", true}});
   if (args.has("--help")) return std::fputs(kHelp, stdout), 0;
   const bool json = args.has("--json");
   Shape s;
@@ -511,6 +519,7 @@ int cmd_decode(int argc, char** argv) {
                        ": an unquantized cache holds the queries' dtype");
     s.dtype = cache_dtype;
   }
+  s.new_tokens = args.integer("--new-tokens", 1, 1, 1 << 16);
   s.bf16_probabilities = args.has("--bf16-probabilities");
   if (s.bf16_probabilities && s.dtype != DType::bf16)
     throw UsageError("--bf16-probabilities: only with --dtype bf16");
@@ -518,8 +527,8 @@ int cmd_decode(int argc, char** argv) {
   const bool paged = args.has("--paged");
   const int64_t page_size = args.integer("--page-size", 16, 1, kMaxSize);
   if (args.has("--page-size") && !paged) throw UsageError("--page-size: needs --paged");
-  // Each recompute step appends one of the S generated tokens to a cache of
-  // capacity P + S: more than S steps would write past it.
+  // Each recompute step appends one of the S steps' tokens to a cache of
+  // capacity P + S N: more than S steps would write past it.
   const int64_t recompute_steps = args.integer("--recompute-steps", std::min<int64_t>(2, s.steps), 0, 1 << 20);
   if (recompute_steps > s.steps)
     throw UsageError("--recompute-steps: must be at most --steps (" + std::to_string(s.steps) + "), got " +
@@ -534,8 +543,10 @@ int cmd_decode(int argc, char** argv) {
   if (rotary_dim % 2 != 0 || rotary_dim > s.dim)
     throw UsageError("--rotary-dim: must be even and at most --dim (" + std::to_string(s.dim) + "), got " +
                      std::to_string(rotary_dim));
-  const int64_t capacity = s.prompt + s.steps;
-  if (capacity > std::numeric_limits<int32_t>::max()) throw UsageError("--prompt: too long");
+  const int64_t capacity = s.prompt + s.steps * s.new_tokens;
+  if (capacity > std::numeric_limits<int32_t>::max())
+    throw UsageError(s.new_tokens > 1 ? "--new-tokens: --prompt plus --steps x --new-tokens is too long"
+                                      : "--prompt: too long");
   // Rows a sequence's cache allocates: a paged cache holds whole pages (the
   // contiguous one timed beside it, capacity rows, is no larger).
   const int64_t cache_rows = paged ? (capacity + page_size - 1) / page_size * page_size : capacity;
@@ -550,7 +561,7 @@ int cmd_decode(int argc, char** argv) {
   // caches (the main one, a contiguous one beside a paged one, a --dtype one
   // beside a quantized one) and the recompute loop's (a contiguous cache, Q
   // and O over every token).
-  const int64_t kv_bytes = token_bytes(s) * (s.prompt + s.steps / 2);
+  const int64_t kv_bytes = token_bytes(s) * (s.prompt + s.steps * s.new_tokens / 2);
   const int64_t l3 = std::max<int64_t>(cache_sizes().l3, int64_t{32} << 20);
   const bool cold = args.has("--cold") || kv_bytes >= (int64_t{4} << 20);
   {
@@ -564,8 +575,10 @@ int cmd_decode(int argc, char** argv) {
                                                        double(s.batch * s.heads) * double(capacity) *
                                                            double(s.dim + s.dim_v) * esize
                                                  : 0.0;
+    const double step_tokens = double(s.steps * s.new_tokens * s.batch) *
+                               double(s.heads * s.dim + s.kv_heads * (s.dim + s.dim_v)) * esize;
     const double bytes = double(s.batch * s.kv_heads) * double(s.prompt) * double(s.dim + s.dim_v) * esize +
-                         double(kv_bytes) + (cold ? 2.0 * double(l3) : 0.0) + std::max(timed_caches, recompute);
+                         step_tokens + double(kv_bytes) + (cold ? 2.0 * double(l3) : 0.0) + std::max(timed_caches, recompute);
     std::string what = "decode: --batch " + std::to_string(s.batch) + " --kv-heads " + std::to_string(s.kv_heads) +
                        " --prompt " + std::to_string(s.prompt) + " --dim " + std::to_string(s.dim);
     if (recompute > timed_caches) what += " (the recompute loop's Q and O included; --recompute-steps 0 leaves it out)";
@@ -576,9 +589,10 @@ int cmd_decode(int argc, char** argv) {
   Tokens t;
   t.prompt_k = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim, 1);
   t.prompt_v = random_buffer(s.dtype, s.batch * s.kv_heads * s.prompt * s.dim_v, 2);
-  t.q = random_buffer(s.dtype, s.steps * s.batch * s.heads * s.dim, 3);
-  t.k = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim, 4);
-  t.v = random_buffer(s.dtype, s.steps * s.batch * s.kv_heads * s.dim_v, 5);
+  const int64_t step_rows = s.steps * s.batch * s.new_tokens;
+  t.q = random_buffer(s.dtype, step_rows * s.heads * s.dim, 3);
+  t.k = random_buffer(s.dtype, step_rows * s.kv_heads * s.dim, 4);
+  t.v = random_buffer(s.dtype, step_rows * s.kv_heads * s.dim_v, 5);
 
   const Isa isa = resolve_isa(Isa::automatic);
   // The read buffer has the K/V bytes of the middle step. Caches of 4 MiB or
@@ -625,6 +639,7 @@ int cmd_decode(int argc, char** argv) {
   rep.boolean("bf16_probabilities", s.bf16_probabilities);
   rep.integer("prompt", s.prompt);
   rep.integer("steps", s.steps);
+  rep.integer("new_tokens", s.new_tokens);
   rep.integer("threads", threads);
   rep.text("isa", isa_name(isa));
   rep.boolean("paged", paged);
@@ -632,8 +647,11 @@ int cmd_decode(int argc, char** argv) {
   else rep.null("page_size");
   rep.text("rope", "neox, theta 500000");
   rep.integer("rotary_dim", rotary_dim);
-  rep.number("ms_per_token", main.ms_per_token);
-  rep.number("tokens_per_s", double(s.batch) * 1e3 / main.ms_per_token);
+  // Per token: a step's time over the N tokens it appends per sequence.
+  const auto per_token = [&](const LoopResult& r) { return r.ms_per_step / double(s.new_tokens); };
+  rep.number("ms_per_step", main.ms_per_step);
+  rep.number("ms_per_token", per_token(main));
+  rep.number("tokens_per_s", double(s.batch * s.new_tokens) * 1e3 / main.ms_per_step);
   rep.integer("kv_bytes_per_step", main.kv_bytes_last);
   rep.number("kv_gb_per_s", main.kv_gb_per_s);
   rep.number("read_gb_per_s", read_gb);
@@ -648,7 +666,7 @@ int cmd_decode(int argc, char** argv) {
   rep.integer("evict_bytes", reader.evict_bytes());
   if (contiguous_at >= 0) {
     const LoopResult& contiguous = loops[size_t(contiguous_at)];
-    rep.number("contiguous_ms_per_token", contiguous.ms_per_token);
+    rep.number("contiguous_ms_per_token", per_token(contiguous));
     rep.number("paged_vs_contiguous", paired_ratio(contiguous, main));
   } else {
     rep.null("contiguous_ms_per_token");
@@ -656,7 +674,7 @@ int cmd_decode(int argc, char** argv) {
   }
   if (unquantized_at >= 0) {
     const LoopResult& unquantized = loops[size_t(unquantized_at)];
-    rep.number("unquantized_ms_per_token", unquantized.ms_per_token);
+    rep.number("unquantized_ms_per_token", per_token(unquantized));
     rep.number("ms_vs_unquantized", paired_ratio(main, unquantized));
   } else {
     rep.null("unquantized_ms_per_token");
@@ -664,7 +682,7 @@ int cmd_decode(int argc, char** argv) {
   }
   if (one_thread_at >= 0) {
     const LoopResult& one = loops[size_t(one_thread_at)];
-    rep.number("threads1_ms_per_token", one.ms_per_token);
+    rep.number("threads1_ms_per_token", per_token(one));
     rep.number("thread_speedup", paired_ratio(one, main));
     // What the memory itself gives T threads over one: the ceiling
     // thread_speedup has wherever one thread already streams at full speed.
@@ -677,8 +695,8 @@ int cmd_decode(int argc, char** argv) {
   if (recompute_steps > 0) {
     const double recompute_ms = time_recompute(s, t, threads, rope, recompute_steps);
     rep.integer("recompute_steps", recompute_steps);
-    rep.number("recompute_ms_per_token", recompute_ms);
-    rep.number("speedup_vs_recompute", recompute_ms / main.ms_per_token);
+    rep.number("recompute_ms_per_token", recompute_ms / double(s.new_tokens));
+    rep.number("speedup_vs_recompute", recompute_ms / main.ms_per_step);
   } else {
     rep.integer("recompute_steps", 0);
     rep.null("recompute_ms_per_token");

@@ -153,6 +153,37 @@ TEST(cliDecode, ValueHeadDim) {
   }
 }
 
+// --new-tokens N: each step appends N tokens per sequence (speculative
+// verification, chunked prefill); per-token times are the step's over N.
+TEST(cliDecode, NewTokensAppendSeveralTokensPerStep) {
+  for (const char* flags : {"--threads 2 --new-tokens 8 --paged --page-size 4", "--threads 1 --new-tokens 8 --kv-dtype int8",
+                            "--threads 1 --new-tokens 40 --kv-dtype fp8_e4m3 --batch 2"}) {
+    const Json j = decode_json(flags);
+    const double n = number(j, "new_tokens"), batch = number(j, "batch");
+    EXPECT_EQ(n, std::string(flags).find("40") != std::string::npos ? 40 : 8) << flags;
+    // The last step's cache: 64 prompt tokens and 4 steps of N, 2 KV heads of
+    // 32 + 32 dims (bf16 2 bytes; int8 1 byte and two 4-byte scales; fp8 1 byte).
+    const std::string kv = j.get("kv_dtype")->str;
+    const double per_token = kv == "bf16" ? 64 * 2 : kv == "int8" ? 64 + 8 : 64;
+    EXPECT_EQ(number(j, "kv_bytes_per_step"), batch * 2 * (64 + 4 * n) * per_token) << flags;
+    const double step = number(j, "ms_per_step");
+    EXPECT_GT(step, 0) << flags;
+    EXPECT_NEAR(number(j, "ms_per_token"), step / n, 1e-9 * step) << flags;
+    EXPECT_NEAR(number(j, "tokens_per_s"), batch * n * 1e3 / step, 1e-6 * number(j, "tokens_per_s")) << flags;
+    EXPECT_GT(number(j, "speedup_vs_recompute"), 0) << flags;
+  }
+  // Positions past int32 (2^16 steps of 2^16 tokens) name the flag.
+  TempDir dir;
+  const Result r = run_cli("decode --prompt 16 --steps 65536 --new-tokens 65536 --json", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--new-tokens: --prompt plus --steps x --new-tokens is too long"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  // The default is one token per step.
+  const Json one = decode_json("--threads 1");
+  EXPECT_EQ(number(one, "new_tokens"), 1);
+  EXPECT_EQ(number(one, "ms_per_token"), number(one, "ms_per_step"));
+}
+
 TEST(cliDecode, UsageErrorsNameTheFlag) {
   TempDir dir;
   const struct {
@@ -166,6 +197,8 @@ TEST(cliDecode, UsageErrorsNameTheFlag) {
       {"--rotary-dim 256", "--rotary-dim"},  // past --dim 128
       {"--rotary-dim 0", "--rotary-dim"},
       {"--steps 0", "--steps"},
+      {"--new-tokens 0", "--new-tokens"},
+      {"--new-tokens 65537", "--new-tokens"},
       {"--dtype fp64", "fp64"},
       {"--kv-dtype int4", "--kv-dtype"},
       {"--dtype fp32 --kv-dtype bf16", "--kv-dtype bf16 differs from --dtype fp32"},
