@@ -43,10 +43,6 @@ int effective_threads(int requested) {
 
 Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   Problem p = describe(args);
-  // A quantized cache takes the fp32 products here (its packed tiles convert
-  // int8 / fp8 to fp32; decode reads the cache in place), and the bf16 ones
-  // below where a step stacks more rows than the few-rows products take.
-  p.product = args.kv.quant == KvQuant::none ? tile_product(isa, args.dtype) : TileProduct::fp32_fma;
   TileShape tiles = choose_tiles(isa, args.shape.head_dim, args.dtype, p.v_head_dim);
   p.block_q = args.block_q > 0 ? args.block_q : tiles.block_q;
   p.block_kv = args.block_kv > 0 ? args.block_kv : tiles.block_kv;
@@ -57,6 +53,15 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
     for (int64_t b = 0; b < args.shape.batch; ++b)
       max_nq = max64(max_nq, args.cu_seqlens_q[b + 1] - args.cu_seqlens_q[b]);
   }
+  // A quantized cache takes the fp32 products where a step stacks at most
+  // the few-rows products' rows (decode reads the cache in place; fp32 and
+  // fp16 queries: packed tiles convert int8 / fp8 to fp32), and the rung's
+  // products (bf16 for bf16 queries) with their wider tiles (below) in steps
+  // that stack more: prefill, chunked prefill, speculative verification, MLA
+  // decode. Checked again once heads_per_item is known (below).
+  const bool quantized_stacks_many = p.group * min64(p.block_q, max64(1, max_nq)) > kFewRowsMax;
+  p.product = args.kv.quant == KvQuant::none || quantized_stacks_many ? tile_product(isa, args.dtype)
+                                                                        : TileProduct::fp32_fma;
   // bf16 products without a band take wider tiles where they still fit L2:
   // each P V product reuses its accumulator tiles over more keys, and on AMX
   // each packed K/V tile serves more query rows. avx512bf16: 256 keys, else
@@ -131,12 +136,11 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   const int64_t group_items = (p.group + head_cap - 1) / head_cap;
   p.heads_per_item = int((p.group + group_items - 1) / group_items);
   // bf16 queries against an int8 / fp8 e4m3 cache in steps of more than the
-  // few-rows products' rows (prefill, chunked prefill, MLA decode): the bf16
-  // products, their packed tiles converted to bf16 exactly
-  // (Bf16Operands::stage_rows), with the cache model's tiles (the wider bf16
-  // tiles above are for unquantized calls).
-  if (args.kv.quant != KvQuant::none && int64_t(p.heads_per_item) * p.block_q > kFewRowsMax)
-    p.product = tile_product(isa, args.dtype);
+  // few-rows products' rows: the bf16 products, their packed tiles converted
+  // to bf16 exactly (Bf16Operands::stage_rows), with the wider tiles above.
+  // Measured (AMD EPYC Zen 4, `tileattn decode --new-tokens 512`): docs/inference.md.
+  if (args.kv.quant != KvQuant::none && int64_t(p.heads_per_item) * p.block_q <= kFewRowsMax)
+    p.product = TileProduct::fp32_fma;
   // Decode steps stacking more rows than the few-rows products take (MLA)
   // on bf16 products: the widest of 256 or 128 keys whose per-thread scratch
   // (bf16 K/V tiles, not the cache model's fp32 ones) fits L2, as unbanded

@@ -54,7 +54,7 @@ class Fp32Operands {
         q_scale_(query_scale(p)),
         q_tile_(scratch + l.q_tile), k_t_(scratch + l.k_tile), v_tile_(scratch + l.v_tile) {}
 
-  void begin_item(bool /*p_from_exponentials*/) {}
+  void begin_item(bool /*p_from_exponentials*/, int64_t /*rows_per_kv_tile*/) {}
   void end_item() {}
 
   float deferred_scale() const { return deferred_score_scale(p_); }
@@ -171,11 +171,26 @@ class Bf16Operands {
       if constexpr (K::kLoOnInt8) lo_int8_ = p_lo_ != nullptr && !p_in_place_ && K::lo_on_int8_take();
   }
 
+  // A quantized cache's V scales of the tile being packed ((kv_pad) floats,
+  // filled before each pack_v): exponentials() writes P times them (the
+  // main loop's scale_columns, fused), the row sums staying P's own.
+  void scale_p_columns_by(const float* v_scales) { v_scales_ = v_scales; }
+
   // p_from_exponentials: the item's P comes from exponentials() (else from
-  // fp32 rows, accumulate's p), so its tiles may take lo on int8 products.
-  void begin_item(bool p_from_exponentials) {
+  // fp32 rows, accumulate's p), so its tiles may take lo on int8 products
+  // where more than kLoInt8MinRows stacked rows share each V tile
+  // (rows_per_kv_tile): V's int8 pack (pack_v_int8, per tile and KV head)
+  // is then paid for. AMD EPYC Zen 4, `tileattn decode --prompt 8192
+  // --new-tokens N`, 2 threads, Llama-3-8B heads (4 query heads per KV
+  // head), per-step ratio to the bf16 cache's step, 3 rounds: int8 cache,
+  // 16 rows (N 4) 1.16-1.22 with the int8 lo against 1.11-1.14 with the
+  // bf16 lo, fp8 1.25-1.35 against 1.19-1.24; 32 rows (N 8) even
+  // (1.12-1.20 / 1.10-1.16); 64 rows (N 16) 1.10 against 1.11-1.14; a bf16
+  // cache's own step at 16 rows even (3.87-4.08 against 3.79-4.00 ms).
+  static constexpr int64_t kLoInt8MinRows = 32;
+  void begin_item(bool p_from_exponentials, int64_t rows_per_kv_tile) {
     K::bf16_begin();
-    lo_int8_item_ = lo_int8_ && p_from_exponentials;
+    lo_int8_item_ = lo_int8_ && p_from_exponentials && rows_per_kv_tile > kLoInt8MinRows;
     tile_lo_int8_ = false;
   }
   void end_item() { K::bf16_end(); }
@@ -192,7 +207,19 @@ class Bf16Operands {
     K::bf16_pack_v(rows, n, p_.v_head_dim, stride, v_tile_, bf16_kv_pad_);
     if constexpr (requires { K::kLoOnInt8; })
       if (lo_int8_item_)
-        tile_lo_int8_ = K::lo_int8_pack_v(v_tile_, bf16_kv_pad_, p_.v_head_dim_padded, v_q_, v_q_scales_);
+        tile_lo_int8_ = scales_take_lo_int8(n) &&
+                        K::lo_int8_pack_v(v_tile_, bf16_kv_pad_, p_.v_head_dim_padded, v_q_, v_q_scales_);
+  }
+
+  // The tile's V scales (a quantized cache; none: true) within [2^-40, 2^40]:
+  // P times them keeps lo's bytes above lo_int8.hpp's row floor (2^-100)
+  // wherever P is above 2^-52 of its row's running max. Others keep the
+  // bf16 lo, as their P V did before.
+  bool scales_take_lo_int8(int64_t n) const {
+    if (!v_scales_) return true;
+    bool in_range = true;
+    for (int64_t c = 0; c < n; ++c) in_range &= v_scales_[c] >= 0x1p-40f && v_scales_[c] <= 0x1p40f;
+    return in_range;
   }
 
   // The factor the softmax still applies to the scores (1: none; problem.hpp).
@@ -291,16 +318,16 @@ class Bf16Operands {
     if (p_in_place_) {
       uint16_t* hi = reinterpret_cast<uint16_t*>(s);  // the scores' own rows
       K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, hi, hi + kInPlaceLo, 2 * lds, kInPlaceStep,
-                         tick);
+                         v_scales_, tick);
       return;
     }
     if constexpr (requires { K::kLoOnInt8; })
       if (tile_lo_int8_)
         return K::exp2_split_rows_lo_int8(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
                                           bf16_kv_pad_, lo_bytes() + r0 * bf16_kv_pad_, bf16_kv_pad_,
-                                          p_lo_scales_ + r0, lo_offsets_ + r0);
+                                          p_lo_scales_ + r0, lo_offsets_ + r0, v_scales_);
     K::exp2_split_rows(s, lds, rows, n, k, scale, row_max, sums, p_hi_ + r0 * bf16_kv_pad_,
-                       p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, 32, tick);
+                       p_lo_ ? p_lo_ + r0 * bf16_kv_pad_ : nullptr, bf16_kv_pad_, 32, v_scales_, tick);
   }
 
   // Runs the queued blocks' steps that have not run yet.
@@ -415,6 +442,7 @@ class Bf16Operands {
   uint16_t* staged_ = nullptr;
   float* staged_f32_ = nullptr;
   const void** staged_rows_ = nullptr;
+  const float* v_scales_ = nullptr;  // scale_p_columns_by: the tile's V scales, or null
   bool p_in_place_ = false;  // the exponentials' P over S (constructor)
   bool lo_int8_ = false;       // the rung can take P V's lo on int8 products (constructor)
   bool lo_int8_item_ = false;  // and this item's P comes from the exponentials (begin_item)
@@ -430,6 +458,8 @@ class ForwardMainloop {
     kv_pad_ = layout_.kv_pad;
     k_scales_ = scratch + layout_.kv_scales;  // quantized_: (kv_pad) K scales, then (kv_pad) V scales
     v_scales_ = k_scales_ + kv_pad_;
+    if constexpr (Operands::kOwnExponentials)
+      if (quantized_) operands_.scale_p_columns_by(v_scales_);
     acc_ = scratch + layout_.acc;          // (heads * rows, Dv_pad), un-normalized O
     row_max_ = scratch + layout_.row_max;  // (heads * rows), log2 units
     row_sum_ = scratch + layout_.row_sum;  // (heads * rows)
@@ -510,10 +540,11 @@ class ForwardMainloop {
     rows_ = w.q_end - w.q_begin;
     const int64_t dvp = p_.v_head_dim_padded;
     const int64_t stacked = w.head_count * rows_;
-    // Dropout scales P in place, and the few-rows products read it there.
-    // (Quantized caches scale P by the V scales there too.)
-    p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f && !quantized_;
-    if (!direct_) operands_.begin_item(p_in_operands_);
+    // Dropout scales P in place, and the few-rows products read it there
+    // (with a quantized cache's V scales, scale_columns). The operands' own
+    // exponentials take the V scales themselves (scale_p_columns_by).
+    p_in_operands_ = Operands::kOwnExponentials && !direct_ && a_.dropout_p == 0.0f;
+    if (!direct_) operands_.begin_item(p_in_operands_, w.head_count / w.kv_head_count * rows_);
     load_q_tiles(seq, w);
     // Rows that are not all finite take the fp32 products (NaN and infinity
     // as the reference has them).
@@ -599,13 +630,13 @@ class ForwardMainloop {
                                       p_.v_head_dim * int64_t(dtype_size(kv_dtype_)));
             }
           }
-        } else {
-          load_kv_tile(seq, w.batch, kv_head, j_begin, n);
         }
+        // The scales first: packing V looks at them (Bf16Operands::pack_v).
         if (quantized_) {
           fill_key_scales(a_.kv.k_scale, a_.kv.k_scale_stride, seq, w.batch, kv_head, j_begin, n, k_scales_);
           fill_key_scales(a_.kv.v_scale, a_.kv.v_scale_stride, seq, w.batch, kv_head, j_begin, n, v_scales_);
         }
+        if (!direct_) load_kv_tile(seq, w.batch, kv_head, j_begin, n);
         prefetch_.reset(nullptr, 0, 0);
         if (next_n > 0 && !direct_) queue_next_tile(seq, w.batch, next_kv_head, next_begin, next_n);
         // Stacked rows of the product of heads [g0, g0 + heads_per_gemm).
@@ -671,6 +702,9 @@ class ForwardMainloop {
           for (int64_t b0 = 0; b0 < m; b0 += band_rows) {
             const int64_t sb = s0 + b0, mb = min64(band_rows, m - b0), b1 = b0 + band_rows;
             const int64_t t0 = rows_of_band(b0);
+            // A quantized cache's K scales, on scores that have finished
+            // (queued ones too).
+            if (quantized_) scale_columns(mb, nb, k_scales_, t0);
             if (needs_mask_step(p_, band_partial, mask_tensor))
               apply_mask(seq, w, sb, mb, j_begin, nb, band_partial, t0, mask_tensor);
             const int64_t nb_next = b1 < m ? keys_of_band(b1) : 0;
@@ -721,7 +755,6 @@ class ForwardMainloop {
     } else {
       operands_.scores(s0, m, n, s_tile_ + t0 * kv_pad_, kv_pad_, &prefetch_);
     }
-    if (quantized_) scale_columns(m, n, k_scales_, t0);
   }
 
   // The few-rows scores (direct_), unscaled by a quantized cache's K scales:
@@ -744,9 +777,8 @@ class ForwardMainloop {
   }
 
   // Quantized K/V: s_tile rows [t0, t0 + m), column c *= scales[c] (the K
-  // scales on the scores, the V scales on P after the softmax has summed it).
-  // Quantized caches take the fp32 operands (plan_forward), whose products
-  // run where they are called, so the scores are there to scale.
+  // scales on a band's finished scores, the V scales on P after the softmax
+  // has summed it, where P is in the score tile: few-rows products, dropout).
   void scale_columns(int64_t m, int64_t n, const float* scales, int64_t t0) {
     for (int64_t t = 0; t < m; ++t) {
       float* row = s_tile_ + (t0 + t) * kv_pad_;
@@ -799,7 +831,7 @@ class ForwardMainloop {
   // acc (stacked rows [s0, s0 + m)) += P V.
   void accumulate(int64_t s0, int64_t m, int64_t n, int64_t t0) {
     const int64_t dp = p_.v_head_dim_padded, d = p_.v_head_dim;
-    if (quantized_) scale_columns(m, n, v_scales_, t0);
+    if (quantized_ && !p_in_operands_) scale_columns(m, n, v_scales_, t0);
     if constexpr (kHasFewRows) {
       if (direct_) {
         if constexpr (requires { K::kFewRowsDotProbabilities; })

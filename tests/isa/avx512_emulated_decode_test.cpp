@@ -21,6 +21,7 @@
 
 #include "core/forward_plan.hpp"
 #include "core/half.hpp"
+#include "isa/bf16_kernel_sets.hpp"
 #include "isa/emulated_avx512_forward.hpp"
 #include "isa/emulated_bf16_forward.hpp"
 #include "isa/native_few_rows_kernels.hpp"
@@ -321,24 +322,39 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
 // bf16 queries against an int8 or fp8 e4m3 cache in steps past the few-rows
 // limit (9 rows of one group, 4 heads x 4 tokens, 40 tokens: chunked prefill):
 // the packed products of the emulated avx512bf16 and amx rungs run on bf16,
-// the cache's bytes converted to bf16 rows (Bf16Operands::stage_rows), the
-// scales on the scores and on P as before. Against the float64 reference over
-// the dequantized K/V, split keys included; on avx512bf16 the vdpbf16ps count
-// shows the bf16 products ran.
+// the cache's bytes converted to bf16 rows (Bf16Operands::stage_rows), the K
+// scales on each band's finished scores, P times the V scales written by the
+// exponentials. With the plan's key tiles and with 128-key tiles, whose
+// 32-row bands the amx rung queues (the scores finish after the next call).
+// Against the float64 reference over the dequantized K/V, split keys
+// included; on avx512bf16 the vdpbf16ps count shows the bf16 products ran,
+// and the vpdpbusd count that P V's lo ran on int8 products where more than
+// 32 rows share a V tile (40 tokens; Bf16Operands::begin_item), except where
+// a tile's V scales leave [2^-40, 2^40] (V scales times 2^-45: the bf16 lo).
 TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
   for (Isa isa : {Isa::avx512bf16, Isa::amx})
     for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
       for (const Stack& st : {Stack{9, 1}, Stack{4, 4}, Stack{1, 40}})
         for (int64_t head_dim : {59, 128})
-          for (int64_t seqlen_k : {100, 1100}) {
-            CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
-            const QuantizedCopy quantized(data, quant);
-            SCOPED_TRACE(data.c.name() + " " + kv_quant_name(quant) + " on the emulated " + isa_name(isa) + " rung");
-            const int64_t before = emulated_bf16_dot_count();
-            ASSERT_TRUE(emulated_bf16_forward(quantized.args, isa));
-            if (isa == Isa::avx512bf16) EXPECT_GT(emulated_bf16_dot_count(), before);
-            expect_matches_float64(quantized, data);
-          }
+          for (int64_t seqlen_k : {100, 1100})
+            for (int block_kv : {0, 128})
+              for (bool tiny_v_scales : {false, true}) {
+                if (tiny_v_scales && (head_dim != 128 || block_kv != 0)) continue;
+                CaseData data(decode_case(st, DType::bf16, head_dim, seqlen_k));
+                QuantizedCopy quantized(data, quant);
+                quantized.args.block_kv = block_kv;
+                if (tiny_v_scales)
+                  for (float& scale : quantized.v_scale) scale *= 0x1p-45f;
+                SCOPED_TRACE(data.c.name() + " " + kv_quant_name(quant) + " on the emulated " + isa_name(isa) +
+                             " rung, block_kv " + std::to_string(block_kv) + (tiny_v_scales ? ", tiny V scales" : ""));
+                const int64_t dots = emulated_bf16_dot_count(), int8_dots = emulated_int8_dot_count();
+                ASSERT_TRUE(emulated_bf16_forward(quantized.args, isa));
+                if (isa == Isa::avx512bf16) {
+                  EXPECT_GT(emulated_bf16_dot_count(), dots);
+                  EXPECT_EQ(emulated_int8_dot_count() > int8_dots, st.group * st.seqlen_q > 32 && !tiny_v_scales);
+                }
+                expect_matches_float64(quantized, data);
+              }
 }
 
 // A bf16 cache on the emulated avx512bf16 and amx rungs: the decode scores

@@ -197,10 +197,12 @@ struct Bf16Packing {
   // step: elements of a hi / lo row from one 32-column piece to the next (32:
   // contiguous rows; 64: hi and lo interleaved by pieces in one row, which may
   // be the scores' own row: piece c's 128 bytes are written after they are read).
+  // col_scale (n floats, or null): P's column c is written times col_scale[c]
+  // (a quantized cache's V scales), the sums staying those of P.
   template <class Tick>
   static void exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                               const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
-                              int64_t step, Tick&& tick);
+                              int64_t step, const float* col_scale, Tick&& tick);
 };
 
 // The softmax's exponentials of one row group, written straight into the
@@ -210,12 +212,14 @@ struct Bf16Packing {
 // sums[g] their fp32 sum, added in exp2_sum_rows' lane order. No fp32 P is
 // stored and read back; the scores stay as they are unless hi / lo are their
 // own rows (step 64, the amx rung). kLo false: hi alone
-// (ForwardArgs::bf16_probabilities). tick(G) after each 32 columns: the
-// caller's work to interleave (queued tile steps on AMX).
+// (ForwardArgs::bf16_probabilities). col_scale non-null: the split P is P
+// times col_scale[c] in fp32 (a quantized cache's V scales: the product the
+// main loop's scale_columns forms), the sums P's own. tick(G) after each 32
+// columns: the caller's work to interleave (queued tile steps on AMX).
 template <int G, bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64_t k, float scale,
                                     const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
-                                    int64_t step, Tick& tick) {
+                                    int64_t step, const float* col_scale, Tick& tick) {
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i high_words = high_word_index();
   __m512 sv[G], sum[G];
@@ -230,8 +234,12 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
       const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
       const __m512 a0 = kScaled ? _mm512_fmsub_ps(v0, scale_v, sv[g]) : _mm512_sub_ps(v0, sv[g]);
       const __m512 a1 = kScaled ? _mm512_fmsub_ps(v1, scale_v, sv[g]) : _mm512_sub_ps(v1, sv[g]);
-      const __m512 e0 = exp2_table_masked_ps(a0, m0), e1 = exp2_table_masked_ps(a1, m1);
+      __m512 e0 = exp2_table_masked_ps(a0, m0), e1 = exp2_table_masked_ps(a1, m1);
       sum[g] = _mm512_add_ps(_mm512_add_ps(sum[g], e0), e1);
+      if (col_scale) {
+        e0 = _mm512_mul_ps(e0, _mm512_maskz_loadu_ps(m0, col_scale + c));
+        e1 = _mm512_mul_ps(e1, _mm512_maskz_loadu_ps(m1, col_scale + c + 16));
+      }
       const int64_t at = g * ld16 + c / 32 * step;
       store_split(e0, e1, high_words, hi + at, kLo ? lo + at : nullptr);
     }
@@ -243,22 +251,22 @@ static inline void exp2_split_group(const float* s, int64_t ld, int64_t n, int64
 template <bool kScaled, bool kLo, class Tick>
 static inline void exp2_split_rows_of(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                                       const float* sub, float* sums, uint16_t* hi, uint16_t* lo, int64_t ld16,
-                                      int64_t step, Tick& tick) {
+                                      int64_t step, const float* col_scale, Tick& tick) {
   for (int64_t r = 0; r < rows; ++r)
     exp2_split_group<1, kScaled, kLo>(s + r * ld, ld, n, k, scale, sub + r, sums + r, hi + r * ld16,
-                                      kLo ? lo + r * ld16 : nullptr, ld16, step, tick);
+                                      kLo ? lo + r * ld16 : nullptr, ld16, step, col_scale, tick);
 }
 
 template <class Tick>
 inline void Bf16Packing::exp2_split_rows(const float* s, int64_t ld, int64_t rows, int64_t n, int64_t k,
                                          float scale, const float* sub, float* sums, uint16_t* hi, uint16_t* lo,
-                                         int64_t ld16, int64_t step, Tick&& tick) {
+                                         int64_t ld16, int64_t step, const float* col_scale, Tick&& tick) {
   if (scale != 1.0f) {
-    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, step, tick);
-    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, step, tick);
+    if (lo) exp2_split_rows_of<true, true>(s, ld, rows, n, k, scale, sub, sums, hi, lo, ld16, step, col_scale, tick);
+    else exp2_split_rows_of<true, false>(s, ld, rows, n, k, scale, sub, sums, hi, nullptr, ld16, step, col_scale, tick);
   } else {
-    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, step, tick);
-    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, step, tick);
+    if (lo) exp2_split_rows_of<false, true>(s, ld, rows, n, k, 1.0f, sub, sums, hi, lo, ld16, step, col_scale, tick);
+    else exp2_split_rows_of<false, false>(s, ld, rows, n, k, 1.0f, sub, sums, hi, nullptr, ld16, step, col_scale, tick);
   }
 }
 
@@ -373,14 +381,15 @@ struct Bf16DotKernels : Kernels, Bf16Packing {
     return pack_v_int8(v, kv_pad, d_pad, v_q, v_scale);
   }
   // exp2_split_rows with lo as lo_int8.hpp's lo_q rows (stride ld8 bytes),
-  // their lo_scale and lo_offset.
+  // their lo_scale and lo_offset (col_scale as there).
   static void exp2_split_rows_lo_int8(float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale,
                                       const float* sub, float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q,
-                                      int64_t ld8, float* lo_scale, int32_t* lo_offset) {
+                                      int64_t ld8, float* lo_scale, int32_t* lo_offset,
+                                      const float* col_scale = nullptr) {
     const auto each_row = [&]<bool kScaled>() {
       for (int64_t r = 0; r < rows; ++r)
         exp2_split_row_lo_int8<kScaled>(s + r * ld, n, k, scale, sub[r], sums + r, hi + r * ld16, lo_q + r * ld8,
-                                        lo_scale + r, lo_offset + r);
+                                        lo_scale + r, lo_offset + r, col_scale);
     };
     if (scale != 1.0f) each_row.template operator()<true>();
     else each_row.template operator()<false>();

@@ -118,10 +118,12 @@ static inline bool pack_v_int8(const uint16_t* v, int64_t kv_pad, int64_t d_pad,
 // (kScaled; else s - sub) for the row's n scores at s, hi / lo_q k elements
 // (P = 0 past n), *sum their fp32 sum in exp2_split_group's order. The fp32
 // lo (P - hi, exact) waits in s between the two passes, within the row's n
-// elements: the scores are not read after the exponentials.
+// elements: the scores are not read after the exponentials. col_scale
+// non-null: hi and lo split P times col_scale[c] (exp2_split_group's).
 template <bool kScaled>
 static inline void exp2_split_row_lo_int8(float* s, int64_t n, int64_t k, float scale, float sub, float* sum,
-                                          uint16_t* hi, int8_t* lo_q, float* lo_scale, int32_t* lo_offset) {
+                                          uint16_t* hi, int8_t* lo_q, float* lo_scale, int32_t* lo_offset,
+                                          const float* col_scale) {
   const __m512 scale_v = _mm512_set1_ps(scale), sub_v = _mm512_set1_ps(sub);
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
   __m512 total = _mm512_setzero_ps(), largest = _mm512_setzero_ps();
@@ -130,8 +132,12 @@ static inline void exp2_split_row_lo_int8(float* s, int64_t n, int64_t k, float 
     const __m512 v0 = _mm512_maskz_loadu_ps(m0, s + c), v1 = _mm512_maskz_loadu_ps(m1, s + c + 16);
     const __m512 a0 = kScaled ? _mm512_fmsub_ps(v0, scale_v, sub_v) : _mm512_sub_ps(v0, sub_v);
     const __m512 a1 = kScaled ? _mm512_fmsub_ps(v1, scale_v, sub_v) : _mm512_sub_ps(v1, sub_v);
-    const __m512 e0 = exp2_table_masked_ps(a0, m0), e1 = exp2_table_masked_ps(a1, m1);
+    __m512 e0 = exp2_table_masked_ps(a0, m0), e1 = exp2_table_masked_ps(a1, m1);
     total = _mm512_add_ps(_mm512_add_ps(total, e0), e1);
+    if (col_scale) {
+      e0 = _mm512_mul_ps(e0, _mm512_maskz_loadu_ps(m0, col_scale + c));
+      e1 = _mm512_mul_ps(e1, _mm512_maskz_loadu_ps(m1, col_scale + c + 16));
+    }
     const __m512i h = bf16_bits(_mm512_cvtne2ps_pbh(e1, e0));  // e0's 16 words, then e1's
     _mm512_storeu_si512(hi + c, h);
     const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
