@@ -331,6 +331,9 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
 // and the vpdpbusd count that P V's lo ran on int8 products where more than
 // 32 rows share a V tile (40 tokens; Bf16Operands::begin_item), except where
 // a tile's V scales leave [2^-40, 2^40] (V scales times 2^-45: the bf16 lo).
+// The tiles pack from the cache's bytes with unit element stride
+// (QuantizedRows), through staged bf16 rows otherwise (stage_rows): a copy
+// of the cache with element stride 2 gives the same output bit for bit.
 TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
   for (Isa isa : {Isa::avx512bf16, Isa::amx})
     for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
@@ -354,6 +357,17 @@ TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
                   EXPECT_EQ(emulated_int8_dot_count() > int8_dots, st.group * st.seqlen_q > 32 && !tiny_v_scales);
                 }
                 expect_matches_float64(quantized, data);
+                if (head_dim != 59 || block_kv != 0 || tiny_v_scales) continue;
+                const Outputs unit_stride(data);
+                poison_outputs(data);
+                std::vector<uint8_t> k2(2 * quantized.k.size()), v2(2 * quantized.v.size());
+                for (size_t i = 0; i < quantized.k.size(); ++i) k2[2 * i] = quantized.k[i], v2[2 * i] = quantized.v[i];
+                ForwardArgs strided = quantized.args;
+                for (int i = 0; i < 4; ++i) strided.k.stride[i] *= 2, strided.v.stride[i] *= 2;
+                strided.k.data = k2.data();
+                strided.v.data = v2.data();
+                ASSERT_TRUE(emulated_bf16_forward(strided, isa));
+                EXPECT_TRUE(Outputs(data) == unit_stride) << "element stride 2 differs from unit stride";
               }
 }
 

@@ -69,6 +69,27 @@ static inline void store_split(__m512 x0, __m512 x1, __m512i high_words, uint16_
   _mm512_storeu_si512(lo, l);
 }
 
+// Where the packers' rows come from: 32 elements from element c0 (lanes
+// `cols`, the others zero) as 32 bf16 words. Bf16Rows: bf16 rows as they are.
+struct Bf16Rows {
+  static __m512i load32(const void* row, int64_t c0, __mmask32 cols) {
+    return _mm512_maskz_loadu_epi16(cols, static_cast<const uint16_t*>(row) + c0);
+  }
+};
+// A quantized cache's int8 or fp8 e4m3 rows, unscaled, through the fp32
+// loads of the prefill tiles (Kernels::load16) and rounded to bf16, which
+// changes nothing: every int8 and every e4m3 value is a bf16 value. Packing
+// from the cache's bytes directly writes no staged bf16 rows.
+template <DType kType>
+struct QuantizedRows {
+  static __m512i load32(const void* row, int64_t c0, __mmask32 cols) {
+    const char* src = static_cast<const char*>(row) + c0;  // one byte per element
+    const __m512 lo = Kernels::load16(src, kType, __mmask16(cols));
+    const __m512 hi = Kernels::load16(src + 16, kType, __mmask16(cols >> 16));
+    return bf16_bits(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+};
+
 // Packing and conversion into the pair layout (bf16 inputs only).
 struct Bf16Packing {
   // dst[0, k) = the row's D bf16 elements, then zeros (k >= d).
@@ -89,6 +110,8 @@ struct Bf16Packing {
   // (d / 2) * 32 + (j % 16) * 2 + d % 2. Keys n..round_up(n, 16) and
   // elements D..k are zero. A pair is one 32-bit word, so a 16-key x 32-element
   // block is a 16 x 16 transpose of words (transpose16).
+  // Rows: Bf16Rows, or QuantizedRows with unit stride.
+  template <class Rows = Bf16Rows>
   static void bf16_pack_k(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
                           int64_t k) {
     const int64_t n_pad = (n + 15) / 16 * 16;
@@ -99,9 +122,7 @@ struct Bf16Packing {
           const __mmask32 cols = tail_mask32(d - c0);
           __m512 block[16];
           for (int64_t r = 0; r < 16; ++r)
-            block[r] = j0 + r < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(
-                                        cols, static_cast<const uint16_t*>(rows[j0 + r]) + c0))
-                                  : _mm512_setzero_ps();
+            block[r] = j0 + r < n ? _mm512_castsi512_ps(Rows::load32(rows[j0 + r], c0, cols)) : _mm512_setzero_ps();
           transpose16(block);
           for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(panel + (c0 / 2 + p) * 32, _mm512_castps_si512(block[p]));
         }
@@ -114,9 +135,18 @@ struct Bf16Packing {
             j < n && c < d ? static_cast<const uint16_t*>(rows[j])[c * stride] : uint16_t(0);
   }
 
+  // bf16_pack_k of a quantized cache's int8 or fp8 e4m3 rows (unit stride).
+  static void bf16_pack_k_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
+                                    int64_t k) {
+    if (type == DType::i8) bf16_pack_k<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, k);
+    else bf16_pack_k<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, k);
+  }
+
   // V (n keys of D elements) into D_pad / 16 panels of (kv_pad / 2 pair rows,
   // 16 columns, 2): element (j, c) at dst + (c / 16) * 16 * kv_pad +
   // (j / 2) * 32 + (c % 16) * 2 + j % 2; keys n..kv_pad are zero.
+  // Rows: Bf16Rows, or QuantizedRows with unit stride.
+  template <class Rows = Bf16Rows>
   static void bf16_pack_v(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
                           int64_t kv_pad) {
     const int64_t d_pad = (d + 15) / 16 * 16;
@@ -130,12 +160,12 @@ struct Bf16Packing {
       }
       const __m512i lo = _mm512_load_si512(lo_index), hi = _mm512_load_si512(hi_index);
       for (int64_t j = 0; j < kv_pad; j += 2) {
-        const uint16_t* a = j < n ? static_cast<const uint16_t*>(rows[j]) : nullptr;
-        const uint16_t* b = j + 1 < n ? static_cast<const uint16_t*>(rows[j + 1]) : nullptr;
+        const void* a = j < n ? rows[j] : nullptr;
+        const void* b = j + 1 < n ? rows[j + 1] : nullptr;
         for (int64_t c0 = 0; c0 < d_pad; c0 += 32) {
           const __mmask32 cols = tail_mask32(d - c0);
-          const __m512i ra = a ? _mm512_maskz_loadu_epi16(cols, a + c0) : _mm512_setzero_si512();
-          const __m512i rb = b ? _mm512_maskz_loadu_epi16(cols, b + c0) : _mm512_setzero_si512();
+          const __m512i ra = a ? Rows::load32(a, c0, cols) : _mm512_setzero_si512();
+          const __m512i rb = b ? Rows::load32(b, c0, cols) : _mm512_setzero_si512();
           uint16_t* out = dst + (c0 / 16) * 16 * kv_pad + (j / 2) * 32;
           _mm512_store_si512(out, _mm512_permutex2var_epi16(ra, lo, rb));
           if (c0 + 16 < d_pad) _mm512_store_si512(out + 16 * kv_pad, _mm512_permutex2var_epi16(ra, hi, rb));
@@ -147,6 +177,13 @@ struct Bf16Packing {
       for (int64_t c = 0; c < d_pad; ++c)
         dst[(c / 16) * 16 * kv_pad + (j / 2) * 32 + (c % 16) * 2 + j % 2] =
             j < n && c < d ? static_cast<const uint16_t*>(rows[j])[c * stride] : uint16_t(0);
+  }
+
+  // bf16_pack_v of a quantized cache's int8 or fp8 e4m3 rows (unit stride).
+  static void bf16_pack_v_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
+                                    int64_t kv_pad) {
+    if (type == DType::i8) bf16_pack_v<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, kv_pad);
+    else bf16_pack_v<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, kv_pad);
   }
 
   // P (m rows of n fp32, row r at p + r * ldp) as hi + lo, two bf16 rows of
