@@ -332,8 +332,10 @@ TEST_F(Avx512EmulatedDecode, Fp8CacheOnTheEmulatedDotScoresMatchesFloat64) {
 // 32 rows share a V tile (40 tokens; Bf16Operands::begin_item), except where
 // a tile's V scales leave [2^-40, 2^40] (V scales times 2^-45: the bf16 lo).
 // The tiles pack from the cache's bytes with unit element stride
-// (QuantizedRows), through staged bf16 rows otherwise (stage_rows): a copy
-// of the cache with element stride 2 gives the same output bit for bit.
+// (QuantizedRows; fp8 on the byte permutes, E4m3PermuteRows, whose count
+// shows), through staged bf16 rows otherwise (stage_rows): a copy of the
+// cache with element stride 2 gives the same output bit for bit, and so do
+// fp8 rows through the fp32 loads (CPUs without VBMI).
 TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
   for (Isa isa : {Isa::avx512bf16, Isa::amx})
     for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
@@ -351,7 +353,9 @@ TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
                 SCOPED_TRACE(data.c.name() + " " + kv_quant_name(quant) + " on the emulated " + isa_name(isa) +
                              " rung, block_kv " + std::to_string(block_kv) + (tiny_v_scales ? ", tiny V scales" : ""));
                 const int64_t dots = emulated_bf16_dot_count(), int8_dots = emulated_int8_dot_count();
+                const int64_t permutes = emulated_byte_permute_count();
                 ASSERT_TRUE(emulated_bf16_forward(quantized.args, isa));
+                EXPECT_EQ(emulated_byte_permute_count() > permutes, quant == KvQuant::fp8_e4m3);
                 if (isa == Isa::avx512bf16) {
                   EXPECT_GT(emulated_bf16_dot_count(), dots);
                   EXPECT_EQ(emulated_int8_dot_count() > int8_dots, st.group * st.seqlen_q > 32 && !tiny_v_scales);
@@ -368,6 +372,15 @@ TEST_F(Avx512EmulatedDecode, QuantizedCachePrefillOnTheEmulatedBf16Products) {
                 strided.v.data = v2.data();
                 ASSERT_TRUE(emulated_bf16_forward(strided, isa));
                 EXPECT_TRUE(Outputs(data) == unit_stride) << "element stride 2 differs from unit stride";
+                if (quant != KvQuant::fp8_e4m3) continue;
+                poison_outputs(data);
+                emulated_fp8_rows_on_fp32(true);
+                const int64_t before = emulated_byte_permute_count();
+                const bool ran = emulated_bf16_forward(quantized.args, isa);
+                emulated_fp8_rows_on_fp32(false);
+                ASSERT_TRUE(ran);
+                EXPECT_EQ(emulated_byte_permute_count(), before) << "fp8 rows on the fp32 loads ran permutes";
+                EXPECT_TRUE(Outputs(data) == unit_stride) << "fp8 rows on the fp32 loads differ";
               }
 }
 

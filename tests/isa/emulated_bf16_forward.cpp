@@ -42,6 +42,8 @@ bool emulated_bf16_forward(const ForwardArgs& args, Isa isa) {
 }
 
 
+void emulated_fp8_rows_on_fp32(bool on) { detail::bf16_emulated::Bf16DotKernels::fp8_rows_on_fp32 = on; }
+
 int64_t emulated_byte_permute_count() { return avx512_emulation::byte_permute_count.load(); }
 int64_t emulated_bf16_dot_count() { return avx512_emulation::bf16_dot_count.load(); }
 

@@ -16,6 +16,10 @@ namespace tileattn::testing {
 // AVX2/FMA/F16C): the caller then skips.
 [[nodiscard]] bool emulated_bf16_forward(const ForwardArgs& args, Isa isa);
 
+// The emulated rungs' packers read fp8 e4m3 K/V rows through the fp32 loads
+// (a CPU without VBMI) while `on`, else on the byte permutes (default).
+void emulated_fp8_rows_on_fp32(bool on);
+
 // vpermt2b instructions the AVX-512 emulation has run so far, all threads
 // (the fp8 -> bf16 conversion of the avx512bf16 rung's decode scores,
 // few_rows_dot.hpp).

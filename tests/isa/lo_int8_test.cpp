@@ -132,7 +132,9 @@ void check_exponentials(const Bf16KernelSet& set, ExpRows& e) {
       // hi + lo: P within half a step of the row's lo (2^-16 of its largest P).
       ASSERT_LE(std::fabs(hi + q * double(e.lo_scale[r]) - p), std::ldexp(largest_p, -16) + 4e-7 * p)
           << "row " << r << " key " << j;
-      if (j >= ExpRows::kN) ASSERT_EQ(q, 0) << "past n";
+      if (j >= ExpRows::kN) {
+        ASSERT_EQ(q, 0) << "past n";
+      }
     }
     EXPECT_NEAR(e.sums[r], sum, 1e-6 * sum) << "row " << r;
     EXPECT_EQ(e.lo_offset[r], 128 * q_sum) << "row " << r;

@@ -89,6 +89,19 @@ struct QuantizedRows {
     return bf16_bits(_mm512_cvtne2ps_pbh(hi, lo));
   }
 };
+#ifdef TILEATTN_E4M3_PERMUTES
+// fp8 e4m3 rows as bf16 on AVX512-VBMI byte permutes (E4m3ToBf16, its tables
+// held in registers for a whole pack): three permutes and two logic
+// instructions per 32 elements where the fp32 route takes about twenty.
+struct E4m3PermuteRows {
+  few_rows16::E4m3ToBf16 to_bf16;
+  __m512i load32(const void* row, int64_t c0, __mmask32 cols) const {
+    __m512i k0, k1;
+    to_bf16(_mm512_maskz_loadu_epi8(__mmask64(cols), static_cast<const char*>(row) + c0), k0, k1);
+    return k0;  // the 32 loaded elements (k1 converts the 32 zero bytes after them)
+  }
+};
+#endif
 
 // Packing and conversion into the pair layout (bf16 inputs only).
 struct Bf16Packing {
@@ -110,10 +123,10 @@ struct Bf16Packing {
   // (d / 2) * 32 + (j % 16) * 2 + d % 2. Keys n..round_up(n, 16) and
   // elements D..k are zero. A pair is one 32-bit word, so a 16-key x 32-element
   // block is a 16 x 16 transpose of words (transpose16).
-  // Rows: Bf16Rows, or QuantizedRows with unit stride.
+  // load: Bf16Rows, or with unit stride QuantizedRows / E4m3PermuteRows.
   template <class Rows = Bf16Rows>
   static void bf16_pack_k(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
-                          int64_t k) {
+                          int64_t k, const Rows& load = Rows{}) {
     const int64_t n_pad = (n + 15) / 16 * 16;
     if (stride == 1) {
       for (int64_t j0 = 0; j0 < n_pad; j0 += 16) {
@@ -122,7 +135,7 @@ struct Bf16Packing {
           const __mmask32 cols = tail_mask32(d - c0);
           __m512 block[16];
           for (int64_t r = 0; r < 16; ++r)
-            block[r] = j0 + r < n ? _mm512_castsi512_ps(Rows::load32(rows[j0 + r], c0, cols)) : _mm512_setzero_ps();
+            block[r] = j0 + r < n ? _mm512_castsi512_ps(load.load32(rows[j0 + r], c0, cols)) : _mm512_setzero_ps();
           transpose16(block);
           for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(panel + (c0 / 2 + p) * 32, _mm512_castps_si512(block[p]));
         }
@@ -135,20 +148,13 @@ struct Bf16Packing {
             j < n && c < d ? static_cast<const uint16_t*>(rows[j])[c * stride] : uint16_t(0);
   }
 
-  // bf16_pack_k of a quantized cache's int8 or fp8 e4m3 rows (unit stride).
-  static void bf16_pack_k_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
-                                    int64_t k) {
-    if (type == DType::i8) bf16_pack_k<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, k);
-    else bf16_pack_k<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, k);
-  }
-
   // V (n keys of D elements) into D_pad / 16 panels of (kv_pad / 2 pair rows,
   // 16 columns, 2): element (j, c) at dst + (c / 16) * 16 * kv_pad +
   // (j / 2) * 32 + (c % 16) * 2 + j % 2; keys n..kv_pad are zero.
-  // Rows: Bf16Rows, or QuantizedRows with unit stride.
+  // load: Bf16Rows, or with unit stride QuantizedRows / E4m3PermuteRows.
   template <class Rows = Bf16Rows>
   static void bf16_pack_v(const void* const* rows, int64_t n, int64_t d, int64_t stride, uint16_t* dst,
-                          int64_t kv_pad) {
+                          int64_t kv_pad, const Rows& load = Rows{}) {
     const int64_t d_pad = (d + 15) / 16 * 16;
     if (stride == 1) {
       // Words 0..15 interleave the first 16 elements of rows a and b, words
@@ -164,8 +170,8 @@ struct Bf16Packing {
         const void* b = j + 1 < n ? rows[j + 1] : nullptr;
         for (int64_t c0 = 0; c0 < d_pad; c0 += 32) {
           const __mmask32 cols = tail_mask32(d - c0);
-          const __m512i ra = a ? Rows::load32(a, c0, cols) : _mm512_setzero_si512();
-          const __m512i rb = b ? Rows::load32(b, c0, cols) : _mm512_setzero_si512();
+          const __m512i ra = a ? load.load32(a, c0, cols) : _mm512_setzero_si512();
+          const __m512i rb = b ? load.load32(b, c0, cols) : _mm512_setzero_si512();
           uint16_t* out = dst + (c0 / 16) * 16 * kv_pad + (j / 2) * 32;
           _mm512_store_si512(out, _mm512_permutex2var_epi16(ra, lo, rb));
           if (c0 + 16 < d_pad) _mm512_store_si512(out + 16 * kv_pad, _mm512_permutex2var_epi16(ra, hi, rb));
@@ -177,13 +183,6 @@ struct Bf16Packing {
       for (int64_t c = 0; c < d_pad; ++c)
         dst[(c / 16) * 16 * kv_pad + (j / 2) * 32 + (c % 16) * 2 + j % 2] =
             j < n && c < d ? static_cast<const uint16_t*>(rows[j])[c * stride] : uint16_t(0);
-  }
-
-  // bf16_pack_v of a quantized cache's int8 or fp8 e4m3 rows (unit stride).
-  static void bf16_pack_v_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
-                                    int64_t kv_pad) {
-    if (type == DType::i8) bf16_pack_v<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, kv_pad);
-    else bf16_pack_v<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, kv_pad);
   }
 
   // P (m rows of n fp32, row r at p + r * ldp) as hi + lo, two bf16 rows of
@@ -393,12 +392,54 @@ static inline void bf16_dot_gemm(int64_t m, int64_t n, int64_t k, const uint16_t
 #include "isa/avx512bf16/few_rows_dot.hpp"
 #include "isa/avx512bf16/lo_int8.hpp"
 
+namespace tileattn::detail {
+// Bf16Packing::bf16_pack_k / bf16_pack_v of fp8 e4m3 rows (unit stride) on
+// AVX512-VBMI byte permutes (E4m3PermuteRows), compiled in few_rows_vbmi.cpp.
+void bf16_pack_k_e4m3(const void* const* rows, int64_t n, int64_t d, uint16_t* dst, int64_t k);
+void bf16_pack_v_e4m3(const void* const* rows, int64_t n, int64_t d, uint16_t* dst, int64_t kv_pad);
+}  // namespace tileattn::detail
+
 namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 
 
 // The avx512bf16 rung: the AVX-512 Kernels plus bf16 products on vdpbf16ps.
 struct Bf16DotKernels : Kernels, Bf16Packing {
   static constexpr bool kBf16Products = true;
+  // bf16_pack_k / bf16_pack_v of a quantized cache's int8 or fp8 e4m3 rows
+  // (unit stride): fp8 on VBMI byte permutes where CPUID has VBMI (the
+  // emulation: always; fp32_fp8_rows forces the fp32 route there).
+  static void bf16_pack_k_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
+                                    int64_t k) {
+    if (type == DType::i8) return bf16_pack_k<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, k);
+    if (!fp32_fp8_rows()) {
+#ifdef TILEATTN_AVX512_EMULATION
+      return bf16_pack_k<E4m3PermuteRows>(rows, n, d, 1, dst, k);
+#else
+      return bf16_pack_k_e4m3(rows, n, d, dst, k);
+#endif
+    }
+    bf16_pack_k<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, k);
+  }
+  static void bf16_pack_v_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
+                                    int64_t kv_pad) {
+    if (type == DType::i8) return bf16_pack_v<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, kv_pad);
+    if (!fp32_fp8_rows()) {
+#ifdef TILEATTN_AVX512_EMULATION
+      return bf16_pack_v<E4m3PermuteRows>(rows, n, d, 1, dst, kv_pad);
+#else
+      return bf16_pack_v_e4m3(rows, n, d, dst, kv_pad);
+#endif
+    }
+    bf16_pack_v<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, kv_pad);
+  }
+  // fp8 rows through the fp32 loads: CPUs without VBMI (Cooper Lake), and
+  // the emulation when a test asks (emulated_fp8_rows_on_fp32).
+#ifdef TILEATTN_AVX512_EMULATION
+  static inline bool fp8_rows_on_fp32 = false;
+  static bool fp32_fp8_rows() { return fp8_rows_on_fp32; }
+#else
+  static bool fp32_fp8_rows() { return !few_rows_dot_vbmi(); }
+#endif
   static void bf16_begin() {}
   static void bf16_end() {}
   // C (m, n) (+)= A (m, k) B (k, n) [+ A_lo (m, k) B], in the pair layout
