@@ -207,3 +207,36 @@ def test_quantized_cache_under_autograd_is_not_supported():
     with pytest.raises(NotImplementedError, match="k_scale"):
         tileattn.attention_with_kvcache(q, kc, kc.clone(), cache_seqlens=1, k_scale=torch.ones(1, 2, 8),
                                         v_scale=torch.ones(1, 2, 8))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("new", [4, 40])
+def test_chunked_prefill_against_a_quantized_cache(cache_dtype, new):
+    # bf16 queries of `new` tokens per sequence (GQA 8 / 2: 16 or 160 rows per KV head, past the
+    # few-rows products' 8) appended to 300 cached tokens, attending causally (bottom-right): on
+    # the avx512bf16 and amx rungs the bf16 products with the cache's bytes packed as bf16 and the
+    # V scales on P (speculative verification, chunked prefill); against float64 attention over
+    # the dequantized cache by the tolerance rule.
+    gen = torch.Generator().manual_seed(7)
+    b, h, hk, d, n0 = 2, 8, 2, 128, 300
+    cap = n0 + new
+    k = torch.randn(b, hk, cap, d, generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(b, hk, cap, d, generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(b, h, new, d, generator=gen, dtype=torch.bfloat16)
+    kc = torch.zeros(b, hk, cap, d, dtype=cache_dtype)
+    vc = torch.zeros_like(kc)
+    if cache_dtype == torch.int8:
+        ks, vs = torch.zeros(b, hk, cap), torch.zeros(b, hk, cap)
+    else:
+        ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.005, 0.01])
+    tileattn.attention_with_kvcache(q[:, :, :1], kc, vc, k[:, :, :n0], v[:, :, :n0], cache_seqlens=0,
+                                    k_scale=ks, v_scale=vs)
+    o, lse = tileattn.attention_with_kvcache(q, kc, vc, k[:, :, n0:], v[:, :, n0:], cache_seqlens=n0,
+                                             k_scale=ks, v_scale=vs, return_lse=True)
+    if cache_dtype == torch.int8:
+        k_deq, v_deq = kc.double() * ks.double()[..., None], vc.double() * vs.double()[..., None]
+    else:
+        k_deq = kc.double() * ks.double().view(1, hk, 1, 1)
+        v_deq = vc.double() * vs.double().view(1, hk, 1, 1)
+    check_close(o.float().numpy(), q.double().numpy(), k_deq.numpy(), v_deq.numpy(), "bfloat16",
+                got_lse=lse.numpy(), causal=True)
