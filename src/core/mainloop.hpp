@@ -204,14 +204,14 @@ class Bf16Operands {
   // keys, 1 thread: staging took ~20% of the call (docs/inference.md).
   void pack_k(const void* const* rows, int64_t n, int64_t stride) {
     const int64_t d = p_.args.shape.head_dim;
-    if (staged_ && stride == 1) return K::bf16_pack_k_quantized(kv_dtype_, rows, n, d, k_tile_, bf16_k_);
+    if (staged_ && stride == 1) return K::bf16_pack_quantized(false, kv_dtype_, rows, n, d, k_tile_, bf16_k_);
     if (staged_) rows = stage_rows(rows, n, d, stride), stride = 1;
     K::bf16_pack_k(rows, n, d, stride, k_tile_, bf16_k_);
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
     const int64_t d = p_.v_head_dim;
     if (staged_ && stride == 1) {
-      K::bf16_pack_v_quantized(kv_dtype_, rows, n, d, v_tile_, bf16_kv_pad_);
+      K::bf16_pack_quantized(true, kv_dtype_, rows, n, d, v_tile_, bf16_kv_pad_);
     } else {
       if (staged_) rows = stage_rows(rows, n, d, stride), stride = 1;
       K::bf16_pack_v(rows, n, d, stride, v_tile_, bf16_kv_pad_);

@@ -122,6 +122,15 @@ def test_an_append_bumps_the_versions_of_what_it_writes():
     assert fks._version == 0 and fvs._version == 0 and fc._version > 0
 
 
+def _torch_quantized_cache(cache_dtype, b, hk, cap, d):
+    """An empty int8 (scales per token and KV head, set by the append) or fp8 e4m3 cache (fixed
+    scales per KV head, for two KV heads): k_cache, v_cache, k_scale, v_scale."""
+    kc = torch.zeros(b, hk, cap, d, dtype=cache_dtype)
+    if cache_dtype == torch.int8:
+        return kc, torch.zeros_like(kc), torch.zeros(b, hk, cap), torch.zeros(b, hk, cap)
+    return kc, torch.zeros_like(kc), torch.tensor([0.01, 0.02]), torch.tensor([0.005, 0.01])
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.int8, torch.float8_e4m3fn])
 def test_bf16_probabilities_on_quantized_caches(cache_dtype):
     # set_bf16_probabilities reaches attention_with_kvcache's few-rows P @ V on quantized caches:
@@ -135,12 +144,7 @@ def test_bf16_probabilities_on_quantized_caches(cache_dtype):
     k = torch.randn(b, hk, n, d, generator=gen, dtype=torch.bfloat16)
     v = torch.randn(b, hk, n, d, generator=gen, dtype=torch.bfloat16)
     q = torch.randn(b, h, 1, d, generator=gen, dtype=torch.bfloat16)
-    kc = torch.zeros(b, hk, n, d, dtype=cache_dtype)
-    vc = torch.zeros_like(kc)
-    if cache_dtype == torch.int8:
-        ks, vs = torch.zeros(b, hk, n), torch.zeros(b, hk, n)
-    else:
-        ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.005, 0.01])
+    kc, vc, ks, vs = _torch_quantized_cache(cache_dtype, b, hk, n, d)
     tileattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=0, k_scale=ks, v_scale=vs)
     outs = []
     try:
@@ -223,12 +227,7 @@ def test_chunked_prefill_against_a_quantized_cache(cache_dtype, new):
     k = torch.randn(b, hk, cap, d, generator=gen, dtype=torch.bfloat16)
     v = torch.randn(b, hk, cap, d, generator=gen, dtype=torch.bfloat16)
     q = torch.randn(b, h, new, d, generator=gen, dtype=torch.bfloat16)
-    kc = torch.zeros(b, hk, cap, d, dtype=cache_dtype)
-    vc = torch.zeros_like(kc)
-    if cache_dtype == torch.int8:
-        ks, vs = torch.zeros(b, hk, cap), torch.zeros(b, hk, cap)
-    else:
-        ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.005, 0.01])
+    kc, vc, ks, vs = _torch_quantized_cache(cache_dtype, b, hk, cap, d)
     tileattn.attention_with_kvcache(q[:, :, :1], kc, vc, k[:, :, :n0], v[:, :, :n0], cache_seqlens=0,
                                     k_scale=ks, v_scale=vs)
     o, lse = tileattn.attention_with_kvcache(q, kc, vc, k[:, :, n0:], v[:, :, n0:], cache_seqlens=n0,

@@ -405,32 +405,23 @@ namespace tileattn::detail::TILEATTN_AVX512_NAMESPACE {
 // The avx512bf16 rung: the AVX-512 Kernels plus bf16 products on vdpbf16ps.
 struct Bf16DotKernels : Kernels, Bf16Packing {
   static constexpr bool kBf16Products = true;
-  // bf16_pack_k / bf16_pack_v of a quantized cache's int8 or fp8 e4m3 rows
-  // (unit stride): fp8 on VBMI byte permutes where CPUID has VBMI (the
-  // emulation: always; fp32_fp8_rows forces the fp32 route there).
-  static void bf16_pack_k_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
-                                    int64_t k) {
-    if (type == DType::i8) return bf16_pack_k<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, k);
-    if (!fp32_fp8_rows()) {
+  // bf16_pack_k (values false) or bf16_pack_v (true) of a quantized cache's
+  // int8 or fp8 e4m3 rows (unit stride): fp8 on VBMI byte permutes where
+  // CPUID has VBMI (the emulation: unless fp8_rows_on_fp32).
+  static void bf16_pack_quantized(bool values, DType type, const void* const* rows, int64_t n, int64_t d,
+                                  uint16_t* dst, int64_t ld) {
+    const auto pack = [&](const auto& load) {
+      if (values) bf16_pack_v(rows, n, d, 1, dst, ld, load);
+      else bf16_pack_k(rows, n, d, 1, dst, ld, load);
+    };
+    if (type == DType::i8) return pack(QuantizedRows<DType::i8>{});
+    if (fp32_fp8_rows()) return pack(QuantizedRows<DType::f8_e4m3>{});
 #ifdef TILEATTN_AVX512_EMULATION
-      return bf16_pack_k<E4m3PermuteRows>(rows, n, d, 1, dst, k);
+    pack(E4m3PermuteRows{});
 #else
-      return bf16_pack_k_e4m3(rows, n, d, dst, k);
+    if (values) bf16_pack_v_e4m3(rows, n, d, dst, ld);
+    else bf16_pack_k_e4m3(rows, n, d, dst, ld);
 #endif
-    }
-    bf16_pack_k<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, k);
-  }
-  static void bf16_pack_v_quantized(DType type, const void* const* rows, int64_t n, int64_t d, uint16_t* dst,
-                                    int64_t kv_pad) {
-    if (type == DType::i8) return bf16_pack_v<QuantizedRows<DType::i8>>(rows, n, d, 1, dst, kv_pad);
-    if (!fp32_fp8_rows()) {
-#ifdef TILEATTN_AVX512_EMULATION
-      return bf16_pack_v<E4m3PermuteRows>(rows, n, d, 1, dst, kv_pad);
-#else
-      return bf16_pack_v_e4m3(rows, n, d, dst, kv_pad);
-#endif
-    }
-    bf16_pack_v<QuantizedRows<DType::f8_e4m3>>(rows, n, d, 1, dst, kv_pad);
   }
   // fp8 rows through the fp32 loads: CPUs without VBMI (Cooper Lake), and
   // the emulation when a test asks (emulated_fp8_rows_on_fp32).
