@@ -53,14 +53,16 @@ const char* const kHelp =
     "(KvCacheArgs::bf16_probabilities).\n"
     "Reports ms_per_step (median step), ms_per_token (ms_per_step / N; every *_ms_per_token\n"
     "is per token likewise), tokens_per_s (B N tokens per step), kv_gb_per_s (K and V bytes\n"
-    "a step reads / its time), read_gb_per_s\n"
+    "a step reads / its time; the cache counted once, though N past a query tile reads it\n"
+    "once per tile), read_gb_per_s\n"
     "(a streaming read of a buffer of the same bytes, same threads, each reading two streams,\n"
     "one pass right after each step) and fraction_of_bandwidth (median over steps of the\n"
     "step's rate / the pass's), and\n"
     "speedup_vs_recompute against a causal forward over the whole sequence each step (timed\n"
     "for R steps: it is slow). With --paged a contiguous cache is timed as well\n"
     "(paged_vs_contiguous), with T > 1 attention to the main cache on one thread\n"
-    "(thread_speedup; read1_gb_per_s and read_thread_speedup: a one-thread pass after each\n"
+    "(thread_speedup, right after the main step, on the cache it left; read1_gb_per_s and\n"
+    "read_thread_speedup: a one-thread pass after each\n"
     "read pass, and the per-step ratio of the two passes' rates, what the memory gives T\n"
     "threads over one): those run interleaved with the main loop, step by step, and each\n"
     "ratio is the median over steps of the two times of that step.\n"
@@ -392,8 +394,16 @@ std::vector<LoopResult> time_decode(const Shape& s, const Tokens& t, const std::
   std::vector<LoopResult> r(n);
   std::vector<double> gb_per_s, read_gb, fraction, read1_gb, read_ratio, memory_gb, memory_fraction;
   for (int64_t i = 0; i < s.steps; ++i) {
-    for (size_t k = 0; k < n; ++k) {
-      const size_t v = (size_t(i) + k) % n;
+    // The loops in an order that rotates with i, except that variants
+    // attending to variant 0's cache run right after its step: the cache
+    // then holds the step's N tokens, as the step read it (before it, they
+    // would read N keys fewer).
+    std::vector<size_t> order;
+    for (size_t k = 0; k < n; ++k)
+      if (!variants[(size_t(i) + k) % n].on_main_cache) order.push_back((size_t(i) + k) % n);
+    for (size_t v = 0; v < n; ++v)
+      if (variants[v].on_main_cache) order.insert(std::find(order.begin(), order.end(), size_t{0}) + 1, v);
+    for (const size_t v : order) {
       const Variant& variant = variants[v];
       DecodeLoop& loop = variant.on_main_cache ? *loops[0] : *loops[v];
       if (reader) reader->evict();

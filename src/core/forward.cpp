@@ -137,7 +137,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   p.heads_per_item = int((p.group + group_items - 1) / group_items);
   // bf16 queries against an int8 / fp8 e4m3 cache in steps of more than the
   // few-rows products' rows: the bf16 products, their packed tiles converted
-  // to bf16 exactly (Bf16Operands::stage_rows), with the wider tiles above.
+  // to bf16 exactly (Bf16Operands::pack_k / pack_v), with the wider tiles above.
   // Measured (AMD EPYC Zen 4, `tileattn decode --new-tokens 512`): docs/inference.md.
   if (args.kv.quant != KvQuant::none && int64_t(p.heads_per_item) * p.block_q <= kFewRowsMax)
     p.product = TileProduct::fp32_fma;

@@ -141,9 +141,10 @@ class Bf16Operands {
         lo_offsets_(reinterpret_cast<int32_t*>(scratch + l.p_lo_offsets)), v_q_scales_(scratch + l.v_q_scales),
         s_tile_(scratch + l.s_tile), kv_pad_(l.kv_pad) {
     // A quantized cache's int8 / fp8 e4m3 rows convert to bf16 exactly (every
-    // int8 and every e4m3 value is a bf16 value) through staged rows; their
-    // scales stay with the main loop, on the scores and on P (scale_columns),
-    // as on the FMA products.
+    // int8 and every e4m3 value is a bf16 value): packed from the cache's
+    // bytes (unit stride) or through staged rows (stage_rows); the K scales
+    // stay with the main loop (scale_columns on the scores), the V scales
+    // go on P in the exponentials (scale_p_columns_by).
     if (p.args.kv.quant != KvQuant::none) {
       kv_dtype_ = kv_storage_dtype(p.args.dtype, p.args.kv.quant);
       staged_row_ = l.kv_staged_row;
