@@ -42,8 +42,9 @@ Bf16KernelSet bf16_kernel_set_of(std::string name, bool amx) {
     };
     s.lo_int8_exp_rows = [](float* sc, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale, const float* sub,
                             float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q, int64_t ld8, float* lo_scale,
-                            int32_t* lo_offset) {
-      K::exp2_split_rows_lo_int8(sc, ld, rows, n, k, scale, sub, sums, hi, ld16, lo_q, ld8, lo_scale, lo_offset);
+                            int32_t* lo_offset, const float* col_scale) {
+      K::exp2_split_rows_lo_int8(sc, ld, rows, n, k, scale, sub, sums, hi, ld16, lo_q, ld8, lo_scale, lo_offset,
+                                 col_scale);
     };
     s.lo_int8_products = [](int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda, const float* a_scale,
                             const int32_t* a_offset, const uint8_t* b, int64_t b_panel, const float* b_scale, float* c,

@@ -31,7 +31,7 @@ struct Bf16KernelSet {
   bool (*lo_int8_pack_v)(const uint16_t* v, int64_t kv_pad, int64_t d_pad, uint8_t* v_q, float* v_scale) = nullptr;
   void (*lo_int8_exp_rows)(float* s, int64_t ld, int64_t rows, int64_t n, int64_t k, float scale, const float* sub,
                            float* sums, uint16_t* hi, int64_t ld16, int8_t* lo_q, int64_t ld8, float* lo_scale,
-                           int32_t* lo_offset) = nullptr;
+                           int32_t* lo_offset, const float* col_scale) = nullptr;
   void (*lo_int8_products)(int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda, const float* a_scale,
                            const int32_t* a_offset, const uint8_t* b, int64_t b_panel, const float* b_scale, float* c,
                            int64_t ldc) = nullptr;

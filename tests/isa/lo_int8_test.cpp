@@ -88,7 +88,9 @@ void check_pack(const Bf16KernelSet& set) {
 }
 
 // Rows of scores: random, one row -inf but for key 0, one row whose
-// exponentials are all exact in bf16 (lo 0: the row drops its lo).
+// exponentials are all exact in bf16 (lo 0: the row drops its lo). With
+// col_scale (a quantized cache's V scales, kK floats), hi and lo split P
+// times col_scale[j] while the sums stay P's own.
 struct ExpRows {
   static constexpr int64_t kRows = 3, kLd = 80, kK = 64, kN = 45;
   alignas(64) float s[kRows * kLd];
@@ -98,8 +100,8 @@ struct ExpRows {
   alignas(64) int8_t lo_q[kRows * kK];
 };
 
-void check_exponentials(const Bf16KernelSet& set, ExpRows& e) {
-  SCOPED_TRACE(set.name);
+void check_exponentials(const Bf16KernelSet& set, ExpRows& e, const float* col_scale = nullptr) {
+  SCOPED_TRACE(set.name + (col_scale ? " with column scales" : ""));
   std::mt19937 gen(11);
   std::normal_distribution<float> normal;
   for (float& x : e.s) x = 3.0f * normal(gen);
@@ -113,17 +115,21 @@ void check_exponentials(const Bf16KernelSet& set, ExpRows& e) {
   std::memset(e.hi, 0x55, sizeof e.hi);
   std::memset(e.lo_q, 0x55, sizeof e.lo_q);
   set.lo_int8_exp_rows(e.s, ExpRows::kLd, ExpRows::kRows, ExpRows::kN, ExpRows::kK, 1.0f, e.sub, e.sums, e.hi,
-                       ExpRows::kK, e.lo_q, ExpRows::kK, e.lo_scale, e.lo_offset);
+                       ExpRows::kK, e.lo_q, ExpRows::kK, e.lo_scale, e.lo_offset, col_scale);
+  // What hi + lo split: P, times the column's scale.
+  const auto split_p = [&](int64_t r, int64_t j) {
+    const double p = std::exp2(double(scores[size_t(r * ExpRows::kLd + j)]) - e.sub[r]);
+    return col_scale ? p * col_scale[j] : p;
+  };
   for (int64_t r = 0; r < ExpRows::kRows; ++r) {
     double sum = 0.0, largest_p = 0.0;
     int32_t q_sum = 0;
     for (int64_t j = 0; j < ExpRows::kN; ++j) {
-      const double p = std::exp2(double(scores[size_t(r * ExpRows::kLd + j)]) - e.sub[r]);
-      sum += p;
-      largest_p = std::max(largest_p, p);
+      sum += std::exp2(double(scores[size_t(r * ExpRows::kLd + j)]) - e.sub[r]);
+      largest_p = std::max(largest_p, split_p(r, j));
     }
     for (int64_t j = 0; j < ExpRows::kK; ++j) {
-      const double p = j < ExpRows::kN ? std::exp2(double(scores[size_t(r * ExpRows::kLd + j)]) - e.sub[r]) : 0.0;
+      const double p = j < ExpRows::kN ? split_p(r, j) : 0.0;
       const double hi = bf16_value(e.hi[r * ExpRows::kK + j]);
       const int q = e.lo_q[r * ExpRows::kK + j];
       q_sum += q;
@@ -139,7 +145,19 @@ void check_exponentials(const Bf16KernelSet& set, ExpRows& e) {
     EXPECT_NEAR(e.sums[r], sum, 1e-6 * sum) << "row " << r;
     EXPECT_EQ(e.lo_offset[r], 128 * q_sum) << "row " << r;
   }
-  EXPECT_EQ(e.lo_scale[2], 0.0f) << "a row whose P is exact in bf16 drops its lo";
+  if (!col_scale) {
+    EXPECT_EQ(e.lo_scale[2], 0.0f) << "a row whose P is exact in bf16 drops its lo";
+  }
+}
+
+// Column scales across 2^-7 .. 2^7, not powers of two (P times them is not
+// exact in bf16).
+std::vector<float> column_scales() {
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<float> exponent(-7.0f, 7.0f);
+  std::vector<float> scales(ExpRows::kK);
+  for (float& x : scales) x = std::exp2(exponent(gen)) * 1.0371f;
+  return scales;
 }
 
 struct Products {
@@ -188,6 +206,8 @@ void check_set(const Bf16KernelSet& set) {
   check_pack(set);
   ExpRows e;
   check_exponentials(set, e);
+  const std::vector<float> scales = column_scales();
+  check_exponentials(set, e, scales.data());
   std::vector<float> values;
   const PairTile tile = pair_tile(64, 0.0f, values);
   PackedV v;
@@ -212,13 +232,16 @@ TEST(LoInt8, NativeKernelsMatchTheEmulationBitForBit) {
   ASSERT_TRUE(emulated.lo_int8_pack_v(tile.data(), kKvPad, kDPad, ve.v_q, ve.v_scale));
   EXPECT_EQ(std::memcmp(vn.v_q, ve.v_q, sizeof vn.v_q), 0);
   EXPECT_EQ(std::memcmp(vn.v_scale, ve.v_scale, sizeof vn.v_scale), 0);
-  ExpRows en, ee;
-  check_exponentials(native, en);
-  check_exponentials(emulated, ee);
-  EXPECT_EQ(std::memcmp(en.hi, ee.hi, sizeof en.hi), 0);
-  EXPECT_EQ(std::memcmp(en.lo_q, ee.lo_q, sizeof en.lo_q), 0);
-  EXPECT_EQ(std::memcmp(en.lo_scale, ee.lo_scale, sizeof en.lo_scale), 0);
-  EXPECT_EQ(std::memcmp(en.sums, ee.sums, sizeof en.sums), 0);
+  const std::vector<float> scales = column_scales();
+  for (const float* col_scale : {static_cast<const float*>(nullptr), scales.data()}) {
+    ExpRows en, ee;
+    check_exponentials(native, en, col_scale);
+    check_exponentials(emulated, ee, col_scale);
+    EXPECT_EQ(std::memcmp(en.hi, ee.hi, sizeof en.hi), 0);
+    EXPECT_EQ(std::memcmp(en.lo_q, ee.lo_q, sizeof en.lo_q), 0);
+    EXPECT_EQ(std::memcmp(en.lo_scale, ee.lo_scale, sizeof en.lo_scale), 0);
+    EXPECT_EQ(std::memcmp(en.sums, ee.sums, sizeof en.sums), 0);
+  }
   Products pn, pe;
   check_products(native, vn, pn, 64);
   check_products(emulated, vn, pe, 64);
