@@ -7,6 +7,7 @@
 #include "core/half.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
+#include "reference/kv_row.hpp"
 
 namespace tileattn {
 
@@ -25,16 +26,6 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
   // K/V: a quantized cache's elements times their key's scale (the
   // dequantized cache; Real(element) * Real(scale), exact in float64).
   const int kv_dt = static_cast<int>(kv_storage_dtype(a.dtype, a.kv.quant));
-  const bool quantized = a.kv.quant != KvQuant::none;
-  const auto key_scale = [&](const float* scales, const std::array<int64_t, 3>& stride, int64_t b,
-                             const detail::Sequence& seq, int64_t kvh, int64_t j) -> Real {
-    if (!quantized) return Real(1);
-    if (a.kv.block_table) {
-      const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + j / a.kv.page_size];
-      return Real(scales[page * stride[0] + kvh * stride[1] + (j % a.kv.page_size) * stride[2]]);
-    }
-    return Real(scales[seq.k_batch * stride[0] + kvh * stride[1] + (seq.k_row0 + j) * stride[2]]);
-  };
   const int64_t q_batches = a.cu_seqlens_q ? 1 : s.batch;
   const int64_t d = s.head_dim, dv = value_head_dim(s);  // Q/K, V/O
   const double scale = std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale);
@@ -74,17 +65,10 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
           }
           visible[j] = keep;
           if (!keep) continue;
-          int64_t k_off;
-          if (a.kv.block_table) {
-            const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + j / a.kv.page_size];
-            k_off = page * a.k.stride[0] + kvh * a.k.stride[1] + (j % a.kv.page_size) * a.k.stride[2];
-          } else {
-            k_off = seq.k_batch * a.k.stride[0] + kvh * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
-          }
+          const detail::KvRow k = detail::k_row(a, b, seq, kvh, j);
           Real dot = 0;
-          const Real k_scale = key_scale(a.kv.k_scale, a.kv.k_scale_stride, b, seq, kvh, j);
           for (int64_t c = 0; c < d; ++c)
-            dot += qrow[c] * (Real(load_element(a.k.data, kv_dt, k_off + c * a.k.stride[3])) * k_scale);
+            dot += qrow[c] * (Real(load_element(a.k.data, kv_dt, k.offset + c * a.k.stride[3])) * Real(k.scale));
           Real score = dot * Real(scale);
           // Soft cap, then masks and bias (FlashAttention-2's order).
           if (a.softcap > 0.0f) score = Real(a.softcap) * std::tanh(score / Real(a.softcap));
@@ -119,16 +103,9 @@ ReferenceOutput run_reference(const ForwardArgs& a, bool round_to_dtype) {
         for (int64_t j = 0; j < seq.nk; ++j) {
           if (!visible[j]) continue;
           const Real prob = scores[j] / sum;
-          int64_t v_off;
-          if (a.kv.block_table) {
-            const int64_t page = a.kv.block_table[b * a.kv.block_table_stride + j / a.kv.page_size];
-            v_off = page * a.v.stride[0] + kvh * a.v.stride[1] + (j % a.kv.page_size) * a.v.stride[2];
-          } else {
-            v_off = seq.k_batch * a.v.stride[0] + kvh * a.v.stride[1] + (seq.k_row0 + j) * a.v.stride[2];
-          }
-          const Real v_scale = key_scale(a.kv.v_scale, a.kv.v_scale_stride, b, seq, kvh, j);
+          const detail::KvRow v = detail::v_row(a, b, seq, kvh, j);
           for (int64_t c = 0; c < dv; ++c)
-            acc[c] += prob * (Real(load_element(a.v.data, kv_dt, v_off + c * a.v.stride[3])) * v_scale);
+            acc[c] += prob * (Real(load_element(a.v.data, kv_dt, v.offset + c * a.v.stride[3])) * Real(v.scale));
         }
         for (int64_t c = 0; c < dv; ++c) {
           double value = double(acc[c]);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/dropout.hpp"
+#include "reference/kv_row.hpp"
 #include "core/half.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
@@ -28,6 +29,7 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive, co
   const Real keep_scale = naive ? Real(dropout.keep_scale) : Real(1.0 / (1.0 - double(a.dropout_p)));
   const AttentionShape& s = a.shape;
   const int dt = static_cast<int>(a.dtype);
+  const int kv_dt = static_cast<int>(kv_storage_dtype(a.dtype, a.kv.quant));
   const int64_t q_batches = a.cu_seqlens_q ? 1 : s.batch, k_batches = a.cu_seqlens_k ? 1 : s.batch;
   const int64_t d = s.head_dim, dv_dim = value_head_dim(s);  // Q/K/dQ/dK; V/O/dO/dV
   const Real scale = Real(std::isnan(a.scale) ? 1.0 / std::sqrt(double(d)) : double(a.scale));
@@ -58,13 +60,16 @@ BackwardReference run(const ForwardArgs& a, const InputView* d_o, bool naive, co
       // This head's keys and values, as Real.
       krows.assign(size_t(nk * d), Real(0));
       vrows.assign(size_t(nk * dv_dim), Real(0));
+      // A quantized cache (forward with dropout only) as its elements times
+      // their key's scale; contiguous or paged.
       for (int64_t j = 0; j < nk; ++j) {
-        const int64_t k_off = seq.k_batch * a.k.stride[0] + kvh * a.k.stride[1] + (seq.k_row0 + j) * a.k.stride[2];
-        const int64_t v_off = seq.k_batch * a.v.stride[0] + kvh * a.v.stride[1] + (seq.k_row0 + j) * a.v.stride[2];
+        const detail::KvRow kr = detail::k_row(a, b, seq, kvh, j), vr = detail::v_row(a, b, seq, kvh, j);
         for (int64_t c = 0; c < d; ++c)
-          krows[size_t(j * d + c)] = Real(load_element(a.k.data, dt, k_off + c * a.k.stride[3]));
+          krows[size_t(j * d + c)] =
+              Real(load_element(a.k.data, kv_dt, kr.offset + c * a.k.stride[3])) * Real(kr.scale);
         for (int64_t c = 0; c < dv_dim; ++c)
-          vrows[size_t(j * dv_dim + c)] = Real(load_element(a.v.data, dt, v_off + c * a.v.stride[3]));
+          vrows[size_t(j * dv_dim + c)] =
+              Real(load_element(a.v.data, kv_dt, vr.offset + c * a.v.stride[3])) * Real(vr.scale);
       }
       for (int64_t i = 0; i < seq.nq; ++i) {
         const int64_t row = seq.q_row0 + i;
@@ -213,6 +218,11 @@ BackwardReference naive_backward(const BackwardArgs& args) {
 BackwardReference reference_forward_with_dropout(const ForwardArgs& args) {
   detail::validate(args);
   return run<double>(args, nullptr, false);
+}
+
+BackwardReference naive_forward_with_dropout(const ForwardArgs& args) {
+  detail::validate(args);
+  return run<float>(args, nullptr, true);
 }
 
 }  // namespace tileattn::training

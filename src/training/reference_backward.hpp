@@ -36,7 +36,11 @@ BackwardReference reference_backward(const BackwardArgs& args);
 BackwardReference reference_backward_from_lse(const BackwardArgs& args);
 BackwardReference naive_backward(const BackwardArgs& args);
 
-// Forward only (d_o may be null): O and LSE with dropout, float64.
+// Forward only: O and LSE with dropout, float64; and the same in the working
+// precision (naive_backward's forward half), whose error sets the tolerance.
+// Both read a quantized or paged KV cache (args.kv) as the forward does:
+// each element times its key's scale.
 BackwardReference reference_forward_with_dropout(const ForwardArgs& args);
+BackwardReference naive_forward_with_dropout(const ForwardArgs& args);
 
 }  // namespace tileattn::training

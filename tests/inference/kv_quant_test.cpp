@@ -10,7 +10,9 @@
 #include <cstring>
 
 #include "decode_fixture.hpp"
+#include "testing/tolerance.hpp"
 #include "tileattn/machine.hpp"
+#include "training/reference_backward.hpp"
 
 namespace tileattn::kvtest {
 namespace {
@@ -317,6 +319,49 @@ TEST(KvQuant, PrefillAndOtherShapes) {
       s.heads = s.kv_heads = 3;
       expect_quantized_step_correct(s);
     }
+}
+
+// Dropout over a quantized cache (attention_forward with a quantized KvSource
+// and dropout_p): prefill (2 x 20 stacked rows: the packed products; on the
+// bf16 dot-product rungs dropout keeps P out of the operands' exponentials,
+// so the V scales go on P in place) and a decode step (the few-rows
+// products), contiguous and paged, against the float64 reference with the
+// same mask over the dequantized cache, by the tolerance rule; the same
+// check rejects O off by 1%.
+TEST(KvQuant, DropoutOverTheDequantizedCache) {
+  for (Isa isa : isa_paths())
+    for (KvQuant quant : {KvQuant::int8, KvQuant::fp8_e4m3})
+      for (int64_t new_tokens : {20, 1})
+        for (int64_t page_size : {0, 8}) {
+          DecodeSpec s;
+          s.isa = isa;
+          s.kv_quant = quant;
+          s.dtype = DType::bf16;
+          s.cached = {300, 70};
+          s.new_tokens = new_tokens;
+          s.page_size = page_size;
+          SCOPED_TRACE(s.name());
+          DecodeRun run(s);
+          run.prefill();
+          run.decode();
+          ForwardArgs f = kvcache_forward_args(run.args, run.seqlens.data());
+          const auto o_stride = bhsd(run.batch, s.heads, s.new_tokens, s.dv());
+          f.q = {run.q_expected.data(), bhsd(run.batch, s.heads, s.new_tokens, s.head_dim)};
+          Buffer o(s.dtype, run.o.elements());
+          f.o = {o.data(), o_stride};
+          f.lse = nullptr;
+          f.dropout_p = 0.25f;
+          f.seed = 0x5eed;
+          attention_forward(f);
+          const training::BackwardReference ref = training::reference_forward_with_dropout(f);
+          const training::BackwardReference naive = training::naive_forward_with_dropout(f);
+          std::vector<double> got;
+          for (int64_t e = 0; e < int64_t(o.elements()); ++e) got.push_back(o.get(e));
+          const testing::RowCheck c = testing::check_output(got, ref.o, naive.o, s.dv(), s.dtype);
+          EXPECT_TRUE(c.ok()) << isa_name(isa) << ": error " << c.error << " > tolerance " << c.tolerance;
+          const testing::RowCheck off = testing::check_output(got, ref.o, naive.o, s.dv(), s.dtype, 1e-2);
+          EXPECT_FALSE(off.ok()) << isa_name(isa) << ": O off by 1% passed";
+        }
 }
 
 // The test's own quantization of one row (KvCacheArgs::kv_quant's rules).
