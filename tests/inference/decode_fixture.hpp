@@ -33,6 +33,9 @@ struct DecodeSpec {
   std::vector<float> alibi_slopes;  // [heads], or [batch * heads] (then per sequence)
   std::vector<float> sinks;         // [heads] sink logits (ForwardArgs::sinks), empty: none
   KvQuant kv_quant = KvQuant::none;  // int8 / fp8_e4m3: a quantized cache (scales made by make_cache)
+  // Each token's V row times 2^(shift + e), e uniform in [-spread, spread]
+  // (an int8 cache's per-token V scales spread as widely, shifted).
+  int v_exponent_spread = 0, v_exponent_shift = 0;
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream s;
@@ -43,7 +46,10 @@ struct DecodeSpec {
       << (rotary_interleaved ? " gptj" : "") << " threads " << threads << " isa " << isa_name(isa)
       << (cache_bshd ? " bshd cache" : "") << (softcap > 0.0f ? " softcap " + std::to_string(softcap) : "")
       << (alibi_slopes.empty() ? "" : " alibi") << (sinks.empty() ? "" : " sinks") << " kv "
-      << kv_quant_name(kv_quant);
+      << kv_quant_name(kv_quant) << (v_exponent_spread > 0 || v_exponent_shift != 0
+                                       ? " v 2^(" + std::to_string(v_exponent_shift) + " +- " +
+                                             std::to_string(v_exponent_spread) + ")"
+                                       : "");
     return s.str();
   }
 };
@@ -109,6 +115,14 @@ struct DecodeRun {
     v_full = Buffer(s.dtype, batch * s.kv_heads * max_len * dv);
     k_full.fill_uniform(rng);
     v_full.fill_uniform(rng);
+    if (s.v_exponent_spread > 0 || s.v_exponent_shift != 0) {
+      std::uniform_int_distribution<int> e(-s.v_exponent_spread, s.v_exponent_spread);
+      for (int64_t row = 0; row < v_full.elements() / dv; ++row) {
+        // Exact in bf16 and fp32 (fp16: small exponents only).
+        const float f = std::ldexp(1.0f, s.v_exponent_shift + e(rng));
+        for (int64_t c = 0; c < dv; ++c) v_full.set(row * dv + c, v_full.get(row * dv + c) * f);
+      }
+    }
     q = Buffer(s.dtype, batch * s.heads * n * d);
     q.fill_uniform(rng);
     k_expected = Buffer(s.dtype, k_full.elements());

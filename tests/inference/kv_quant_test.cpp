@@ -321,6 +321,35 @@ TEST(KvQuant, PrefillAndOtherShapes) {
     }
 }
 
+// An int8 cache whose per-token V scales spread over 2^+-12 (every tile's
+// inside [2^-40, 2^40]: P V's lo on int8 products with its one scale per row
+// over P x V scale, on the avx512bf16 rung at 20 x 8 = 160 rows per V tile),
+// over 2^+-50 (tiles outside that range take the bf16 lo) and all near
+// 2^-107 (V ~ 2^-100): the tolerance rule against float64 over the
+// dequantized cache, contiguous and paged. Fails with every tile's V scale
+// taken as its first key's. (The range gate itself does not show here: with
+// it off the lo of the 2^-107 tiles falls below lo_int8.hpp's row floor and
+// is dropped, an error of up to ~2^-9 of P |V| that passed against a bf16
+// output's tolerance.)
+TEST(KvQuant, Int8VScalesSpreadWidely) {
+  for (Isa isa : isa_paths())
+    for (auto [shift, spread] : {std::pair{0, 12}, std::pair{0, 50}, std::pair{-100, 4}}) {
+      DecodeSpec s;
+      s.isa = isa;
+      s.kv_quant = KvQuant::int8;
+      s.dtype = DType::bf16;
+      s.heads = 8;
+      s.kv_heads = 1;
+      s.cached = {300, 70};
+      s.new_tokens = 20;
+      s.v_exponent_spread = spread;
+      s.v_exponent_shift = shift;
+      expect_quantized_step_correct(s);
+      s.page_size = 16;
+      expect_quantized_step_correct(s);
+    }
+}
+
 // Dropout over a quantized cache (attention_forward with a quantized KvSource
 // and dropout_p): prefill (2 x 20 stacked rows: the packed products; on the
 // bf16 dot-product rungs dropout keeps P out of the operands' exponentials,
