@@ -150,7 +150,11 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // rounds): 120 + 8 heads with 64-key tiles 15.7-16.2 ms, 128 heads with 128
   // keys 13.3-13.8, with 256 keys (scratch past L2) 14.2; a later paired run
   // of old and new plans: 0.95 (0.94 without bf16_probabilities), and two
-  // threads 0.96 (1.00).
+  // threads 0.96 (1.00). A quantized cache's MLA decode takes the same
+  // tiles since the staged rows' scratch is laid out only for element-strided
+  // caches (128 keys where it had 64: int8, 1 thread, 2 rounds, 16.8-17.1 ms
+  // against 17.2-17.5; 2 threads, with a second process on one core, int8 and
+  // fp8 5 of 6 pairs faster, by ~3%).
   if (p.product == TileProduct::bf16_dot && !amx && args.block_kv <= 0 && max_nq < p.stack_rows &&
       int64_t(p.heads_per_item) * p.block_q > kFewRowsMax && tiles.reason.rfind("cache model", 0) == 0) {
     const int cache_model_kv = p.block_kv;

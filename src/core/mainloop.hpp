@@ -146,6 +146,7 @@ class Bf16Operands {
     // stay with the main loop (scale_columns on the scores), the V scales
     // go on P in the exponentials (scale_p_columns_by).
     if (p.args.kv.quant != KvQuant::none) {
+      quantized_rows_ = true;
       kv_dtype_ = kv_storage_dtype(p.args.dtype, p.args.kv.quant);
       staged_row_ = l.kv_staged_row;
       staged_ = reinterpret_cast<uint16_t*>(scratch + l.kv_staged);
@@ -205,16 +206,16 @@ class Bf16Operands {
   // keys, 1 thread: staging took ~20% of the call (docs/inference.md).
   void pack_k(const void* const* rows, int64_t n, int64_t stride) {
     const int64_t d = p_.args.shape.head_dim;
-    if (staged_ && stride == 1) return K::bf16_pack_quantized(false, kv_dtype_, rows, n, d, k_tile_, bf16_k_);
-    if (staged_) rows = stage_rows(rows, n, d, stride), stride = 1;
+    if (quantized_rows_ && stride == 1) return K::bf16_pack_quantized(false, kv_dtype_, rows, n, d, k_tile_, bf16_k_);
+    if (quantized_rows_) rows = stage_rows(rows, n, d, stride), stride = 1;
     K::bf16_pack_k(rows, n, d, stride, k_tile_, bf16_k_);
   }
   void pack_v(const void* const* rows, int64_t n, int64_t stride) {
     const int64_t d = p_.v_head_dim;
-    if (staged_ && stride == 1) {
+    if (quantized_rows_ && stride == 1) {
       K::bf16_pack_quantized(true, kv_dtype_, rows, n, d, v_tile_, bf16_kv_pad_);
     } else {
-      if (staged_) rows = stage_rows(rows, n, d, stride), stride = 1;
+      if (quantized_rows_) rows = stage_rows(rows, n, d, stride), stride = 1;
       K::bf16_pack_v(rows, n, d, stride, v_tile_, bf16_kv_pad_);
     }
     if constexpr (requires { K::kLoOnInt8; })
@@ -446,9 +447,10 @@ class Bf16Operands {
   float* v_q_scales_;   // (Dv_pad) V's column scales (tile_lo_int8_)
   float* s_tile_;     // the main loop's score tile (stacked rows + 16, kv_pad)
   int64_t kv_pad_;
-  // A quantized cache (stage_rows): its storage dtype, the staged bf16 rows
-  // (kv_pad, staged_row_), one fp32 row and the staged rows' addresses; null
-  // staged_ otherwise.
+  // A quantized cache: its storage dtype; with an element stride (stage_rows)
+  // the staged bf16 rows (kv_pad, staged_row_), one fp32 row and the staged
+  // rows' addresses (forward_scratch_layout sizes them only then).
+  bool quantized_rows_ = false;
   DType kv_dtype_ = DType::bf16;
   int64_t staged_row_ = 0;
   uint16_t* staged_ = nullptr;

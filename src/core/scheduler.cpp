@@ -90,7 +90,10 @@ ForwardScratchLayout forward_scratch_layout(const Problem& p) {
   l.v_q_scales = take(lo ? dvp : 0);
   l.key_rows = take(2 * l.kv_pad * int64_t(sizeof(void*) / sizeof(float)));
   l.kv_scales = take(p.args.kv.quant != KvQuant::none ? 2 * l.kv_pad : 0);
-  const bool staged = bf16 && p.args.kv.quant != KvQuant::none;
+  // Staged bf16 rows only for a quantized cache read with an element stride:
+  // unit-stride rows pack straight from the cache's bytes (mainloop.hpp).
+  const bool staged =
+      bf16 && p.args.kv.quant != KvQuant::none && (p.args.k.stride[3] != 1 || p.args.v.stride[3] != 1);
   l.kv_staged_row = staged ? max64(l.bf16_k, round_up(dvp, kBf16PairBlock)) : 0;
   l.kv_staged = take(staged ? bf16_floats(l.kv_pad * l.kv_staged_row) : 0);
   l.kv_staged_f32 = take(l.kv_staged_row);
