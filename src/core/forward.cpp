@@ -152,7 +152,7 @@ Problem plan_forward(const ForwardArgs& args, Isa isa, int threads) {
   // of old and new plans: 0.95 (0.94 without bf16_probabilities), and two
   // threads 0.96 (1.00). A quantized cache's MLA decode takes the same
   // tiles since the staged rows' scratch is laid out only for element-strided
-  // caches (128 keys where it had 64: int8, 1 thread, 2 rounds, 16.8-17.1 ms
+  // caches (128 keys where it had 64; AMD EPYC Zen 4, int8, 1 thread, 2 rounds, 16.8-17.1 ms
   // against 17.2-17.5; 2 threads, with a second process on one core, int8 and
   // fp8 5 of 6 pairs faster, by ~3%).
   if (p.product == TileProduct::bf16_dot && !amx && args.block_kv <= 0 && max_nq < p.stack_rows &&
