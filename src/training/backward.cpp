@@ -57,18 +57,19 @@ int64_t backward_working_set(int64_t block_q, int64_t block_kv, int64_t dp, int6
 
 // Tiles: the first candidate whose working set fits 3/4 of L2 (the rest
 // holds the dQ rows being accumulated and the next rows streaming in).
-// 64 x 128 first where L2 has 2 MiB or more: on the Intel Xeon VM (model
+// 64 x 128 first where L2 has 1 MiB or more: on the Intel Xeon VM (model
 // 207, 2 MiB L2, 2 threads, H8 N2048, medians of 5) it took 0.93x the time of
 // 64 x 64 for fp32 D = 128 and D = 64, 0.95x for bf16 D = 128, 0.96x at
-// D = 256, and the same under a causal mask; on a Zen 3 (512 KiB L2) it was
-// slower (docs/training.md).
+// D = 256, and the same under a causal mask; on AMD EPYC Zen 4 (1 MiB L2, 2
+// threads, H8 N2048 D128, 4 alternating rounds) 0.95x for bf16 and ~0.97x
+// for fp32; on a Zen 3 (512 KiB L2) it was slower (docs/training.md).
 void choose_backward_tiles(Problem& p, const ForwardArgs& args) {
   struct Candidate {
     int block_q, block_kv;
   };
   static const Candidate candidates[] = {{64, 128}, {64, 64}, {32, 64}, {32, 32}, {16, 16}};
   const int64_t l2 = cache_sizes().l2, budget = l2 * 3 / 4;
-  const bool wide_keys = l2 >= (int64_t{2} << 20);
+  const bool wide_keys = l2 >= (int64_t{1} << 20);
   Candidate chosen = candidates[4];
   for (const Candidate& c : candidates) {
     if (c.block_kv == 128 && !wide_keys) continue;

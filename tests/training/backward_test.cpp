@@ -286,7 +286,7 @@ TEST(BackwardTiles, CallOverridesOrTheCacheModel) {
   bc.c.head_dim = 64;
   BackwardData data(bc, Isa::automatic);
   const TileShape model = backward_tiles(data.args);
-  const bool wide = cache_sizes().l2 >= (int64_t{2} << 20);
+  const bool wide = cache_sizes().l2 >= (int64_t{1} << 20);
   EXPECT_EQ(model.block_q, 64);
   EXPECT_EQ(model.block_kv, wide ? 128 : 64) << "L2 " << cache_sizes().l2;
   EXPECT_EQ(model.reason.rfind("backward cache model", 0), 0u) << model.reason;
