@@ -274,32 +274,37 @@ void merge_splits(const Problem& p, int threads) {
   const auto merge_head = [&](int64_t bh, std::vector<float>& row) {
     const int64_t b = bh / a.shape.heads, h = bh % a.shape.heads;
     const Sequence seq = sequence_of(p, b);
+    constexpr float kInf = std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < seq.nq; ++i) {
-      // The sink (ForwardArgs::sinks) is one more state with LSE = sink
-      // and O = 0, merged here once (the splits' partials exclude it).
-      const float sink = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
-      float max_lse = sink;
+      // Split s weighs 2^(max_s - max + log2_sum_s): the difference of the
+      // maxima first (0 for splits of a row biased by -FLT_MAX alike), then
+      // the log-sum. The sink (ForwardArgs::sinks) is one more state with
+      // max = sink (log2 units), sum 1 and O = 0, merged here once (the
+      // splits' partials exclude it).
+      const float sink = a.sinks ? a.sinks[h] * kLog2e : -kInf;
+      float max = sink;
       bool nan = false;
       for (int64_t s = 0; s < p.kv_splits; ++s) {
-        const float l = p.partial_lse[partial_slot(p, s, b, h, i)];
-        nan |= l != l;
-        max_lse = l > max_lse ? l : max_lse;
+        const int64_t slot = partial_slot(p, s, b, h, i);
+        const float m = p.partial_max[slot];
+        nan |= m != m || p.partial_log2_sum[slot] != p.partial_log2_sum[slot];
+        max = m > max ? m : max;
       }
       std::fill(row.begin(), row.end(), nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
-      float lse = nan ? std::numeric_limits<float>::quiet_NaN() : max_lse;
-      if (!nan && max_lse != -std::numeric_limits<float>::infinity()) {
-        float weight_sum = a.sinks ? std::exp(sink - max_lse) : 0.0f;
+      float lse = nan ? std::numeric_limits<float>::quiet_NaN() : -kInf;
+      if (!nan && max != -kInf) {
+        float weight_sum = a.sinks ? std::exp2(sink - max) : 0.0f;
         for (int64_t s = 0; s < p.kv_splits; ++s) {
           const int64_t slot = partial_slot(p, s, b, h, i);
-          const float l = p.partial_lse[slot];
-          if (l == -std::numeric_limits<float>::infinity()) continue;
-          const float weight = std::exp(l - max_lse);
+          const float m = p.partial_max[slot];
+          if (m == -kInf) continue;
+          const float weight = std::exp2((m - max) + p.partial_log2_sum[slot]);
           weight_sum += weight;
           const float* o = p.partial_o + slot * dp;
           for (int64_t c = 0; c < d; ++c) row[size_t(c)] += weight * o[c];
         }
         for (float& x : row) x /= weight_sum;
-        lse = max_lse + std::log(weight_sum);
+        lse = (max + std::log2(weight_sum)) * kLn2;
       }
       const int64_t out_row = seq.q_row0 + i;
       char* o_row = static_cast<char*>(a.o.data) +
@@ -387,13 +392,15 @@ void run_forward_plan(Problem& p, int threads, ForwardItemFn run_item) {
     workers = 1;
   last_workers().store(workers, std::memory_order_relaxed);
   Workspace scratch(forward_scratch_floats(p), workers);
-  std::vector<float> partial_o, partial_lse;
+  std::vector<float> partial_o, partial_max, partial_log2_sum;
   if (p.kv_splits > 1) {
     const int64_t slots = p.kv_splits * p.args.shape.batch * p.args.shape.heads * p.max_rows_q;
     partial_o.resize(size_t(slots * p.v_head_dim_padded));
-    partial_lse.resize(size_t(slots));
+    partial_max.resize(size_t(slots));
+    partial_log2_sum.resize(size_t(slots));
     p.partial_o = partial_o.data();
-    p.partial_lse = partial_lse.data();
+    p.partial_max = partial_max.data();
+    p.partial_log2_sum = partial_log2_sum.data();
   }
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     run_item(p, items[size_t(item)], scratch.for_worker(worker));

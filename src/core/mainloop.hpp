@@ -1061,10 +1061,12 @@ class ForwardMainloop {
       auto lse = [&] { return empty ? -std::numeric_limits<float>::infinity() : (max + std::log2(sum)) * kLn2; };
       const float o_scale = empty ? 0.0f : alpha / sum;
       if (p_.kv_splits > 1) {
-        // A key split: its normalized fp32 O and its LSE, merged after all items.
+        // A key split: its normalized fp32 O, its row max and log2 sum (its
+        // LSE in two pieces: Problem::partial_max), merged after all items.
         const int64_t slot = partial_slot(p_, w.split, w.batch, head, i);
         K::store_row(acc, o_scale, d, DType::f32, p_.partial_o + slot * dp, 1);
-        p_.partial_lse[slot] = lse();
+        p_.partial_max[slot] = empty ? -std::numeric_limits<float>::infinity() : max;
+        p_.partial_log2_sum[slot] = empty ? 0.0f : std::log2(sum);
         continue;
       }
       const int64_t row = seq.q_row0 + i;

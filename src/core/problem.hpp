@@ -70,7 +70,13 @@ struct Problem {
   int64_t split_keys = 0;
   int64_t max_rows_q = 0;
   float* partial_o = nullptr;
-  float* partial_lse = nullptr;
+  // Per split and row: the row's max score and log2 of its sum of
+  // exponentials (log2 units), kept apart rather than as one LSE, whose
+  // fp32 sum of the two loses the log-sum where |max| is huge (rows biased by
+  // -1e9 or -FLT_MAX: the splits then weigh as their key counts, as naive
+  // attention averages such a row's keys). Empty: max -inf.
+  float* partial_max = nullptr;
+  float* partial_log2_sum = nullptr;
 };
 
 // The factor the packed products leave to the softmax (1: none): the scores

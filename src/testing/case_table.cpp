@@ -359,7 +359,10 @@ std::vector<Case> correctness_cases() {
   for (auto [h, kvh, nq, nk, m] : {std::tuple<int64_t, int64_t, int64_t, int64_t, MaskCase>{8, 1, 1, 3000, MaskCase::none},
                                    {4, 2, 3, 2100, MaskCase::causal},
                                    {8, 2, 1, 1500, MaskCase::window},
-                                   {2, 2, 5, 1100, MaskCase::boolean}}) {
+                                   {2, 2, 5, 1100, MaskCase::boolean},
+                                   // rows biased by -1e9, -FLT_MAX and 1e30 in key splits of
+                                   // 544 and 496 keys: merged by their key counts
+                                   {1, 1, 4, 1040, MaskCase::additive_extreme}}) {
     Case c;
     c.heads = h;
     c.kv_heads = kvh;
