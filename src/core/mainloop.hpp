@@ -1032,11 +1032,14 @@ class ForwardMainloop {
         }
         row_sum[t] += tile_sum[t];
         // Dropout (FlashAttention-2): the normalizer above sums the kept and
-        // the dropped P; only P V sees the mask. One check per row, none per
-        // element without dropout.
-        if (a_.dropout_p > 0.0f)
-          apply_dropout_row(make_dropout(a_.dropout_p, a_.seed), w.batch, head_of(w, s0 + c0 + t),
-                            query_of(w, s0 + c0 + t), j0, s, n);
+        // the dropped P; only P V sees the mask, here as 0 or 1 (the keep
+        // factor 1 / (1 - p) multiplies the finished row: epilogue). One
+        // check per row, none per element without dropout.
+        if (a_.dropout_p > 0.0f) {
+          DropoutSpec keep_mask = make_dropout(a_.dropout_p, a_.seed);
+          keep_mask.keep_scale = 1.0f;
+          apply_dropout_row(keep_mask, w.batch, head_of(w, s0 + c0 + t), query_of(w, s0 + c0 + t), j0, s, n);
+        }
       }
     }
   }
@@ -1059,7 +1062,14 @@ class ForwardMainloop {
       // The LSE only where someone reads it (a key split's merge, ForwardArgs::lse):
       // its log2 was ~2% of a 128-key call without them (D = 64).
       auto lse = [&] { return empty ? -std::numeric_limits<float>::infinity() : (max + std::log2(sum)) * kLn2; };
-      const float o_scale = empty ? 0.0f : alpha / sum;
+      // With dropout the keep factor Z = 1 / (1 - p) too, once per row rather
+      // than on every P: a row that sees one key then gets O = Z v as naive
+      // attention forms it, where Z P through the bf16 rungs' hi + lo split
+      // (2^-16) gave 10 v for Z = 9.9999976 (p = 0.9), and the backward's D,
+      // hence dQ and dK (exactly 0 there), took the difference (tests/training
+      // DropoutForward.OneKeyRowsAtHighProbabilityKeepTheGradientsExact).
+      const float keep = a_.dropout_p > 0.0f ? make_dropout(a_.dropout_p, a_.seed).keep_scale : 1.0f;
+      const float o_scale = empty ? 0.0f : alpha / sum * keep;
       if (p_.kv_splits > 1) {
         // A key split: its normalized fp32 O, its row max and log2 sum (its
         // LSE in two pieces: Problem::partial_max), merged after all items.
