@@ -468,7 +468,9 @@ class ForwardMainloop {
  public:
   ForwardMainloop(const Problem& p, float* scratch)
       : p_(p), a_(p.args), layout_(forward_scratch_layout(p)), operands_(p, layout_, scratch),
-        kv_dtype_(kv_storage_dtype(p.args.dtype, p.args.kv.quant)), quantized_(p.args.kv.quant != KvQuant::none) {
+        kv_dtype_(kv_storage_dtype(p.args.dtype, p.args.kv.quant)), quantized_(p.args.kv.quant != KvQuant::none),
+        keep_mask_(make_dropout(p.args.dropout_p, p.args.seed)), keep_scale_(keep_mask_.keep_scale) {
+    keep_mask_.keep_scale = 1.0f;  // P V sees 0 or 1; keep_scale_ multiplies the finished row
     kv_pad_ = layout_.kv_pad;
     k_scales_ = scratch + layout_.kv_scales;  // quantized_: (kv_pad) K scales, then (kv_pad) V scales
     v_scales_ = k_scales_ + kv_pad_;
@@ -1035,11 +1037,8 @@ class ForwardMainloop {
         // the dropped P; only P V sees the mask, here as 0 or 1 (the keep
         // factor 1 / (1 - p) multiplies the finished row: epilogue). One
         // check per row, none per element without dropout.
-        if (a_.dropout_p > 0.0f) {
-          DropoutSpec keep_mask = make_dropout(a_.dropout_p, a_.seed);
-          keep_mask.keep_scale = 1.0f;
-          apply_dropout_row(keep_mask, w.batch, head_of(w, s0 + c0 + t), query_of(w, s0 + c0 + t), j0, s, n);
-        }
+        if (keep_mask_.active)
+          apply_dropout_row(keep_mask_, w.batch, head_of(w, s0 + c0 + t), query_of(w, s0 + c0 + t), j0, s, n);
       }
     }
   }
@@ -1068,8 +1067,7 @@ class ForwardMainloop {
       // (2^-16) gave 10 v for Z = 9.9999976 (p = 0.9), and the backward's D,
       // hence dQ and dK (exactly 0 there), took the difference (tests/training
       // DropoutForward.OneKeyRowsAtHighProbabilityKeepTheGradientsExact).
-      const float keep = a_.dropout_p > 0.0f ? make_dropout(a_.dropout_p, a_.seed).keep_scale : 1.0f;
-      const float o_scale = empty ? 0.0f : alpha / sum * keep;
+      const float o_scale = empty ? 0.0f : alpha / sum * keep_scale_;
       if (p_.kv_splits > 1) {
         // A key split: its normalized fp32 O, its row max and log2 sum (its
         // LSE in two pieces: Problem::partial_max), merged after all items.
@@ -1094,6 +1092,8 @@ class ForwardMainloop {
   Operands operands_;
   const DType kv_dtype_;  // K/V storage: a_.dtype, or int8 / fp8 e4m3 for a quantized cache
   const bool quantized_;
+  DropoutSpec keep_mask_;  // the call's dropout, keep factor 1 (active: dropout_p > 0)
+  const float keep_scale_;  // 1 / (1 - p) with dropout, else 1
   float* k_scales_ = nullptr;  // quantized_: this step's per-key K scales
   float* v_scales_ = nullptr;  // quantized_: this step's per-key V scales
   int64_t kv_pad_ = 0;
